@@ -1,0 +1,73 @@
+"""The ``laggard`` command line: one subcommand per module, imported only when chosen.
+
+Each subcommand module exposes ``HELP`` (one line), ``add_arguments(parser)`` and
+``run(args) -> int`` (the exit status). Importing lazily keeps ``laggard agent`` free of torch
+and keeps a broken optional module from breaking the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from laggard import __version__
+
+#: subcommand -> module implementing it
+SUBCOMMANDS: dict[str, str] = {
+    "agent": "laggard.agent.daemon",
+    "demo": "laggard.integrations.demo",
+    "analyze": "laggard.agent.analyze",
+    "dashboards": "laggard.dashboards.cli",
+    "cluster-demo": "laggard.integrations.cluster_demo",
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """Build the parser; only the chosen subcommand's module is imported."""
+    parser = argparse.ArgumentParser(
+        prog="laggard",
+        description="Find the straggler rank, the throttled GPU and the flipped bit.",
+    )
+    parser.add_argument("--version", action="version", version=f"laggard {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, module_name in SUBCOMMANDS.items():
+        if name != chosen:
+            sub.add_parser(name, help=_help_of(module_name), add_help=False)
+            continue
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def _help_of(module_name: str) -> str:
+    # Short help without importing (torch-heavy modules stay unimported).
+    return {
+        "laggard.agent.daemon": "run the node agent (serves /metrics)",
+        "laggard.integrations.demo": "train a small model on W local ranks and find the slow one",
+        "laggard.agent.analyze": "read logs and dumps after an incident and name the culprit",
+        "laggard.dashboards.cli": "write Grafana dashboards and Prometheus rules",
+        "laggard.integrations.cluster_demo": "emulate several nodes with network namespaces",
+    }.get(module_name, "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``laggard`` console script; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        parser = build_parser(argv)
+    except ImportError as exc:
+        print(f"laggard: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
+    if not hasattr(args, "_run"):
+        parser.print_help()
+        return 2
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""AgentConfig: everything the node agent is told on its command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: 9400 is dcgm-exporter's and 9100 node_exporter's; laggard takes the next free pair.
+DEFAULT_LISTEN_ADDRESS = "127.0.0.1:9477"
+#: UDP address the training ranks send StepRecords to (localhost: ranks run on this node).
+DEFAULT_INTAKE_ADDRESS = "127.0.0.1:9478"
+
+
+@dataclass(kw_only=True, slots=True)
+class AgentConfig:
+    """Configuration of ``laggard agent``."""
+
+    listen_address: str = DEFAULT_LISTEN_ADDRESS
+    """``host:port`` of the HTTP server that serves ``/metrics``."""
+
+    intake_address: str = DEFAULT_INTAKE_ADDRESS
+    """``host:port`` of the UDP intake for StepRecords; empty string disables it."""
+
+    collect_interval: float = 1.0
+    """Seconds between two sampling rounds (0.1 to 3600)."""
+
+    collectors: set[str] = field(default_factory=set)
+    """Names of the collectors to run."""
+
+    node: str = ""
+    """Value of the ``node`` label where one is needed; defaults to the host name."""
+
+    proc_root: str = "/proc"
+    """Root of procfs (tests point it at a fixture tree)."""
+
+    sysfs_root: str = "/sys"
+    """Root of sysfs (tests point it at a fixture tree)."""
+
+    kmsg_path: str = "/dev/kmsg"
+    """Kernel log source for the XID collector: ``/dev/kmsg`` or a syslog/journal file."""
+
+    fake_gpus: int = 0
+    """When > 0, use a fake NVML module with this many GPUs instead of the real library."""
+
+    max_ranks: int = 4096
+    """Most ranks the intake tracks; records of further ranks are rejected and counted."""
+
+    def __post_init__(self) -> None:
+        if not 0.1 <= self.collect_interval <= 3600:
+            raise ValueError(f"collect interval {self.collect_interval} s outside [0.1, 3600]")
+        if self.max_ranks < 1:
+            raise ValueError("max ranks must be at least 1")
+        if self.fake_gpus < 0:
+            raise ValueError("fake GPUs must be >= 0")
+        for address in (self.listen_address, self.intake_address):
+            if address:
+                parse_address(address)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` accepted) into host and port.
+
+    Raises:
+        ValueError: no port, or a port outside 0..65535.
+    """
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"address {address!r} is not host:port")
+    return host.strip("[]") or "0.0.0.0", int(port_text)

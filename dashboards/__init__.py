@@ -1,0 +1,1 @@
+"""laggard.dashboards."""
