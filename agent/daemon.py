@@ -1,0 +1,232 @@
+"""``laggard agent``: the node agent daemon.
+
+Builds the enabled collectors, samples each on its own thread, receives StepRecords on UDP, and
+serves ``/metrics`` (Prometheus text format) and ``/findings`` (JSON) over HTTP until SIGTERM or
+SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+
+from laggard.agent import registry
+from laggard.agent.config import (
+    DEFAULT_INTAKE_ADDRESS,
+    DEFAULT_LISTEN_ADDRESS,
+    AgentConfig,
+    parse_address,
+)
+from laggard.agent.context import AgentContext
+from laggard.agent.exporter import AgentExporter
+from laggard.agent.intake import RankTable, UdpIntake
+from laggard.agent.sampler import CollectorThread
+
+log = logging.getLogger("laggard.agent")
+
+HELP = "run the node agent: sample GPUs, network and host, receive rank timings, serve /metrics"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``laggard agent`` (node_exporter's style: ``--collector.NAME``)."""
+    parser.add_argument("--web.listen-address", dest="listen_address",
+                        default=DEFAULT_LISTEN_ADDRESS,
+                        help="host:port for /metrics (default %(default)s; 9400 is "
+                             "dcgm-exporter's, 9100 node_exporter's)")
+    parser.add_argument("--intake-address", default=DEFAULT_INTAKE_ADDRESS,
+                        help="host:port of the UDP intake for training ranks "
+                             "(default %(default)s; empty to disable)")
+    parser.add_argument("--collect-interval", type=float, default=1.0, metavar="SECONDS",
+                        help="seconds between sampling rounds, 0.1 to 3600 (default 1)")
+    for name, spec in registry.COLLECTORS.items():
+        group = parser.add_mutually_exclusive_group()
+        state = "on" if spec.default else "off"
+        group.add_argument(f"--collector.{name}", dest=f"collector_{name}", action="store_true",
+                           default=None, help=f"{spec.help} (default {state})")
+        group.add_argument(f"--no-collector.{name}", dest=f"collector_{name}",
+                           action="store_false", help=argparse.SUPPRESS)
+    parser.add_argument("--path.procfs", dest="proc_root", default="/proc",
+                        help="procfs mount point (default %(default)s)")
+    parser.add_argument("--path.sysfs", dest="sysfs_root", default="/sys",
+                        help="sysfs mount point (default %(default)s)")
+    parser.add_argument("--path.kmsg", dest="kmsg_path", default="/dev/kmsg",
+                        help="kernel log to read XIDs from: /dev/kmsg, or a syslog or journal "
+                             "file (default %(default)s)")
+    parser.add_argument("--fake-gpus", type=int, default=0, metavar="N",
+                        help="serve N fake GPUs playing a scenario instead of real NVML")
+    parser.add_argument("--node", default="", help="node label (default: the host name)")
+    parser.add_argument("--max-ranks", type=int, default=4096,
+                        help="most training ranks tracked (default %(default)s)")
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"])
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    """Turn parsed flags into an :class:`AgentConfig`.
+
+    Raises:
+        ValueError: a flag value out of range.
+    """
+    enabled = set()
+    for name, spec in registry.COLLECTORS.items():
+        flag = getattr(args, f"collector_{name}", None)
+        if flag or (flag is None and spec.default):
+            enabled.add(name)
+    return AgentConfig(
+        listen_address=args.listen_address,
+        intake_address=args.intake_address,
+        collect_interval=args.collect_interval,
+        collectors=enabled,
+        node=args.node or socket.gethostname(),
+        proc_root=args.proc_root,
+        sysfs_root=args.sysfs_root,
+        kmsg_path=args.kmsg_path,
+        fake_gpus=args.fake_gpus,
+        max_ranks=args.max_ranks,
+    )
+
+
+class _UnbuildableCollector:
+    """Stands in for a collector whose constructor failed, so its success series reads 0."""
+
+    def __init__(self, name: str, error: str) -> None:
+        self.name = name
+        self._error = error
+
+    def collect(self) -> Iterable[Any]:
+        raise RuntimeError(f"not started: {self._error}")
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+
+class _ThreadingWSGIServer(WSGIServer):
+    # One thread per request, as prometheus_client's own server does: a slow client cannot hold
+    # up Prometheus' scrape.
+    daemon_threads = True
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        threading.Thread(target=self._handle, args=(request, client_address),
+                         daemon=True).start()
+
+    def _handle(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+
+
+class Agent:
+    """The running agent: collector threads, intake and HTTP server.
+
+    Args:
+        config: what to run.
+
+    Raises:
+        OSError: the HTTP or UDP address cannot be bound.
+    """
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.context = AgentContext(node=config.node or socket.gethostname())
+        self.threads: list[CollectorThread] = []
+        for name in sorted(config.collectors):
+            try:
+                collector = registry.build(name, config, self.context)
+            except Exception as exc:  # noqa: BLE001 - one broken collector must not stop the rest
+                log.warning("collector %s not started: %s: %s", name, type(exc).__name__, exc)
+                collector = _UnbuildableCollector(name, f"{type(exc).__name__}: {exc}")
+            self.threads.append(CollectorThread(collector, config.collect_interval))
+        self.table: RankTable | None = None
+        self.intake: UdpIntake | None = None
+        if config.intake_address:
+            self.table = RankTable(config.max_ranks, self.context.findings, self.context.node)
+            self.intake = UdpIntake(config.intake_address, self.table)
+        self.registry = CollectorRegistry()
+        self.registry.register(
+            AgentExporter(self.threads, self.table, self.context.findings, self.context.node)
+        )
+        ProcessCollector(namespace="laggard_agent", registry=self.registry)
+        host, port = parse_address(config.listen_address)
+        self.server = make_server(host, port, self._app(), _ThreadingWSGIServer, _QuietHandler)
+        self.port: int = self.server.server_port
+        self._server_thread = threading.Thread(target=self.server.serve_forever,
+                                               name="laggard-http", daemon=True)
+
+    def _app(self) -> Callable[..., Iterable[bytes]]:
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "/")
+            if path == "/findings":
+                body = json.dumps(self.context.findings.recent(), default=str).encode()
+                start_response("200 OK", [("Content-Type", "application/json")])
+                return [body]
+            if path in ("/", ""):
+                start_response("200 OK", [("Content-Type", "text/html")])
+                return [b"<html><body><h1>laggard agent</h1><a href='/metrics'>metrics</a> "
+                        b"<a href='/findings'>findings</a></body></html>"]
+            return metrics_app(environ, start_response)
+
+        return app
+
+    def start(self) -> None:
+        """Start sampling, the intake and the HTTP server."""
+        for thread in self.threads:
+            thread.start()
+        if self.intake is not None:
+            self.intake.start()
+        self._server_thread.start()
+
+    def stop(self) -> None:
+        """Stop everything started by :meth:`start` (idempotent)."""
+        self.server.shutdown()
+        self.server.server_close()
+        if self.intake is not None:
+            self.intake.stop()
+        for thread in self.threads:
+            thread.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the agent until SIGTERM or SIGINT; returns the exit status."""
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+        agent = Agent(config)
+    except (ValueError, OSError) as exc:
+        print(f"laggard agent: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.start()
+    intake = f", intake udp://{config.intake_address.rsplit(':', 1)[0]}:{agent.intake.port}" \
+        if agent.intake else ""
+    log.info("serving http://%s:%d/metrics%s; collectors: %s",
+             parse_address(config.listen_address)[0], agent.port, intake,
+             ", ".join(t.collector.name for t in agent.threads) or "none")
+    while not stop.wait(0.5):
+        pass
+    log.info("stopping")
+    agent.stop()
+    return 0

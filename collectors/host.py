@@ -1,0 +1,55 @@
+"""Host CPU, memory and load through psutil, so a slow rank can be matched to a busy host."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import psutil
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from laggard.agent.config import AgentConfig
+
+
+class HostCollector:
+    """CPU time by mode, load averages, memory and the number of CPUs of this host.
+
+    Series: ``laggard_host_cpu_seconds_total{mode}`` (summed over CPUs, like
+    ``node_cpu_seconds_total`` without the per-CPU label), ``laggard_host_load1/5/15``,
+    ``laggard_host_memory_total_bytes``, ``laggard_host_memory_available_bytes``,
+    ``laggard_host_cpus``.
+    """
+
+    name = "host"
+
+    def collect(self) -> Iterator[Metric]:
+        """Sample psutil once; a field psutil does not offer on this OS is left out."""
+        cpu = CounterMetricFamily(
+            "laggard_host_cpu_seconds_total", "CPU time spent in each mode, all CPUs.",
+            labels=["mode"],
+        )
+        for mode, seconds in psutil.cpu_times()._asdict().items():
+            cpu.add_metric([mode], seconds)
+        yield cpu
+        yield GaugeMetricFamily("laggard_host_cpus", "Logical CPUs of this host.",
+                                value=psutil.cpu_count() or 0)
+        try:
+            load = os.getloadavg()
+        except OSError:
+            load = None
+        if load is not None:
+            for minutes, value in zip((1, 5, 15), load):
+                yield GaugeMetricFamily(f"laggard_host_load{minutes}",
+                                        f"{minutes}-minute load average.", value=value)
+        memory = psutil.virtual_memory()
+        yield GaugeMetricFamily("laggard_host_memory_total_bytes", "Physical memory.",
+                                value=memory.total)
+        yield GaugeMetricFamily("laggard_host_memory_available_bytes",
+                                "Memory available to new processes without swapping.",
+                                value=memory.available)
+
+
+def from_config(config: AgentConfig, context: object) -> HostCollector:
+    """Registry factory."""
+    return HostCollector()

@@ -1,0 +1,103 @@
+"""Per-interface network counters from ``/proc/net/dev``, as node_exporter's netdev collector.
+
+Format (Linux ``net/core/net-procfs.c``, ``dev_seq_show``): two header lines, then one line per
+interface, ``%6s:`` followed by 8 receive and 8 transmit counters. The column names are read from
+the second header line rather than assumed, so a kernel that adds columns still parses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from laggard.agent.config import AgentConfig
+from laggard.collectors.base import NoDataError
+
+_DEFAULT_COLUMNS = (
+    [f"receive_{c}" for c in ("bytes", "packets", "errs", "drop", "fifo", "frame", "compressed",
+                              "multicast")]
+    + [f"transmit_{c}" for c in ("bytes", "packets", "errs", "drop", "fifo", "colls", "carrier",
+                                 "compressed")]
+)
+
+
+def parse_proc_net_dev(text: str) -> dict[str, dict[str, int]]:
+    """Parse the text of ``/proc/net/dev``.
+
+    Lines that are neither the header nor an ``iface: counters`` row (an echoed command, a date
+    printed beside a copy of the file) are ignored, and so is a row whose counter count does not
+    match the header.
+
+    Args:
+        text: the file's content.
+
+    Returns:
+        interface name -> {``receive_bytes``, ``receive_packets``, ... ``transmit_compressed``}
+        -> counter value (int).
+    """
+    columns = list(_DEFAULT_COLUMNS)
+    devices: dict[str, dict[str, int]] = {}
+    for line in text.splitlines():
+        if "|" in line:
+            parts = line.split("|")
+            # "  face |bytes    packets errs drop ...|bytes    packets errs ..."
+            if len(parts) == 3 and "bytes" in parts[1] and "bytes" in parts[2]:
+                columns = [f"receive_{c}" for c in parts[1].split()] + [
+                    f"transmit_{c}" for c in parts[2].split()
+                ]
+            continue
+        name, sep, rest = line.partition(":")
+        name = name.strip()
+        if not sep or not name or " " in name:
+            continue
+        fields = rest.split()
+        if len(fields) != len(columns) or not all(f.isdigit() for f in fields):
+            continue
+        devices[name] = dict(zip(columns, map(int, fields)))
+    return devices
+
+
+class NetdevCollector:
+    """Byte, packet, error and drop counters per interface: ``laggard_network_*_total{device}``.
+
+    Args:
+        proc_root: root of procfs (``/proc``; tests pass a fixture tree).
+    """
+
+    name = "netdev"
+
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self._path = os.path.join(proc_root, "net", "dev")
+
+    def collect(self) -> Iterator[Metric]:
+        """Read ``/proc/net/dev`` once.
+
+        Raises:
+            NoDataError: the file does not exist (no procfs).
+        """
+        try:
+            with open(self._path, encoding="ascii", errors="replace") as f:
+                devices = parse_proc_net_dev(f.read())
+        except FileNotFoundError:
+            raise NoDataError(f"{self._path} not found") from None
+        families: dict[str, CounterMetricFamily] = {}
+        for device, counters in sorted(devices.items()):
+            for column, value in counters.items():
+                family = families.get(column)
+                if family is None:
+                    direction, _, what = column.partition("_")
+                    family = families[column] = CounterMetricFamily(
+                        f"laggard_network_{column}",
+                        f"Network device statistic {what} ({direction}), from /proc/net/dev.",
+                        labels=["device"],
+                    )
+                family.add_metric([device], value)
+        yield from families.values()
+
+
+def from_config(config: AgentConfig, context: object) -> NetdevCollector:
+    """Registry factory."""
+    return NetdevCollector(proc_root=config.proc_root)
