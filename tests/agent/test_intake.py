@@ -1,0 +1,86 @@
+"""RankTable: per-rank series from records, bounded memory, counted rejections."""
+
+from prometheus_client import CollectorRegistry
+
+from laggard.agent.context import FindingLog
+from laggard.agent.intake import RankTable
+from laggard.agent.records import StepRecord, WindowReport
+
+
+class _Wrap:
+    def __init__(self, table):
+        self.table = table
+
+    def collect(self):
+        return self.table.collect()
+
+
+def _registry(table):
+    registry = CollectorRegistry()
+    registry.register(_Wrap(table))
+    return registry
+
+
+def test_step_records_become_per_rank_histograms_and_counters():
+    table = RankTable(max_ranks=8, findings=FindingLog(), default_node="n0")
+    for step in range(3):
+        for rank in range(2):
+            table.ingest(StepRecord(rank=rank, world_size=2, step=step,
+                                    phases={"forward": 0.02 * (rank + 1)},
+                                    collective_wait_seconds=0.003, step_seconds=0.05,
+                                    comm={"bytes": 1000, "raw_bytes": 4000}).encode())
+    r = _registry(table)
+    assert r.get_sample_value("laggard_steps_total", {"rank": "1"}) == 3
+    assert r.get_sample_value("laggard_step_phase_seconds_count",
+                              {"rank": "1", "phase": "forward"}) == 3
+    assert abs(r.get_sample_value("laggard_step_phase_seconds_sum",
+                                  {"rank": "1", "phase": "forward"}) - 0.12) < 1e-9
+    # 0.02 s falls in the le=0.025 bucket, 0.04 s does not.
+    assert r.get_sample_value("laggard_step_phase_seconds_bucket",
+                              {"rank": "0", "phase": "forward", "le": "0.025"}) == 3
+    assert r.get_sample_value("laggard_step_phase_seconds_bucket",
+                              {"rank": "1", "phase": "forward", "le": "0.025"}) == 0
+    assert r.get_sample_value("laggard_step_phase_seconds_count",
+                              {"rank": "0", "phase": "collective_wait"}) == 3
+    assert r.get_sample_value("laggard_comm_uncompressed_bytes_total", {"rank": "0"}) == 12000
+    assert r.get_sample_value("laggard_rank_info", {"rank": "0", "node": "n0", "local_rank": "",
+                                                    "world_size": "2"}) == 1
+
+
+def test_rank_cap_bounds_memory_and_counts_the_excess():
+    table = RankTable(max_ranks=4, findings=FindingLog(), default_node="n0")
+    for rank in range(100):
+        table.ingest(StepRecord(rank=rank, world_size=100, step=0).encode())
+    r = _registry(table)
+    assert r.get_sample_value("laggard_intake_ranks") == 4
+    assert r.get_sample_value("laggard_intake_rejected_total", {"reason": "rank_limit"}) == 96
+    assert r.get_sample_value("laggard_intake_datagrams_total") == 4
+
+
+def test_too_many_phase_names_from_one_rank_are_rejected():
+    table = RankTable(max_ranks=4, findings=FindingLog(), default_node="n0")
+    for i in range(40):
+        table.ingest(StepRecord(rank=0, world_size=1, step=i, phases={f"p{i}": 0.1}).encode())
+    r = _registry(table)
+    assert r.get_sample_value("laggard_intake_rejected_total", {"reason": "schema"}) > 0
+    families = {m.name for m in table.collect()}
+    assert "laggard_step_phase_seconds" in families
+
+
+def test_window_report_sets_scores_flags_and_findings_until_cleared():
+    findings = FindingLog()
+    table = RankTable(max_ranks=8, findings=findings, default_node="n0")
+    raised = {"detector": "straggler", "kind": "compute", "severity": "warning", "rank": 2,
+              "step": 40, "message": "rank 2 slow", "evidence": {}}
+    table.ingest(WindowReport(step=40, world_size=4, scores={2: 9.0, 1: 0.2},
+                              findings=[raised]).encode())
+    r = _registry(table)
+    assert r.get_sample_value("laggard_straggler_score", {"rank": "2"}) == 9.0
+    assert r.get_sample_value("laggard_straggler_active", {"rank": "2", "kind": "compute"}) == 1
+    assert findings.counts() == {("straggler", "compute", "warning"): 1}
+    cleared = {**raised, "cleared": True}
+    table.ingest(WindowReport(step=80, world_size=4, scores={2: 0.1},
+                              findings=[cleared]).encode())
+    r = _registry(table)
+    assert r.get_sample_value("laggard_straggler_active", {"rank": "2", "kind": "compute"}) is None
+    assert findings.counts() == {("straggler", "compute", "warning"): 1}

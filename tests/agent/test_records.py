@@ -1,0 +1,62 @@
+"""StepRecord / WindowReport wire format: round trips and every rejection reason."""
+
+import json
+
+import pytest
+
+from laggard.agent.records import (
+    MAX_DATAGRAM_BYTES,
+    CollectiveTiming,
+    RecordError,
+    StepRecord,
+    WindowReport,
+    decode_datagram,
+)
+
+
+def test_step_record_round_trip_keeps_every_field():
+    record = StepRecord(
+        rank=3, world_size=4, step=17, local_rank=3, node="node01",
+        phases={"data": 0.001, "forward": 0.01, "backward": 0.02},
+        collective_wait_seconds=0.004, step_seconds=0.04,
+        collectives=[CollectiveTiming("allreduce", 0.006, 1 << 20)],
+        comm={"total_seconds": 0.006, "exposed_seconds": 0.002, "bytes": 1 << 20},
+        checksums=[1, -2, 3],
+    )
+    assert decode_datagram(record.encode()) == record
+
+
+def test_window_report_round_trip():
+    report = WindowReport(step=40, world_size=8, scores={5: 7.5, 0: 0.1},
+                          findings=[{"detector": "straggler", "kind": "compute",
+                                     "severity": "warning", "rank": 5}])
+    assert decode_datagram(report.encode()) == report
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"\xff\xfe garbage", "not_json"),
+        (b"[1, 2]", "not_json"),
+        (b'{"v": 2, "rank": 0, "world_size": 1, "step": 0}', "version"),
+        (b'{"v": 1, "rank": 4, "world_size": 4, "step": 0}', "schema"),
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": -1}', "schema"),
+        (b'{"v": 1, "rank": "0", "world_size": 1, "step": 0}', "schema"),
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "phases": {"f": -1}}', "schema"),
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "phases": {"f": NaN}}', "schema"),
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "step_seconds": true}', "schema"),
+        (b'{"v": 1, "type": "window", "step": 0, "world_size": 2, "scores": {"9": 1}}',
+         "schema"),
+        (b'{"v": 1, "type": "window", "step": 0, "world_size": 2, "findings": [1]}', "schema"),
+        (b"x" * (MAX_DATAGRAM_BYTES + 1), "oversized"),
+    ],
+)
+def test_bad_datagrams_are_rejected_with_a_reason(payload, reason):
+    with pytest.raises(RecordError) as excinfo:
+        decode_datagram(payload)
+    assert excinfo.value.reason == reason
+
+
+def test_unknown_keys_are_ignored_for_forward_compatibility():
+    doc = {"v": 1, "rank": 0, "world_size": 1, "step": 2, "future_field": [1, 2]}
+    assert decode_datagram(json.dumps(doc).encode()).step == 2

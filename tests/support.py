@@ -1,0 +1,84 @@
+"""Test support shared by every test folder (importable as ``support``: pyproject sets
+``pythonpath = ["tests"]``): free ports, a real agent process, scraping, fixture paths."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+CORPUS = REPO.parent / "shared" / "corpus"
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(url: str, timeout: float = 5.0) -> str:
+    """GET ``url`` and return the body as text."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
+@dataclass
+class AgentProcess:
+    """A real ``laggard agent`` subprocess on free loopback ports."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    intake_port: int
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def scrape(self) -> str:
+        return scrape(self.metrics_url)
+
+
+def start_agent(*extra: str, timeout: float = 15.0) -> AgentProcess:
+    """Start ``python -m laggard.agent.cli agent`` and wait until /metrics answers."""
+    port, intake_port = free_port(), free_port(socket.SOCK_DGRAM)
+    cmd = [sys.executable, "-m", "laggard.agent.cli", "agent",
+           "--web.listen-address", f"127.0.0.1:{port}",
+           "--intake-address", f"127.0.0.1:{intake_port}", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    agent = AgentProcess(proc, port, intake_port)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"agent exited {proc.returncode}: {proc.stdout.read()}")
+        try:
+            agent.scrape()
+            return agent
+        except OSError:
+            time.sleep(0.1)
+    stop_agent(agent)
+    raise RuntimeError("agent did not answer in time")
+
+
+def stop_agent(agent: AgentProcess) -> tuple[int, str]:
+    """SIGTERM the agent; return its exit status and output."""
+    if agent.proc.poll() is None:
+        agent.proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = agent.proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        agent.proc.kill()
+        out, _ = agent.proc.communicate()
+    return agent.proc.returncode, out
+
+
