@@ -1,0 +1,456 @@
+"""Pure parser for NVIDIA Xid and NVSwitch SXid lines in kernel-log text.
+
+No I/O here: the XID collector (:mod:`laggard.collectors.xid`) and ``laggard analyze`` feed it
+lines from ``/dev/kmsg``, ``dmesg`` output, syslog files or journald output.
+
+Line prefixes understood (one physical line at a time; the prefix is removed, the kernel message
+is kept):
+
+* ``/dev/kmsg`` records, ``prio,seq,usec,flags[,...];message`` (kernel
+  ``Documentation/ABI/testing/dev-kmsg``): ``usec`` is the monotonic uptime in microseconds;
+  ``\\xNN`` escapes are decoded and an embedded newline splits the record into lines. Dictionary
+  lines (`` KEY=value``) are ignored.
+* ``dmesg``: ``[ 123.456789] msg``, ``dmesg -r`` (``<4>[ 123.4] msg``), ``dmesg --decode``
+  (``kern  :warn  : msg``), ``dmesg --ctime`` (``[Sun Feb 23 16:24:18 2025] msg``, local time) and
+  ``dmesg --time-format iso`` (``2025-01-21T04:41:44,283302+00:00 msg``).
+* syslog and ``journalctl``: ``Dec  2 11:38:47 host kernel: [ 219.4] msg`` (RFC 3164, no year),
+  ``Dec 02 11:38:47.123456 host kernel: msg`` (short-precise), and ISO-stamped
+  ``2025-01-21T04:41:44+0000 host kernel: msg`` (short-iso, RFC 5424 files).
+* continuation lines: indented lines without a stamp (the second and third line of the
+  "fallen off the bus" message) inherit the stamps of the line before.
+
+Messages recognised, with the printf formats of NVIDIA's open-gpu-kernel-modules
+(``src/nvidia/src/kernel/gpu/rc/kernel_rc.c``, ``krcReportXid``; ``src/common/nvswitch``,
+``NVSWITCH_PRINT_SXID``; ``kernel-open/nvidia/nv.c``, ``nv_start_device``)::
+
+    NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:%02u[ GPU-CI:%02u]]): %d, pid=%s, name=%s, %s
+                                                   [ caused by previous Xid %d]
+    NVRM: Xid (PCI:%04x:%02x:%02x): %d, %s                      (no process context, newer drivers)
+    NVRM: Xid (%04x:%02x:%02x): %d, %s                           (older drivers, no "PCI:")
+    nvidia-nvswitch%d: SXid (PCI:%04x:%02x:%02x.%x): %05d, Fatal|Non-fatal, Link %02d %s
+    NVRM: The NVIDIA GPU %04x:%02x:%02x.%x
+    NVRM: (PCI ID: %04x:%04x) installed in this system has
+    NVRM: fallen off the bus and is not responding to commands.   (no Xid number: reported as 79)
+
+``pid`` is ``'<unknown>'`` (quotes included) when the channel has no owner, and may be empty.
+NVLink5 Xids (144-150) carry a ``Fatal``/``Nonfatal`` token in their message. An SXid error is
+reported as one ``Fatal, Link N`` line followed by ``Severity ... Engine instance`` and
+``Data {...}`` lines for the same event: only the first counts.
+
+Timestamps: ``timestamp`` is epoch seconds where the line carries a wall-clock time. ``--ctime``
+stamps are read in this machine's local time zone (as ``dmesg`` printed them). Syslog stamps
+have no year: the parser takes the year that puts the stamp at most one day after the parser's
+reference time ``now`` (default: the time the parser was built), so a December line read in
+January lands in the previous year. Uptime-only sources give ``timestamp=None`` unless
+``boot_time`` is passed.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+__all__ = [
+    "KernelLogParser",
+    "SXidEvent",
+    "XidEvent",
+    "parse_kernel_log",
+]
+
+#: Xid number given to the "has fallen off the bus" message, which prints none (NVIDIA XID
+#: catalog: Xid 79, "GPU has fallen off the bus").
+FALLEN_OFF_BUS_XID = 79
+
+#: NVLink5 Xids whose message carries a Fatal/Nonfatal token (NVIDIA XID catalog, 144-150).
+_NVLINK5_XIDS = range(144, 151)
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """One Xid reported by the NVIDIA driver.
+
+    Attributes:
+        xid: the Xid number.
+        pci_bus_id: ``"dddd:bb:dd"`` lower case (domain at least 4 hex digits), as the driver
+            prints it: no function number.
+        timestamp: epoch seconds, or None when the line has only an uptime stamp (see module doc).
+        uptime_seconds: seconds since boot when the line carries it, else None.
+        pid: process id of the channel owner, None when unknown or absent.
+        process: process name, None when ``<unknown>`` or absent.
+        message: the driver's text after the ``pid``/``name`` fields, without the
+            "caused by previous Xid" suffix.
+        raw: the input line(s) the event came from (newline-joined for multi-line messages).
+        fatal_token: ``"Fatal"`` or ``"Nonfatal"`` for NVLink5 Xids that print one, else None.
+        caused_by: N of a "caused by previous Xid N" suffix, else None.
+        gpu_instance: MIG GPU instance id (``GPU-I:``), else None.
+        compute_instance: MIG compute instance id (``GPU-CI:``), else None.
+    """
+
+    xid: int
+    pci_bus_id: str
+    timestamp: float | None
+    uptime_seconds: float | None
+    pid: int | None
+    process: str | None
+    message: str
+    raw: str
+    fatal_token: str | None = None
+    caused_by: int | None = None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SXidEvent:
+    """One NVSwitch error (an SXid is not an Xid: its own numbering, its own metric).
+
+    Attributes:
+        sxid: the SXid number.
+        pci_bus_id: the switch's ``"dddd:bb:dd.f"`` lower case, as the driver prints it.
+        link: NVLink port number, when the line names one.
+        severity: ``"fatal"`` or ``"nonfatal"``, None when the line gives neither.
+        timestamp: epoch seconds or None (see :class:`XidEvent`).
+        uptime_seconds: seconds since boot or None.
+        message: the text after the severity/link fields.
+        raw: the input line.
+        device: the switch device name (``"nvidia-nvswitch1"``).
+    """
+
+    sxid: int
+    pci_bus_id: str
+    link: int | None
+    severity: str | None
+    timestamp: float | None
+    uptime_seconds: float | None
+    message: str
+    raw: str
+    device: str | None = None
+
+
+KernelEvent = XidEvent | SXidEvent
+
+# ---- line prefixes -----------------------------------------------------------------------
+
+_KMSG = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
+_KMSG_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+_DECODE = re.compile(r"^[a-z]+\s*:[a-z]+\s*:\s?")  # dmesg --decode: "kern  :warn  : "
+_PRIORITY = re.compile(r"^<\d+>")
+_UPTIME = re.compile(r"^\[\s*(\d+\.\d+)\]\s?")
+_CTIME = re.compile(
+    r"^\[(?:[A-Z][a-z]{2} )?([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]\s?"
+)
+_ISO = re.compile(
+    r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?\s+"
+)
+_BSD = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?\s+")
+# "host tag[pid]: " after a syslog/journal time stamp; the host cannot end in ":" so that a
+# kernel message ("NVRM: Xid ...") is never mistaken for one.
+_HOST_TAG = re.compile(r"^[^\s:\[]+ [\w.@/-]+(?:\[\d+\])?: ")
+_MONTHS = {m: i for i, m in enumerate(
+    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
+
+# ---- messages ----------------------------------------------------------------------------
+
+_HEX = "[0-9a-fA-F]"
+_XID = re.compile(
+    rf"NVRM: Xid \((?:PCI:)?(?P<dom>{_HEX}{{4,8}}):(?P<bus>{_HEX}{{2}}):(?P<dev>{_HEX}{{2}})"
+    r"(?:\.[0-9a-fA-F])?(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\): (?P<xid>\d+)"
+    r"(?:,\s*(?P<rest>.*))?$"
+)
+_XID_LOOKALIKE = re.compile(r"\bS?Xid\b")
+_PID_NAME = re.compile(
+    r"^pid=(?P<pid>'?<unknown>'?|\d*),\s*name=(?P<name>[^,]*)(?:,\s?(?P<msg>.*))?$"
+)
+_CAUSED_BY = re.compile(r"\s*caused by previous Xid (\d+)\s*$")
+_FATAL_TOKEN = re.compile(r"(?<![\w-])(Fatal|Non-?fatal)(?![\w-])", re.IGNORECASE)
+_SXID = re.compile(
+    r"(?P<device>nvidia-nvswitch\d*): SXid \(PCI:(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:"
+    r"[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?)\): (?P<sxid>\d+)(?:,\s*(?P<rest>.*))?$"
+)
+_SXID_SEVERITY = re.compile(r"^(?P<sev>Fatal|Non-?fatal)(?:,\s*Link (?P<link>\d+))?\s*(?P<msg>.*)$",
+                            re.IGNORECASE)
+# Follow-up lines of an SXid already counted ("Severity 1 Engine instance 60 ...", "Data {...}").
+_SXID_FOLLOW_UP = re.compile(r"^(?:Severity \d+|Data \{)")
+_FALLEN_START = re.compile(rf"NVRM: The NVIDIA GPU ({_HEX}{{4,8}}):({_HEX}{{2}}):({_HEX}{{2}})")
+_FALLEN_END = "fallen off the bus"
+_FALLEN_NEXT = ("NVRM: (PCI ID", "NVRM: installed", "NVRM: fallen")
+#: Lines a pending "fallen off the bus" message may span before it is given up.
+_FALLEN_MAX_LINES = 4
+
+
+@dataclass(slots=True)
+class _Stamp:
+    timestamp: float | None
+    uptime: float | None
+
+
+def _pci(dom: str, bus: str, dev: str) -> str:
+    return f"{int(dom, 16):04x}:{bus.lower()}:{dev.lower()}"
+
+
+def _local_epoch(year: int, month: int, day: int, hh: int, mm: int, ss: int) -> float | None:
+    try:
+        return time.mktime((year, month, day, hh, mm, ss, 0, 0, -1))
+    except (OverflowError, ValueError):
+        return None
+
+
+class KernelLogParser:
+    """Stateful kernel-log parser: feed physical lines, get Xid and SXid events.
+
+    State is kept for continuation lines and for the multi-line "fallen off the bus" message;
+    call :meth:`flush` at the end of input.
+
+    Args:
+        now: reference epoch time for year-less syslog stamps (default: now).
+        boot_time: epoch time of boot; when given, uptime-only lines get a ``timestamp`` too.
+
+    Attributes:
+        lines: physical lines fed.
+        skipped: lines that name an Xid or SXid but could not be parsed (truncated, garbled).
+    """
+
+    def __init__(self, *, now: float | None = None, boot_time: float | None = None) -> None:
+        self.lines = 0
+        self.skipped = 0
+        self._now = time.time() if now is None else now
+        self._boot_time = boot_time
+        self._last = _Stamp(None, None)
+        self._pending: list[str] = []  # raw lines of an unfinished "fallen off the bus" message
+        self._pending_text: list[str] = []
+        self._pending_pci = ""
+        self._pending_stamp = _Stamp(None, None)
+
+    # -- public ----------------------------------------------------------------------------
+
+    def feed(self, line: str) -> list[KernelEvent]:
+        """Parse one physical line.
+
+        Args:
+            line: one line of input, with or without its trailing newline.
+
+        Returns:
+            Events completed by this line (usually zero or one).
+        """
+        self.lines += 1
+        line = line.rstrip("\r\n")
+        kmsg = _KMSG.match(line)
+        if kmsg:
+            uptime = int(kmsg.group(3)) / 1e6
+            stamp = _Stamp(self._from_uptime(uptime), uptime)
+            text = _KMSG_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), kmsg.group(4))
+            events: list[KernelEvent] = []
+            for i, part in enumerate(text.split("\n")):
+                events += self._message(part, stamp, raw=line, continuation=i > 0)
+            return events
+        if line[:1] in (" ", "\t"):
+            if not line.strip() or not self._pending:
+                return []  # an indented line outside a multi-line message: kmsg dictionary etc.
+            return self._message(line.strip(), self._last, raw=line, continuation=True)
+        stamp, message = self._strip_prefix(line)
+        return self._message(message, stamp, raw=line, continuation=False)
+
+    def flush(self) -> list[KernelEvent]:
+        """End of input: give up any unfinished multi-line message.
+
+        Returns:
+            Events still pending (none today: an unfinished "fallen off the bus" message is
+            incomplete and is not reported).
+        """
+        self._drop_pending()
+        return []
+
+    # -- prefixes ----------------------------------------------------------------------------
+
+    def _from_uptime(self, uptime: float) -> float | None:
+        return None if self._boot_time is None else self._boot_time + uptime
+
+    def _strip_prefix(self, line: str) -> tuple[_Stamp, str]:
+        text = _DECODE.sub("", line, count=1)
+        text = _PRIORITY.sub("", text, count=1)
+        timestamp: float | None = None
+        uptime: float | None = None
+        syslog = False
+        if m := _UPTIME.match(text):
+            uptime = float(m.group(1))
+            text = text[m.end():]
+        elif m := _CTIME.match(text):
+            month = _MONTHS.get(m.group(1), 0)
+            if month:
+                timestamp = _local_epoch(int(m.group(6)), month, int(m.group(2)),
+                                         int(m.group(3)), int(m.group(4)), int(m.group(5)))
+            text = text[m.end():]
+        elif m := _ISO.match(text):
+            timestamp = _iso_epoch(m)
+            text = text[m.end():]
+            syslog = True
+        elif m := _BSD.match(text):
+            timestamp = self._bsd_epoch(m)
+            text = text[m.end():]
+            syslog = True
+        if syslog and (tag := _HOST_TAG.match(text)):
+            text = text[tag.end():]
+        if syslog and (m := _UPTIME.match(text)):  # "host kernel: [ 219.47] msg"
+            uptime = float(m.group(1))
+            text = text[m.end():]
+        if text.startswith("kernel: "):
+            text = text[len("kernel: "):]
+        if timestamp is None and uptime is not None:
+            timestamp = self._from_uptime(uptime)
+        stamp = _Stamp(timestamp, uptime)
+        self._last = stamp
+        return stamp, text
+
+    def _bsd_epoch(self, m: re.Match[str]) -> float | None:
+        month = _MONTHS.get(m.group(1))
+        if month is None:
+            return None
+        year = time.localtime(self._now).tm_year
+        fraction = float("0." + m.group(6)) if m.group(6) else 0.0
+        for candidate in (year, year - 1):  # at most a day in the future, else last year
+            epoch = _local_epoch(candidate, month, int(m.group(2)), int(m.group(3)),
+                                 int(m.group(4)), int(m.group(5)))
+            if epoch is not None and epoch <= self._now + 86400:
+                return epoch + fraction
+        return None
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def _message(self, text: str, stamp: _Stamp, *, raw: str,
+                 continuation: bool) -> list[KernelEvent]:
+        if self._pending:
+            # The rest of a "fallen off the bus" message: continuation lines, or the same text
+            # with its own prefix (syslog daemons repeat the prefix on every printk line).
+            if continuation or text.startswith(_FALLEN_NEXT):
+                if raw != self._pending[-1]:  # a kmsg record holds every line of the message
+                    self._pending.append(raw)
+                self._pending_text.append(text)
+                if _FALLEN_END in text:
+                    return [self._finish_fallen()]
+                if len(self._pending_text) >= _FALLEN_MAX_LINES:
+                    self._drop_pending()
+                return []
+            self._drop_pending()  # another message started: that was not the one we waited for
+        if continuation:
+            return []
+        if "Xid" in text:
+            event = self._xid_or_sxid(text, stamp, raw)
+            return [] if event is None else [event]
+        if m := _FALLEN_START.search(text):
+            self._pending = [raw]
+            self._pending_text = [text]
+            self._pending_pci = _pci(m.group(1), m.group(2), m.group(3))
+            self._pending_stamp = stamp
+            if _FALLEN_END in text:  # the whole message on one line (journald export)
+                return [self._finish_fallen()]
+        return []
+
+    def _drop_pending(self) -> None:
+        self._pending = []
+        self._pending_text = []
+
+    def _finish_fallen(self) -> XidEvent:
+        text = " ".join(t.removeprefix("NVRM:").strip() for t in self._pending_text)
+        event = XidEvent(
+            xid=FALLEN_OFF_BUS_XID, pci_bus_id=self._pending_pci,
+            timestamp=self._pending_stamp.timestamp, uptime_seconds=self._pending_stamp.uptime,
+            pid=None, process=None, message=text, raw="\n".join(self._pending),
+        )
+        self._pending = []
+        self._pending_text = []
+        return event
+
+    def _xid_or_sxid(self, text: str, stamp: _Stamp, raw: str) -> KernelEvent | None:
+        if m := _XID.search(text):
+            return _xid_event(m, stamp, raw)
+        if m := _SXID.search(text):
+            rest = m.group("rest") or ""
+            if _SXID_FOLLOW_UP.match(rest):
+                return None
+            return _sxid_event(m, rest, stamp, raw)
+        if _XID_LOOKALIKE.search(text) and ("NVRM" in text or "nvswitch" in text):
+            self.skipped += 1  # names an Xid but does not follow the driver's format
+        return None
+
+
+def _iso_epoch(m: re.Match[str]) -> float | None:
+    year, month, day, hh, mm, ss = (int(m.group(i)) for i in range(1, 7))
+    fraction = float("0." + m.group(7)) if m.group(7) else 0.0
+    zone = m.group(8)
+    if zone is None:
+        epoch = _local_epoch(year, month, day, hh, mm, ss)
+        return None if epoch is None else epoch + fraction
+    try:
+        base = calendar.timegm(datetime(year, month, day, hh, mm, ss).timetuple())
+    except ValueError:
+        return None
+    if zone != "Z":
+        sign = -1 if zone[0] == "+" else 1  # local = UTC + offset, so UTC = local - offset
+        digits = zone[1:].replace(":", "")
+        base += sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+    return base + fraction
+
+
+def _xid_event(m: re.Match[str], stamp: _Stamp, raw: str) -> XidEvent:
+    rest = m.group("rest") or ""
+    pid: int | None = None
+    process: str | None = None
+    if pn := _PID_NAME.match(rest):
+        pid_text, name = pn.group("pid"), pn.group("name").strip()
+        pid = int(pid_text) if pid_text.isdigit() else None
+        process = name if name and name != "<unknown>" else None
+        rest = pn.group("msg") or ""
+    caused_by: int | None = None
+    if cb := _CAUSED_BY.search(rest):
+        caused_by = int(cb.group(1))
+        rest = rest[:cb.start()]
+    xid = int(m.group("xid"))
+    fatal_token: str | None = None
+    if xid in _NVLINK5_XIDS and (ft := _FATAL_TOKEN.search(rest)):
+        fatal_token = "Fatal" if ft.group(1).lower() == "fatal" else "Nonfatal"
+    return XidEvent(
+        xid=xid, pci_bus_id=_pci(m.group("dom"), m.group("bus"), m.group("dev")),
+        timestamp=stamp.timestamp, uptime_seconds=stamp.uptime, pid=pid, process=process,
+        message=rest.strip(), raw=raw, fatal_token=fatal_token, caused_by=caused_by,
+        gpu_instance=int(m.group("gi")) if m.group("gi") else None,
+        compute_instance=int(m.group("ci")) if m.group("ci") else None,
+    )
+
+
+def _sxid_event(m: re.Match[str], rest: str, stamp: _Stamp, raw: str) -> SXidEvent:
+    severity: str | None = None
+    link: int | None = None
+    message = rest
+    if sev := _SXID_SEVERITY.match(rest):
+        severity = "fatal" if sev.group("sev").lower() == "fatal" else "nonfatal"
+        link = int(sev.group("link")) if sev.group("link") else None
+        message = sev.group("msg")
+    pci = m.group("pci").lower()
+    dom, _, tail = pci.partition(":")
+    return SXidEvent(
+        sxid=int(m.group("sxid")), pci_bus_id=f"{int(dom, 16):04x}:{tail}", link=link,
+        severity=severity, timestamp=stamp.timestamp, uptime_seconds=stamp.uptime,
+        message=message.strip(), raw=raw, device=m.group("device"),
+    )
+
+
+def parse_kernel_log(lines: Iterable[str], *, now: float | None = None,
+                     boot_time: float | None = None) -> Iterator[KernelEvent]:
+    """Parse kernel-log lines and yield every Xid and SXid event, in input order.
+
+    Args:
+        lines: physical lines in any of the formats listed in the module doc.
+        now: reference time for year-less syslog stamps (see :class:`KernelLogParser`).
+        boot_time: epoch time of boot, to turn uptime stamps into timestamps.
+
+    Yields:
+        :class:`XidEvent` and :class:`SXidEvent` objects.
+    """
+    parser = KernelLogParser(now=now, boot_time=boot_time)
+    for line in lines:
+        yield from parser.feed(line)
+    yield from parser.flush()
