@@ -37,7 +37,7 @@ class Histogram:
         """``[(le, cumulative count), ...]`` ending with ``("+Inf", count)``."""
         out = []
         running = 0
-        for bound, n in zip(self.bounds, self.counts):
+        for bound, n in zip(self.bounds, self.counts, strict=False):
             running += n
             out.append((repr(bound), running))
         out.append(("+Inf", self.count))

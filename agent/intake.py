@@ -16,13 +16,6 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
-from prometheus_client.metrics_core import Metric
-
 from laggard.agent.config import parse_address
 from laggard.agent.context import FindingLog
 from laggard.agent.histogram import Histogram
@@ -33,6 +26,12 @@ from laggard.agent.records import (
     WindowReport,
     decode_datagram,
 )
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger(__name__)
 
@@ -221,15 +220,15 @@ class RankTable:
             "laggard_straggler_score",
             "Straggler score per rank from the in-job detector (0 typical, larger slower).",
             labels=["rank"])
-        for rank, value in sorted(self._scores.items()):
-            score.add_metric([str(rank)], value)
+        for rank, score_value in sorted(self._scores.items()):
+            score.add_metric([str(rank)], score_value)
         yield score
         flagged = GaugeMetricFamily(
             "laggard_straggler_active",
             "1 while the in-job detector flags a rank as a straggler, by cause.",
             labels=["rank", "kind"])
-        for (rank, kind), value in sorted(self._flagged.items()):
-            flagged.add_metric([str(rank), kind], value)
+        for (rank, kind), flag in sorted(self._flagged.items()):
+            flagged.add_metric([str(rank), kind], flag)
         yield flagged
 
 

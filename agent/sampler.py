@@ -13,9 +13,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from prometheus_client.metrics_core import Metric
-
 from laggard.collectors.base import Collector, NoDataError
+from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger(__name__)
 

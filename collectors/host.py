@@ -6,10 +6,9 @@ import os
 from collections.abc import Iterator
 
 import psutil
+from laggard.agent.config import AgentConfig
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
-
-from laggard.agent.config import AgentConfig
 
 
 class HostCollector:
@@ -39,7 +38,7 @@ class HostCollector:
         except OSError:
             load = None
         if load is not None:
-            for minutes, value in zip((1, 5, 15), load):
+            for minutes, value in zip((1, 5, 15), load, strict=True):
                 yield GaugeMetricFamily(f"laggard_host_load{minutes}",
                                         f"{minutes}-minute load average.", value=value)
         memory = psutil.virtual_memory()

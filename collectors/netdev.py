@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.metrics_core import Metric
-
 from laggard.agent.config import AgentConfig
 from laggard.collectors.base import NoDataError
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
 
 _DEFAULT_COLUMNS = (
     [f"receive_{c}" for c in ("bytes", "packets", "errs", "drop", "fifo", "frame", "compressed",
@@ -56,7 +55,7 @@ def parse_proc_net_dev(text: str) -> dict[str, dict[str, int]]:
         fields = rest.split()
         if len(fields) != len(columns) or not all(f.isdigit() for f in fields):
             continue
-        devices[name] = dict(zip(columns, map(int, fields)))
+        devices[name] = dict(zip(columns, map(int, fields), strict=True))
     return devices
 
 

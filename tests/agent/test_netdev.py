@@ -1,11 +1,9 @@
 """netdev collector: /proc/net/dev fixtures (the corpus' net01 and a small tree)."""
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-
 from laggard.collectors.base import NoDataError
 from laggard.collectors.netdev import NetdevCollector, parse_proc_net_dev
-
+from prometheus_client import CollectorRegistry, generate_latest
 from support import FIXTURES
 
 

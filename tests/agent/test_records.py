@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from laggard.agent.records import (
     MAX_DATAGRAM_BYTES,
     CollectiveTiming,
