@@ -1,0 +1,136 @@
+"""Job overview: which rank is the job waiting for, and since when.
+
+In synchronous data parallelism every rank's step wall time is the same (all wait for the
+slowest in the gradient all-reduce), so the panels that name the straggler are the per-rank
+compute time (the work before the synchronisation point) and the collective wait, which is
+*shortest* on the straggler (it arrives last and waits least).
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import heatmap, table
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+from grafana_foundation_sdk.models.common import HeatmapCellLayout
+from laggard.dashboards.panels import (
+    NODE,
+    RANK,
+    RATE,
+    Board,
+    Query,
+    label_variable,
+    node_variable,
+    series_panel,
+)
+
+UID = "laggard-job-overview"
+TITLE = "laggard / Job overview"
+
+_SEL = f"{NODE}, {RANK}"
+
+
+def _mean_phase_seconds(phases: str) -> str:
+    """Mean seconds per step spent in ``phases`` (a regex), per rank: sum of per-phase means."""
+    sel = f'{_SEL}, phase=~"{phases}"'
+    return (
+        f"sum by (rank) (rate(laggard_step_phase_seconds_sum{{{sel}}}[{RATE}])"
+        f" / rate(laggard_step_phase_seconds_count{{{sel}}}[{RATE}]))"
+    )
+
+
+def build() -> Dashboard:
+    """The job overview dashboard (uid ``laggard-job-overview``)."""
+    board = Board(
+        UID,
+        TITLE,
+        "Straggler score, findings and per-rank step timing of the training job.",
+        [
+            node_variable("laggard_step_phase_seconds_count"),
+            label_variable(
+                "rank", "rank", "Rank", f"laggard_step_phase_seconds_count{{{NODE}}}"
+            ),
+        ],
+    )
+    board.row("Stragglers")
+    board.add(
+        heatmap.Panel()
+        .title("Straggler score by rank")
+        .description(
+            "The in-job detector's score per rank (0 = typical, larger = slower), one row per "
+            "rank. A rank that stays hot is the one the job waits for."
+        )
+        .calculate(False)
+        .rows_frame(heatmap.RowsHeatmapOptions().layout(HeatmapCellLayout.UNKNOWN).value("score"))
+        .color(heatmap.HeatmapColorOptions().scheme("Oranges").steps(64))
+        .show_value("never"),
+        Query(f"max by (rank) (laggard_straggler_score{{{_SEL}}})", "{{rank}}"),
+        width=16,
+    )
+    board.add(
+        table.Panel()
+        .title("Findings in the time range")
+        .description("Findings raised by laggard's detectors, counted by detector and kind."),
+        Query(
+            "sum by (detector, kind, severity) "
+            f"(increase(laggard_findings_total{{{NODE}}}[$__range])) > 0",
+            table=True,
+        ),
+        width=8,
+    )
+    board.row("Step timing by rank")
+    board.add(
+        series_panel(
+            "Compute time per step by rank",
+            "s",
+            "Mean forward + backward seconds per step. The straggler is the rank above the "
+            "others: the work before the gradient all-reduce is where a slow GPU shows.",
+        ),
+        Query(_mean_phase_seconds("forward|backward"), "rank {{rank}}"),
+    )
+    board.add(
+        series_panel(
+            "Collective wait per step by rank",
+            "s",
+            "Mean seconds per step waiting in collectives after the rank's own work. The "
+            "straggler waits least: the others wait for it.",
+        ),
+        Query(_mean_phase_seconds("collective_wait"), "rank {{rank}}"),
+    )
+    board.add(
+        series_panel(
+            "Step time by rank",
+            "s",
+            "Mean wall time per step. In synchronous training it is the same on every rank: "
+            "it tells how slow the job is, not who makes it slow.",
+        ),
+        Query(
+            f"sum by (rank) (rate(laggard_step_seconds_sum{{{_SEL}}}[{RATE}]))"
+            f" / sum by (rank) (rate(laggard_step_seconds_count{{{_SEL}}}[{RATE}]))",
+            "rank {{rank}}",
+        ),
+    )
+    board.add(
+        series_panel(
+            "Steps per second",
+            "ops",
+            "Training steps completed per second, per rank (equal in synchronous training).",
+        ),
+        Query(f"sum by (rank) (rate(laggard_steps_total{{{_SEL}}}[{RATE}]))", "rank {{rank}}"),
+    )
+    board.add(
+        series_panel(
+            "Data loading time per step by rank",
+            "s",
+            "Mean seconds per step waiting for the input pipeline; a rank with a slow loader "
+            "stands out here rather than in compute.",
+        ),
+        Query(_mean_phase_seconds("data"), "rank {{rank}}"),
+    )
+    board.add(
+        series_panel(
+            "Optimizer time per step by rank",
+            "s",
+            "Mean seconds per step in the optimizer step, after the gradients are reduced.",
+        ),
+        Query(_mean_phase_seconds("optimizer"), "rank {{rank}}"),
+    )
+    return board.build()
