@@ -1,0 +1,391 @@
+"""NCCL Inspector (NCCL's profiler plugin) JSON-lines output: parser and collector.
+
+Format (NVIDIA/nccl ``plugins/profiler/inspector/README.md`` and ``inspector_json_reader.py``):
+each process appends newline-separated JSON objects to ``<NCCL_INSPECTOR_DUMP_DIR>/
+<hostname>-pid<pid>.log``.
+
+* v4.0-v4.2: every record carries ``header`` (``id`` of the communicator, ``rank``,
+  ``n_ranks``, ``nnodes``, v4.2 ``comm_name``), ``metadata`` (``inspector_output_format_version``,
+  ``hostname``, ``pid``, ``dump_timestamp_us``...) and one of ``coll_perf`` / ``p2p_perf``.
+* v4.3: a ``dump_stats`` marker carries ``header`` and ``metadata`` once, with the counts of the
+  records that follow it (``coll_records + p2p_records + proxy_records``); those records hold only
+  their body and inherit the marker's context. Context never crosses files.
+* ``coll_perf``: ``coll`` (``AllReduce``...), ``coll_sn`` (counted per collective type),
+  ``coll_msg_size_bytes``, ``coll_exec_time_us`` (an int in NCCL's tests, a float in some real
+  dumps), ``coll_timing_source``, ``coll_algobw_gbs``, ``coll_busbw_gbs``, v4.2 ``coll_algo`` /
+  ``coll_proto``, verbose ``event_trace_*``. ``p2p_perf`` mirrors it with ``p2p_*`` keys and
+  ``p2p_peer``. Bandwidths are in GB/s (1e9 bytes/s).
+* proxy records: ``{"proxy_trace": {...}}`` whose inner object has ``record_type``
+  (``proxy_step``/``proxy_op``); the README shows the inner object bare, which is accepted too.
+
+The collector tails every ``*.log``/``*.jsonl`` file of the directory from where it left off
+(complete lines only; a file that shrinks was rewritten and is read again from the start) and
+exports, per collective or p2p op:
+
+* ``laggard_nccl_collective_seconds{op}``: histogram of execution time,
+* ``laggard_nccl_collective_bytes_total{op}``: message bytes,
+* ``laggard_nccl_bus_bandwidth_bytes_per_second{op}``: bus bandwidth of the latest record,
+* ``laggard_nccl_inspector_dropped_records_total``: records NCCL overwrote before dumping
+  (``*_dropped_since_last_dump`` summed over markers),
+* ``laggard_nccl_inspector_malformed_lines_total``: lines skipped as not JSON or not a record.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from laggard.agent.histogram import Histogram
+from laggard.collectors.base import NoDataError
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.metrics_core import Metric
+
+__all__ = [
+    "InspectorRecord",
+    "InspectorStream",
+    "NcclInspectorCollector",
+    "from_config",
+    "COLLECTIVE_BUCKETS_SECONDS",
+]
+
+#: Histogram bounds (s): 10 µs (a small all-reduce inside a node) to 60 s (a stalled collective).
+COLLECTIVE_BUCKETS_SECONDS: tuple[float, ...] = (
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0, 60.0,
+)
+#: Most bytes read from one file per collection; the rest waits for the next round.
+MAX_READ_BYTES_PER_ROUND = 64 * 1024 * 1024
+#: Longest line accepted; a longer one is skipped as malformed.
+MAX_LINE_BYTES = 1024 * 1024
+#: Most distinct op label values (``AllReduce``, ``Send``...; NCCL has about ten).
+MAX_OPS = 64
+#: Most files tracked at once in the dump directory (one per process).
+MAX_FILES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class InspectorRecord:
+    """One completed collective or p2p operation.
+
+    Attributes:
+        kind: ``"coll"`` or ``"p2p"``.
+        op: ``AllReduce``, ``ReduceScatter``, ``Send``...
+        sn: sequence number (per op type for collectives).
+        msg_size_bytes: message size (for ReduceScatter, per rank: NCCL's convention).
+        exec_time_us: execution time in µs (float).
+        algbw_gbs / busbw_gbs: algorithm and bus bandwidth, GB/s.
+        timing_source: ``kernel_gpu``, ``kernel_cpu``, ``collective_cpu``, or None.
+        algo / proto: v4.2+ (``RING``, ``LL``), else None.
+        peer: p2p peer rank.
+        comm_id, comm_name, rank, n_ranks, nnodes: from the header (own or marker's).
+        hostname, pid, version: from the metadata.
+    """
+
+    kind: str
+    op: str
+    sn: int | None
+    msg_size_bytes: int
+    exec_time_us: float
+    algbw_gbs: float | None
+    busbw_gbs: float | None
+    timing_source: str | None
+    algo: str | None
+    proto: str | None
+    peer: int | None
+    comm_id: str | None
+    comm_name: str | None
+    rank: int | None
+    n_ranks: int | None
+    nnodes: int | None
+    hostname: str | None
+    pid: int | None
+    version: str | None
+
+
+@dataclass(slots=True)
+class DumpStats:
+    """A v4.3 ``dump_stats`` marker (counts as dumped) with its context."""
+
+    header: dict[str, Any]
+    metadata: dict[str, Any]
+    stats: dict[str, Any]
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def _integer(value: Any) -> int | None:
+    number = _num(value)
+    return int(number) if number is not None else None
+
+
+@dataclass(slots=True)
+class InspectorStream:
+    """Parser state for one Inspector output file (context never crosses files).
+
+    Attributes:
+        records, markers, proxy: counts of what was parsed.
+        malformed: lines that were not JSON objects or carried no known body.
+        orphans: v4.3-style bodies seen with no marker before them (kept, without context).
+        count_mismatches: markers whose announced record counts were not met before the next
+            marker or the end (a strict validator's complaint; records are kept anyway).
+        dropped: sum of ``*_dropped_since_last_dump`` over markers.
+    """
+
+    records: int = 0
+    markers: int = 0
+    proxy: int = 0
+    malformed: int = 0
+    orphans: int = 0
+    count_mismatches: int = 0
+    dropped: int = 0
+    last_stats: DumpStats | None = None
+    _header: dict[str, Any] | None = None
+    _metadata: dict[str, Any] | None = None
+    _remaining: dict[str, int] = field(default_factory=dict)
+
+    def feed(self, line: str | bytes) -> InspectorRecord | DumpStats | None:
+        """Parse one line; return the operation record or marker it holds, else None."""
+        try:
+            obj = json.loads(line)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            if line.strip():
+                self.malformed += 1
+            return None
+        if not isinstance(obj, dict):
+            self.malformed += 1
+            return None
+        if "dump_stats" in obj:
+            return self._marker(obj)
+        if "proxy_trace" in obj or "record_type" in obj:
+            self.proxy += 1
+            self._consume("proxy_trace")
+            return None
+        for kind in ("coll_perf", "p2p_perf"):
+            body = obj.get(kind)
+            if isinstance(body, dict):
+                header, metadata = obj.get("header"), obj.get("metadata")
+                if not isinstance(header, dict):
+                    if self._header is None:
+                        self.orphans += 1
+                    else:
+                        self._consume(kind)
+                    header, metadata = self._header, self._metadata
+                record = _record(kind[:-5], body, header or {}, metadata or {})
+                if record is None:
+                    self.malformed += 1
+                else:
+                    self.records += 1
+                return record
+        self.malformed += 1
+        return None
+
+    def finish(self) -> None:
+        """End of the file: a marker whose records never all came counts as a mismatch."""
+        if any(n > 0 for n in self._remaining.values()):
+            self.count_mismatches += 1
+        self._remaining = {}
+
+    def _marker(self, obj: dict[str, Any]) -> DumpStats:
+        self.finish()
+        self.markers += 1
+        stats = obj["dump_stats"] if isinstance(obj["dump_stats"], dict) else {}
+        header = obj.get("header") if isinstance(obj.get("header"), dict) else {}
+        metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        self._header, self._metadata = header, metadata
+        self._remaining = {
+            "coll_perf": _integer(stats.get("coll_records")) or 0,
+            "p2p_perf": _integer(stats.get("p2p_records")) or 0,
+            "proxy_trace": _integer(stats.get("proxy_records")) or 0,
+        }
+        self.dropped += sum(_integer(stats.get(k)) or 0 for k in (
+            "coll_dropped_since_last_dump", "p2p_dropped_since_last_dump",
+            "proxy_dropped_since_last_dump"))
+        self.last_stats = DumpStats(header, metadata, stats)
+        return self.last_stats
+
+    def _consume(self, kind: str) -> None:
+        if self._header is None:
+            return
+        left = self._remaining.get(kind, 0)
+        if left <= 0:
+            self.count_mismatches += 1
+            self._remaining = {}  # counted once; the records are still kept
+        else:
+            self._remaining[kind] = left - 1
+
+
+def _record(kind: str, body: dict[str, Any], header: dict[str, Any],
+            metadata: dict[str, Any]) -> InspectorRecord | None:
+    op = body.get(kind)
+    size = _integer(body.get(f"{kind}_msg_size_bytes"))
+    time_us = _num(body.get(f"{kind}_exec_time_us"))
+    if not isinstance(op, str) or size is None or time_us is None or time_us < 0:
+        return None
+    return InspectorRecord(
+        kind=kind, op=op, sn=_integer(body.get(f"{kind}_sn")), msg_size_bytes=size,
+        exec_time_us=time_us, algbw_gbs=_num(body.get(f"{kind}_algobw_gbs")),
+        busbw_gbs=_num(body.get(f"{kind}_busbw_gbs")),
+        timing_source=body.get(f"{kind}_timing_source"), algo=body.get(f"{kind}_algo"),
+        proto=body.get(f"{kind}_proto"), peer=_integer(body.get("p2p_peer")),
+        comm_id=header.get("id"), comm_name=header.get("comm_name"),
+        rank=_integer(header.get("rank")), n_ranks=_integer(header.get("n_ranks")),
+        nnodes=_integer(header.get("nnodes")), hostname=metadata.get("hostname"),
+        pid=_integer(metadata.get("pid")),
+        version=metadata.get("inspector_output_format_version"),
+    )
+
+
+def parse_inspector_lines(lines: Iterable[str | bytes]) -> tuple[list[InspectorRecord],
+                                                                  InspectorStream]:
+    """Parse a whole file's lines; return its operation records and the stream's counters."""
+    stream = InspectorStream()
+    records = []
+    for line in lines:
+        item = stream.feed(line)
+        if isinstance(item, InspectorRecord):
+            records.append(item)
+    stream.finish()
+    return records, stream
+
+
+@dataclass(slots=True)
+class _OpSeries:
+    histogram: Histogram
+    bytes_total: int = 0
+    busbw_bytes_per_second: float | None = None
+
+
+@dataclass(slots=True)
+class _TailedFile:
+    offset: int = 0
+    inode: int = 0
+    stream: InspectorStream = field(default_factory=InspectorStream)
+
+
+class NcclInspectorCollector:
+    """Tails an NCCL Inspector dump directory and exports collective timings.
+
+    Args:
+        dump_dir: the ``NCCL_INSPECTOR_DUMP_DIR`` of the jobs on this node.
+    """
+
+    name = "nccl_inspector"
+
+    def __init__(self, dump_dir: str) -> None:
+        self._dir = dump_dir
+        self._files: dict[str, _TailedFile] = {}
+        self._ops: dict[str, _OpSeries] = {}
+        self._dropped = 0
+        self._malformed = 0
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        """Read what was appended since the last call and yield the metric families.
+
+        Raises:
+            NoDataError: no directory configured, or it does not exist.
+        """
+        if not self._dir or not os.path.isdir(self._dir):
+            raise NoDataError(f"NCCL Inspector directory {self._dir!r} does not exist")
+        with self._lock:
+            paths = sorted(glob.glob(os.path.join(self._dir, "*.log"))
+                           + glob.glob(os.path.join(self._dir, "*.jsonl")))[:MAX_FILES]
+            for path in paths:
+                self._tail(path)
+            for gone in set(self._files) - set(paths):
+                del self._files[gone]
+            yield from self._families()
+
+    def _tail(self, path: str) -> None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        tailed = self._files.setdefault(path, _TailedFile(inode=st.st_ino))
+        if st.st_ino != tailed.inode or st.st_size < tailed.offset:
+            tailed.offset, tailed.inode, tailed.stream = 0, st.st_ino, InspectorStream()
+        if st.st_size == tailed.offset:
+            return
+        try:
+            with open(path, "rb") as f:
+                f.seek(tailed.offset)
+                chunk = f.read(MAX_READ_BYTES_PER_ROUND)
+        except OSError:
+            return
+        end = chunk.rfind(b"\n") + 1  # complete lines only; the writer may be mid-line
+        if end == 0:
+            if len(chunk) >= MAX_LINE_BYTES:  # one huge line: skip it rather than stall
+                tailed.offset += len(chunk)
+                self._malformed += 1
+            return
+        tailed.offset += end
+        stream = tailed.stream
+        before_malformed, before_dropped = stream.malformed, stream.dropped
+        for line in chunk[:end].splitlines():
+            item = stream.feed(line)
+            if isinstance(item, InspectorRecord):
+                self._observe(item)
+        self._malformed += stream.malformed - before_malformed
+        self._dropped += stream.dropped - before_dropped
+
+    def _observe(self, record: InspectorRecord) -> None:
+        series = self._ops.get(record.op)
+        if series is None:
+            if len(self._ops) >= MAX_OPS:
+                self._malformed += 1
+                return
+            series = self._ops[record.op] = _OpSeries(Histogram(COLLECTIVE_BUCKETS_SECONDS))
+        series.histogram.observe(record.exec_time_us * 1e-6)  # µs -> s
+        series.bytes_total += record.msg_size_bytes
+        if record.busbw_gbs is not None:
+            series.busbw_bytes_per_second = record.busbw_gbs * 1e9  # GB/s -> bytes/s
+
+    def _families(self) -> Iterator[Metric]:
+        seconds = HistogramMetricFamily(
+            "laggard_nccl_collective_seconds",
+            "Execution time of NCCL collectives and p2p operations (NCCL Inspector).",
+            labels=["op"])
+        nbytes = CounterMetricFamily(
+            "laggard_nccl_collective_bytes",
+            "Message bytes of NCCL operations recorded by NCCL Inspector.", labels=["op"])
+        busbw = GaugeMetricFamily(
+            "laggard_nccl_bus_bandwidth_bytes_per_second",
+            "Bus bandwidth of the latest NCCL operation of this type (NCCL Inspector).",
+            labels=["op"])
+        for op, series in sorted(self._ops.items()):
+            h = series.histogram
+            seconds.add_metric([op], h.cumulative_buckets(), h.sum)
+            nbytes.add_metric([op], series.bytes_total)
+            if series.busbw_bytes_per_second is not None:
+                busbw.add_metric([op], series.busbw_bytes_per_second)
+        yield seconds
+        yield nbytes
+        yield busbw
+        yield CounterMetricFamily(
+            "laggard_nccl_inspector_dropped_records",
+            "Records NCCL Inspector overwrote before dumping them (dump_stats).",
+            value=self._dropped)
+        yield CounterMetricFamily(
+            "laggard_nccl_inspector_malformed_lines",
+            "Inspector output lines skipped as not JSON or not a known record.",
+            value=self._malformed)
+
+
+def from_config(config: Any, context: Any) -> NcclInspectorCollector:
+    """Build from ``AgentConfig.nccl_inspector_dir``."""
+    return NcclInspectorCollector(getattr(config, "nccl_inspector_dir", "") or "")
