@@ -61,7 +61,7 @@ def build() -> Dashboard:
             "sent (1 = no compression).",
         ),
         Query(
-            f"sum by (rank) (rate(laggard_comm_raw_bytes_total{{{_SEL}}}[{RATE}]))"
+            f"sum by (rank) (rate(laggard_comm_uncompressed_bytes_total{{{_SEL}}}[{RATE}]))"
             f" / sum by (rank) (rate(laggard_comm_bytes_total{{{_SEL}}}[{RATE}]))",
             "rank {{rank}}",
         ),
@@ -76,7 +76,7 @@ def build() -> Dashboard:
         ),
         Query(_per_step("laggard_comm_exposed_seconds_total"), "rank {{rank}} exposed"),
         Query(
-            f"({_per_step('laggard_comm_seconds_total')})"
+            f"({_per_step('laggard_comm_collective_seconds_total')})"
             f" - ({_per_step('laggard_comm_exposed_seconds_total')})",
             "rank {{rank}} hidden",
         ),
@@ -89,7 +89,7 @@ def build() -> Dashboard:
         ).min(0).max(1),
         Query(
             f"1 - sum by (rank) (rate(laggard_comm_exposed_seconds_total{{{_SEL}}}[{RATE}]))"
-            f" / sum by (rank) (rate(laggard_comm_seconds_total{{{_SEL}}}[{RATE}]))",
+            f" / sum by (rank) (rate(laggard_comm_collective_seconds_total{{{_SEL}}}[{RATE}]))",
             "rank {{rank}}",
         ),
     )

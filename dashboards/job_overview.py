@@ -55,11 +55,14 @@ def build() -> Dashboard:
         heatmap.Panel()
         .title("Straggler score by rank")
         .description(
-            "The in-job detector's score per rank (0 = typical, larger = slower), one row per "
-            "rank. A rank that stays hot is the one the job waits for."
+            "The in-job detector's score per rank, one row per rank: by how much the rank "
+            "stretches each step, as a fraction of the median rank's work (0 = typical, 0.05 = "
+            "the job runs about 5 % slower because of it). A rank that stays hot is the one "
+            "the job waits for."
         )
         .calculate(False)
         .rows_frame(heatmap.RowsHeatmapOptions().layout(HeatmapCellLayout.UNKNOWN).value("score"))
+        .cell_values(heatmap.CellValues().unit("percentunit"))
         .color(heatmap.HeatmapColorOptions().scheme("Oranges").steps(64))
         .show_value("never"),
         Query(f"max by (rank) (laggard_straggler_score{{{_SEL}}})", "{{rank}}"),
