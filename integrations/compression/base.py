@@ -1,0 +1,127 @@
+"""What every compression hook state shares: its process group, timer, parameter names, checkpoint.
+
+A state is the ``state`` argument of ``DistributedDataParallel.register_comm_hook(state, hook)``;
+the hook itself is the one function :func:`compression_hook`, which calls the state's
+``communicate(bucket)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from laggard.integrations.comm_timing import CommTimer
+from laggard.integrations.compression.wire import ring_allreduce_bytes
+
+_BACKENDS = {"gloo", "nccl"}
+
+
+def resolve_group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    """The group a hook will reduce over, checked for what the hooks can serve.
+
+    Raises:
+        ValueError: torch.distributed is not initialised, this rank is not in the group, or the
+            group's backend is neither gloo nor NCCL (the two the hooks are built and tested for).
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("torch.distributed is not initialised: call init_process_group() first")
+    group = process_group if process_group is not None else dist.group.WORLD
+    if group is None or group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("this rank is not a member of the process group")
+    backend = str(dist.get_backend(group))
+    # a device-mixed group names each device's backend: "cpu:gloo,cuda:nccl"
+    names = {part.split(":")[-1] for part in backend.split(",")}
+    if not names <= _BACKENDS:
+        raise ValueError(f"backend {backend!r} is not supported: compression hooks run on gloo "
+                         "or nccl")
+    return group
+
+
+def module_parameters(model: torch.nn.Module | None) -> dict[str, torch.Tensor]:
+    """Name -> parameter of ``model``, without DDP's ``module.`` prefix (so a checkpoint loads
+    whether it was taken through the DDP wrapper or the bare module)."""
+    if model is None:
+        return {}
+    return {name.removeprefix("module."): p for name, p in model.named_parameters()}
+
+
+class CompressionState:
+    """Base class of the hook states.
+
+    Args:
+        process_group: resolved group (see :func:`resolve_group`).
+        model: the module DDP wraps (or the DDP wrapper); only needed to name residuals in
+            :meth:`state_dict`.
+        timer: CommTimer to record into; a fresh one when None.
+
+    Attributes:
+        process_group, world_size, rank: the group and this rank's place in it.
+        timer: the CommTimer every collective of this hook is tracked by.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup,
+        *,
+        model: torch.nn.Module | None = None,
+        timer: CommTimer | None = None,
+    ) -> None:
+        self.process_group = process_group
+        self.world_size = process_group.size()
+        self.rank = dist.get_rank(process_group)
+        self.timer = timer if timer is not None else CommTimer(process_group)
+        self._params = module_parameters(model)
+        self._names = {id(p): name for name, p in self._params.items()}
+
+    def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """Launch this bucket's collectives; return a future of the averaged buffer."""
+        raise NotImplementedError
+
+    def raw_bytes(self, buffer: torch.Tensor) -> int:
+        """What an fp32 ring all-reduce of ``buffer`` would send from this rank (the baseline)."""
+        return ring_allreduce_bytes(buffer.numel() * 4, self.world_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's compressor state (residuals differ per rank: save one per rank)."""
+        return {"compressor": self.name}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: the checkpoint is another compressor's, or does not fit the model.
+        """
+        if state.get("compressor") != self.name:
+            raise ValueError(f"checkpoint of compressor {state.get('compressor')!r}, this hook "
+                             f"is {self.name!r}")
+
+    def _require_names(self) -> None:
+        if not self._params:
+            raise ValueError(f"{self.name}: pass model= to make_hook to checkpoint its state")
+
+    def close(self) -> None:
+        """Release threads and groups (collective for two-stage hooks); idempotent."""
+
+
+# Unannotated on purpose: DDP's register_comm_hook compares the annotations with
+# dist.GradBucket and Future[Tensor] by identity (see laggard.integrations.comm_timing).
+def compression_hook(state: CompressionState, bucket):  # type: ignore[no-untyped-def]
+    """The DDP communication hook of every compressor: ``state.communicate(bucket)``.
+
+    Args:
+        state: a :class:`CompressionState` made by ``make_hook``.
+        bucket: DDP's ``GradBucket``; its flat ``buffer()`` holds this rank's gradients.
+
+    Returns:
+        A ``torch.futures.Future`` holding the averaged (decompressed) bucket buffer.
+    """
+    return state.communicate(bucket)
+
+
+def first_tensor(fut: torch.futures.Future) -> torch.Tensor:
+    """The one tensor of a collective's future (``all_reduce`` returns a list)."""
+    value = fut.value()
+    return value[0] if isinstance(value, list) else value

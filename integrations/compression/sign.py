@@ -1,0 +1,182 @@
+"""``sign``: 1-bit sign compression with error feedback, in 1-bit Adam's two-stage all-reduce.
+
+Compressor (EF-SignSGD; Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
+Compression Schemes", ICML 2019, Algorithm 2): ``p = g + e``; send ``C(p) = (|p|_1 / d) sign(p)``;
+keep ``e = p - C(p)``. Its error is exactly ``|p - C(p)|_2^2 = |p|_2^2 - |p|_1^2 / d`` (expand the
+square), at most ``(1 - 1/d) |p|_2^2``. Here the scale is per chunk (W of them per bucket), which
+only lowers the error. Signs are packed 8 per byte; sign(0) is sent as +.
+
+Collective (the compressed all-reduce of 1-bit Adam; Tang et al., "1-bit Adam", ICML 2021, §4.2
+and DeepSpeed's ``compressed_allreduce``): the bucket is cut into W chunks.
+
+1. all-to-all: rank i sends chunk j, compressed with worker error feedback, to rank j;
+2. rank j averages the W chunks it received, adds its *server* residual, compresses again;
+3. all-gather of the re-compressed chunks; every rank decompresses the whole bucket.
+
+Per rank that is ``2 (W-1)/W * N/8`` bytes plus ``16 (W-1)`` bytes of scales, against
+``2 (W-1)/W * 4 N`` for an fp32 ring all-reduce: 32 times fewer at any world size, where an
+all-gather of every rank's packed signs (``(W-1) N/8``) saves only ``64/W``-fold.
+
+Wire format of one chunk: ``c/8`` bytes of packed signs, then the scale as a float64 (8 bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from laggard.integrations.compression.base import CompressionState
+from laggard.integrations.compression.bits import pack_bits, unpack_bits
+from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback
+from laggard.integrations.compression.two_stage import StageTwoWorker
+from laggard.integrations.compression.wire import allgather_bytes, alltoall_bytes
+
+_SCALE_BYTES = 8
+
+
+def chunk_elements(numel: int, world_size: int) -> int:
+    """Elements per chunk: ``numel / world_size`` rounded up to a whole number of bytes."""
+    return 8 * math.ceil(numel / (8 * world_size)) if numel else 8
+
+
+def chunk_lengths(numel: int, world_size: int) -> torch.Tensor:
+    """Real (unpadded) elements of each chunk, float32 of shape ``(world_size,)``, at least 1."""
+    c = chunk_elements(numel, world_size)
+    starts = torch.arange(world_size) * c
+    return (numel - starts).clamp(0, c).clamp(min=1).to(torch.float32)
+
+
+def compress_rows(rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Sign-compress each row with its own scale; leave the compression error in ``rows``.
+
+    Args:
+        rows: float32 ``(R, c)``, ``c`` a multiple of 8, zero-padded past each row's length;
+            overwritten with ``rows - C(rows)`` (the new error-feedback residual).
+        lengths: float32 ``(R,)``, real elements per row (the ``d`` of the scale).
+
+    Returns:
+        uint8 ``(R, c/8 + 8)``: packed signs, then the scale ``|row|_1 / length`` as float64.
+    """
+    r, c = rows.shape
+    scale = torch.linalg.vector_norm(rows, ord=1, dim=1) / lengths.to(rows.device)
+    positive = rows >= 0
+    payload = torch.empty(r, c // 8 + _SCALE_BYTES, dtype=torch.uint8, device=rows.device)
+    payload[:, : c // 8] = pack_bits(positive)
+    payload[:, c // 8 :] = scale.to(torch.float64).view(torch.uint8).view(r, _SCALE_BYTES)
+    scale = scale.unsqueeze(1)
+    rows.sub_(torch.where(positive, scale, -scale))
+    return payload
+
+
+def decompress_rows(payload: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`compress_rows`' encoding: float32 ``(R, c)`` of ``±scale``."""
+    r, width = payload.shape
+    signs = unpack_bits(payload[:, : width - _SCALE_BYTES])
+    # a fresh 1-D copy is 8-byte aligned, as viewing the bytes as float64 needs
+    scale = payload[:, width - _SCALE_BYTES :].reshape(-1).clone().view(torch.float64)
+    scale = scale.to(torch.float32).unsqueeze(1)
+    return torch.where(signs, scale, -scale)
+
+
+class SignCompression(CompressionState):
+    """EF-SignSGD in the two-stage compressed all-reduce (see the module docstring).
+
+    Args:
+        process_group, model, timer: see :class:`CompressionState`.
+
+    Creating it is collective (it makes a second process group); call :meth:`close` on every rank
+    after the last step.
+    """
+
+    name = "sign"
+
+    def __init__(self, process_group: dist.ProcessGroup, **kwargs: Any) -> None:
+        super().__init__(process_group, **kwargs)
+        self.residuals = ErrorFeedback(on_evict=self._fold_server_residual)
+        # bucket index -> (layout key, this rank's server residual, c elements)
+        self._server: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}
+        self._worker = StageTwoWorker(process_group)
+
+    def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        self.timer.bucket_ready()
+        buffer, index, w = bucket.buffer(), bucket.index(), self.world_size
+        layout = BucketLayout.of(bucket)
+        n = layout.numel
+        c = chunk_elements(n, w)
+        lengths = chunk_lengths(n, w)
+        work = self.residuals.flat(index, layout, padded_numel=w * c)
+        work[:n].add_(buffer)
+        payload = compress_rows(work.view(w, c), lengths)
+        work[n:].zero_()  # padding carries no residual
+        received = torch.empty_like(payload)
+        first = dist.all_to_all_single(received, payload, group=self.process_group,
+                                       async_op=True).get_future()
+        self.timer.track(first, alltoall_bytes(payload[0].numel(), w), "alltoall",
+                         raw_bytes=self.raw_bytes(buffer), bucket_ready=False)
+        server = self._server_residual(index, layout, c)
+        my_length = lengths[self.rank : self.rank + 1]
+
+        real = max(0, min(c, n - self.rank * c))
+
+        def finish() -> torch.Tensor:
+            server.add_(decompress_rows(received).mean(0))
+            server[real:].zero_()  # padding: what the workers sent there is sign(0)
+            reply = compress_rows(server.view(1, c), my_length).view(-1)
+            gathered = torch.empty(w * reply.numel(), dtype=torch.uint8, device=reply.device)
+            second = dist.all_gather_single(gathered, reply, group=self._worker.group,
+                                            async_op=True)
+            self.timer.track(second.get_future(), allgather_bytes(reply.numel(), w), "allgather",
+                             raw_bytes=0, bucket_ready=False)
+            second.wait()
+            buffer.copy_(decompress_rows(gathered.view(w, -1)).view(-1)[:n])
+            return buffer
+
+        return self._worker.submit(first, finish)
+
+    def _server_residual(self, index: int, layout: BucketLayout, c: int) -> torch.Tensor:
+        entry = self._server.get(index)
+        if entry is None or entry[0] != layout.key or entry[1].numel() != c:
+            entry = (layout.key, torch.zeros(c, dtype=torch.float32, device=entry_device(layout)))
+            self._server[index] = entry
+        return entry[1]
+
+    def _fold_server_residual(self, index: int, layout: BucketLayout, flat: torch.Tensor) -> None:
+        # The server residual is what the *average* still owes for this rank's chunk. When the
+        # bucket is rebuilt the chunk no longer maps to the same parameters, so hand it back to
+        # this rank's worker residual, times W (the next average divides by W): the sum of all
+        # residuals, hence the error feedback's guarantee, is unchanged.
+        entry = self._server.pop(index, None)
+        if entry is None or entry[0] != layout.key:
+            return
+        start, end = self._chunk_range(layout.numel, entry[1].numel())
+        if end > start:
+            flat[start:end].add_(entry[1][: end - start], alpha=self.world_size)
+
+    def _chunk_range(self, numel: int, c: int) -> tuple[int, int]:
+        start = self.rank * c
+        return start, min(start + c, numel)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Residuals per parameter name; the server residual folded in as on a rebuild."""
+        self._require_names()
+        extra = {index: (self.rank * server.numel(), server * self.world_size)
+                 for index, (_, server) in self._server.items()}
+        state = super().state_dict()
+        state["residuals"] = self.residuals.export(self._names, extra)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._require_names()
+        self.residuals.load(state["residuals"], self._params)
+        self._server.clear()
+
+    def close(self) -> None:
+        self._worker.close()
+
+
+def entry_device(layout: BucketLayout) -> torch.device | None:
+    """Device of a bucket's parameters (None for an empty bucket)."""
+    return layout.params[0].device if layout.params else None
