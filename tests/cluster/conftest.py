@@ -1,0 +1,26 @@
+"""Skip the cluster tests, with the reason, where network namespaces cannot be made."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from laggard.integrations.netns import EmulatedCluster, LinkShape, NamespaceError
+
+
+@functools.cache
+def _namespaces_unavailable() -> str | None:
+    """None when a 1-node cluster can be created and removed here, else why not."""
+    try:
+        with EmulatedCluster(1, LinkShape(rate_bps=0, delay_s=0), handle_signals=False):
+            return None
+    except NamespaceError as exc:
+        return f"network namespaces cannot be made here: {exc}"
+
+
+@pytest.fixture
+def need_namespaces() -> None:
+    """Skip the test where this process cannot create network namespaces."""
+    reason = _namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
