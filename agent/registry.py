@@ -38,6 +38,10 @@ COLLECTORS: dict[str, CollectorSpec] = {
                             "per-interface counters from /proc/net/dev"),
     "nvml": CollectorSpec("laggard.collectors.nvml", "from_config", True,
                           "GPU clocks, clock-event reasons, temperature, power, ECC via NVML"),
+    "xid": CollectorSpec("laggard.collectors.xid", "from_config", True,
+                         "every GPU Xid and NVSwitch SXid, from NVML events and the kernel log"),
+    "infiniband": CollectorSpec("laggard.collectors.infiniband", "from_config", True,
+                                "InfiniBand/RoCE port counters from /sys/class/infiniband"),
 }
 
 
