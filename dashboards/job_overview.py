@@ -73,8 +73,11 @@ def build() -> Dashboard:
         .title("Findings in the time range")
         .description("Findings raised by laggard's detectors, counted by detector and kind."),
         Query(
-            "sum by (detector, kind, severity) "
-            f"(increase(laggard_findings_total{{{NODE}}}[$__range])) > 0",
+            # A counter series appears with its first finding, where increase() sees no rise:
+            # a series born within the range counts whole, an older one by its increase.
+            f"sum by (detector, kind, severity) ((laggard_findings_total{{{NODE}}} unless "
+            f"laggard_findings_total{{{NODE}}} offset $__range) or "
+            f"increase(laggard_findings_total{{{NODE}}}[$__range])) > 0",
             table=True,
         ),
         width=8,

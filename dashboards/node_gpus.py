@@ -71,6 +71,19 @@ def build() -> Dashboard:
         ),
         width=24,
     )
+    board.add(
+        series_panel(
+            "Time with clocks held down, by reason",
+            "percentunit",
+            "Fraction of each interval NVML counted as clock-violation time (nvmlDeviceGet"
+            "ViolationStatus): how long power, thermal or board limits cost full speed.",
+        ),
+        Query(
+            f"rate(laggard_gpu_clock_violation_seconds_total{{{_SEL}}}[{RATE}])",
+            "{{instance}} GPU {{gpu}} {{reason}}",
+        ),
+        width=24,
+    )
     board.row("Thermal and power")
     board.add(
         series_panel("Temperature", "celsius", "GPU die temperature."),
@@ -140,5 +153,25 @@ def build() -> Dashboard:
             "{{instance}} GPU {{gpu}} {{type}}",
         ),
         width=8,
+    )
+    board.row("Interconnect")
+    board.add(
+        series_panel("PCIe throughput", "Bps", "PCIe bytes per second per GPU and direction."),
+        Query(
+            f"laggard_gpu_pcie_throughput_bytes_per_second{{{_SEL}}}",
+            "{{instance}} GPU {{gpu}} {{direction}}",
+        ),
+    )
+    board.add(
+        series_panel(
+            "NVLink throughput",
+            "Bps",
+            "NVLink bytes per second per GPU, summed over its links (GPUs without NVLink "
+            "have no series).",
+        ),
+        Query(f"rate(laggard_gpu_nvlink_received_bytes_total{{{_SEL}}}[{RATE}])",
+              _GPU + " receive"),
+        Query(f"rate(laggard_gpu_nvlink_transmitted_bytes_total{{{_SEL}}}[{RATE}])",
+              _GPU + " transmit"),
     )
     return board.build()

@@ -1,0 +1,314 @@
+"""End to end against a real Prometheus: every dashboard query returns data, the alerts fire.
+
+A real ``laggard agent --fake-gpus 2`` receives the per-step records of a 4-rank job whose rank 2
+is slowed (datagrams on the agent's real UDP intake, as ``TrainingMonitor`` sends them), and
+Debian's ``prometheus`` binary scrapes it every second with laggard's rule files loaded. Then:
+
+- every template variable's ``label_values(...)`` query finds values, and every query of every
+  panel of every dashboard, with the variables substituted as Grafana does, returns data through
+  Prometheus's HTTP API;
+- the straggler alerts (the in-job detector's verdict and the cross-node recording-rule one) fire
+  for rank 2 and for no other rank, and the fake GPUs' power-cap episode fires the throttle
+  alert. ``for:`` durations are set to 0 in a copy of the rules: the expressions are the shipped
+  ones, the waiting is not what this test is about.
+
+Prometheus is always stopped, by its pid, whatever happens in the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from laggard.agent.records import CollectiveTiming, StepRecord, WindowReport
+from laggard.dashboards.catalog import RULE_FILES, RULES_DIR, render_dashboards
+from laggard.detectors.finding import Finding, Severity
+from support import FIXTURES, AgentProcess, free_port, start_agent, stop_agent
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(shutil.which("prometheus") is None,
+                       reason="prometheus missing: apt-get install prometheus"),
+]
+
+WORLD_SIZE = 4
+SLOW_RANK = 2
+SLOWDOWN = 1.3
+#: Stand-ins for Grafana's built-in variables; windows long enough to span several scrapes.
+BUILTINS = {"$__rate_interval": "10s", "$__range": "5m", "$__interval": "1s"}
+#: How long every panel may take to show data (the first scrape lands after ~5-6 s).
+DATA_DEADLINE_S = 30.0
+
+
+@dataclass
+class Prometheus:
+    """A running Prometheus server on loopback."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+
+    def api(self, path: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=5) as resp:
+            doc = json.load(resp)
+        assert doc["status"] == "success", doc
+        return doc["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        return self.api("query", query=expr)["result"]
+
+
+def _stop_by_pid(pid: int) -> None:
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if done:
+                return
+            time.sleep(0.05)
+
+
+def _rules_without_waiting(dest: Path) -> list[str]:
+    """Copies of laggard's rule files with every ``for:`` set to 0s."""
+    paths = []
+    for name in RULE_FILES:
+        doc = yaml.safe_load((RULES_DIR / name).read_text())
+        for group in doc["groups"]:
+            for rule in group["rules"]:
+                if "for" in rule:
+                    rule["for"] = "0s"
+        path = dest / name
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        paths.append(str(path))
+    return paths
+
+
+@pytest.fixture
+def agent() -> Iterator[AgentProcess]:
+    flags = ["--fake-gpus", "2", "--collect-interval", "0.5", "--node", "e2e-node"]
+    ib_sysfs = FIXTURES / "infiniband" / "sys"
+    if ib_sysfs.is_dir():
+        flags += ["--path.sysfs", str(ib_sysfs)]
+    agent = start_agent(*flags)
+    try:
+        yield agent
+    finally:
+        stop_agent(agent)
+
+
+@pytest.fixture
+def prometheus(agent: AgentProcess, tmp_path: Path) -> Iterator[Prometheus]:
+    port = free_port()
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": _rules_without_waiting(tmp_path),
+        "scrape_configs": [{
+            "job_name": "laggard",
+            "static_configs": [{"targets": [f"127.0.0.1:{agent.port}"]}],
+        }],
+    }
+    config_file = tmp_path / "prometheus.yml"
+    config_file.write_text(yaml.safe_dump(config))
+    log = (tmp_path / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={config_file}",
+         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+         "--log.level=warn"],
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        server = Prometheus(proc, f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 15
+        while True:
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+            try:
+                with urllib.request.urlopen(f"{server.url}/-/ready", timeout=1) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "prometheus not ready in 15 s"
+            time.sleep(0.1)
+        yield server
+    finally:
+        _stop_by_pid(proc.pid)
+        log.close()
+
+
+class RankFeeder:
+    """Sends what a 4-rank job's TrainingMonitor sends, rank 2 slowed, until stopped."""
+
+    def __init__(self, intake_port: int, steps_per_second: float = 25.0) -> None:
+        self._address = ("127.0.0.1", intake_port)
+        self._period = 1.0 / steps_per_second
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.sent = 0
+
+    def __enter__(self) -> RankFeeder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        rng = random.Random(7)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            step = 0
+            while not self._stop.is_set():
+                for rank in range(WORLD_SIZE):
+                    sock.sendto(_step_record(rank, step, rng).encode(), self._address)
+                if step % 10 == 9:
+                    sock.sendto(_window_report(step).encode(), self._address)
+                self.sent += 1
+                step += 1
+                self._stop.wait(self._period)
+
+
+def _step_record(rank: int, step: int, rng: random.Random) -> StepRecord:
+    slow = SLOWDOWN if rank == SLOW_RANK else 1.0
+    jitter = rng.uniform(0.97, 1.03)
+    forward, backward = 0.010 * slow * jitter, 0.020 * slow * jitter
+    # The others wait in the all-reduce for the slow rank; it arrives last and waits least.
+    wait = 0.002 if rank == SLOW_RANK else 0.002 + 0.030 * (SLOWDOWN - 1)
+    allreduce = 0.015
+    return StepRecord(
+        rank=rank, world_size=WORLD_SIZE, step=step, local_rank=rank, node="e2e-node",
+        phases={"data": 0.002, "forward": forward, "backward": backward, "optimizer": 0.003},
+        collective_wait_seconds=wait,
+        step_seconds=0.002 + 0.030 * SLOWDOWN + 0.002 + 0.003,
+        collectives=[CollectiveTiming("allreduce", allreduce, 1 << 20)],
+        comm={"total_seconds": allreduce, "exposed_seconds": 0.004, "bytes": 1 << 20,
+              "raw_bytes": 4 << 20},
+    )
+
+
+def _window_report(step: int) -> WindowReport:
+    finding = Finding(
+        detector="straggler", kind="compute", severity=Severity.WARNING,
+        message=f"rank {SLOW_RANK} is a straggler: compute {SLOWDOWN:.2f}x the median rank",
+        rank=SLOW_RANK, node="e2e-node", step=step,
+        evidence={"compute_ratio": SLOWDOWN},
+    )
+    return WindowReport(
+        step=step, world_size=WORLD_SIZE,
+        scores={r: (SLOWDOWN - 1 if r == SLOW_RANK else 0.0) for r in range(WORLD_SIZE)},
+        findings=[finding.to_dict()],
+    )
+
+
+_LABEL_VALUES = re.compile(r"^label_values\((?P<series>.+),\s*(?P<label>\w+)\)$")
+
+
+def _substitute(text: str, values: dict[str, str]) -> str:
+    for name in sorted(values, key=len, reverse=True):
+        text = text.replace(f"${name}", values[name])
+    for builtin, value in BUILTINS.items():
+        text = text.replace(builtin, value)
+    return text
+
+
+def _resolve_variables(prom: Prometheus, dashboard: dict[str, Any]) -> dict[str, str]:
+    """Evaluate each query variable as Grafana does; multi-values become ``(a|b)`` regexes.
+
+    Raises:
+        AssertionError: a variable whose query finds no value.
+    """
+    values: dict[str, str] = {}
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        match = _LABEL_VALUES.match(variable["query"])
+        assert match, variable["query"]
+        series = _substitute(match["series"], values)
+        found = sorted({s[match["label"]] for s in prom.api("series", **{"match[]": series})
+                        if match["label"] in s})
+        assert found, f"{dashboard['uid']}: variable ${variable['name']} finds no value"
+        # Grafana escapes regex metacharacters, doubled for a PromQL string literal.
+        escaped = [re.escape(v).replace("\\", "\\\\") for v in found]
+        values[variable["name"]] = "(" + "|".join(escaped) + ")"
+    return values
+
+
+def _dead_queries(prom: Prometheus) -> list[str]:
+    """Every panel query of every dashboard that returns nothing now."""
+    dead = []
+    for dashboard in render_dashboards().values():
+        try:
+            values = _resolve_variables(prom, dashboard)
+        except AssertionError as exc:
+            dead.append(str(exc))
+            continue
+        for panel in dashboard["panels"]:
+            for target in panel.get("targets", []):
+                expr = _substitute(target["expr"], values)
+                if not prom.query(expr):
+                    dead.append(f"{dashboard['uid']} / {panel['title']} / {target['refId']}: "
+                                f"{expr}")
+    return dead
+
+
+def _firing(prom: Prometheus, alertname: str) -> set[str]:
+    """Ranks for which ``alertname`` is firing."""
+    return {a["labels"].get("rank", "") for a in prom.api("alerts")["alerts"]
+            if a["labels"]["alertname"] == alertname and a["state"] == "firing"}
+
+
+def test_every_panel_has_data_and_the_straggler_alerts_fire(
+    agent: AgentProcess, prometheus: Prometheus
+) -> None:
+    with RankFeeder(agent.intake_port) as feeder:
+        deadline = time.monotonic() + DATA_DEADLINE_S
+        dead = _dead_queries(prometheus)
+        while dead and time.monotonic() < deadline:
+            time.sleep(1.0)
+            dead = _dead_queries(prometheus)
+        assert feeder.sent > 0
+        assert not dead, "queries without data:\n" + "\n".join(dead)
+
+        expected = {str(SLOW_RANK)}
+        alerts = ("LaggardStragglerDetected", "LaggardStragglerRank")
+        deadline = time.monotonic() + 10
+        while any(_firing(prometheus, a) != expected for a in alerts):
+            assert time.monotonic() < deadline, {a: _firing(prometheus, a) for a in alerts}
+            time.sleep(0.5)
+
+    # The fake GPUs' power-cap episode (scenario seconds 10-19, GPU 0, SM clock at 71 % of max)
+    # trips the throttle alert; ALERTS keeps the history of it.
+    throttled = 'ALERTS{alertname="LaggardGpuThrottled", alertstate="firing", gpu="0"}'
+    deadline = time.monotonic() + 25
+    while not prometheus.query(f"max_over_time({throttled}[5m])"):
+        assert time.monotonic() < deadline, "LaggardGpuThrottled never fired for GPU 0"
+        time.sleep(1.0)
+
+    # The cross-node recording rules name the same rank with the expected ratio.
+    ratios = {s["metric"]["rank"]: float(s["value"][1]) for s in prometheus.query(
+        "instance_rank:laggard_compute_seconds_per_step:ratio_to_median")}
+    assert set(ratios) == {str(r) for r in range(WORLD_SIZE)}
+    assert max(ratios, key=ratios.get) == str(SLOW_RANK)
+    assert ratios[str(SLOW_RANK)] == pytest.approx(SLOWDOWN, rel=0.05)
