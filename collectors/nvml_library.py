@@ -89,7 +89,8 @@ class NvmlLibrary:
             if self._initialised and (not self._reinit_wanted or waiting):
                 return len(self._handles)  # a pending re-init waits; the other GPUs go on
             if waiting:
-                raise NoDataError(f"NVML unavailable ({self._last_error}); retrying later")
+                # The same text as the failure itself, so the agent logs it once, not twice.
+                raise NoDataError(self._last_error)
             if self._initialised:
                 self._shutdown_locked()
             self._reinit_wanted = False

@@ -1,0 +1,204 @@
+"""GPU collector against the fake NVML module (same function names and constants as pynvml; no GPU
+on this machine), and against the real pynvml where no driver exists."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+from laggard.agent.context import FindingLog
+from laggard.collectors.base import NoDataError
+from laggard.collectors.fake_nvml import FakeNvml
+from laggard.collectors.nvml import NvmlCollector, from_config
+from laggard.collectors.nvml_library import NvmlLibrary, normalise_bus_id
+from support import stop_agent
+
+
+def collector_for(fake: FakeNvml) -> tuple[NvmlCollector, FindingLog]:
+    findings = FindingLog()
+    return NvmlCollector(NvmlLibrary(fake), findings=findings, node="node01"), findings
+
+
+def value(text: str, series: str) -> float | None:
+    """The value of one series (exact name and labels) in an exposition, None when absent."""
+    for line in text.splitlines():
+        name, _, number = line.rpartition(" ")
+        if name == series:
+            return float(number)
+    return None
+
+
+def test_golden_exposition_two_fake_gpus_during_power_cap(expose, golden, promtool) -> None:
+    fake = FakeNvml(2)
+    collector, _ = collector_for(fake)
+    fake.advance(12)  # GPU 0 inside its power-cap episode
+    text = expose(collector)
+    golden("nvml/fake2_step12.prom", text)
+    promtool(text)
+
+
+def test_units_are_converted_at_the_edge(expose) -> None:
+    fake = FakeNvml(2)
+    collector, _ = collector_for(fake)
+    fake.advance(12)
+    text = expose(collector)
+    assert value(text, 'laggard_gpu_sm_clock_hertz{gpu="0"}') == 1410e6  # MHz -> Hz
+    assert value(text, 'laggard_gpu_sm_clock_max_hertz{gpu="0"}') == 1980e6
+    assert value(text, 'laggard_gpu_power_watts{gpu="0"}') == 700.0  # mW -> W
+    assert value(text, 'laggard_gpu_utilization_ratio{gpu="1"}') == 0.93  # % -> ratio
+    energy_mj = fake.nvmlDeviceGetTotalEnergyConsumption(fake.nvmlDeviceGetHandleByIndex(0))
+    assert value(text, 'laggard_gpu_energy_joules_total{gpu="0"}') == energy_mj / 1e3
+    # steps 10, 11 and 12 were power-capped: three 1 s steps of violation time
+    assert value(text, 'laggard_gpu_clock_violation_seconds_total{gpu="0",reason="power"}') == 3.0
+    assert value(text, 'laggard_gpu_pcie_throughput_bytes_per_second{direction="receive",gpu="0"}'
+                 ) == round(0.93 * 3_000_000) * 1024
+
+
+def test_clock_event_reasons_expand_the_bitmask(expose) -> None:
+    fake = FakeNvml(3)
+    collector, _ = collector_for(fake)
+    fake.advance(31)  # GPU 1 thermal episode; GPU 2 idle
+    text = expose(collector)
+    active = {(m.group(1), m.group(2)) for m in re.finditer(
+        r'laggard_gpu_clock_event_active\{gpu="(\d)",reason="(\w+)"\} 1\.0', text)}
+    assert active == {("1", "sw_thermal"), ("1", "hw_thermal"), ("2", "gpu_idle")}
+    assert text.count("laggard_gpu_clock_event_active{") == 3 * 9
+
+
+def test_unsupported_fields_are_left_out_not_zero(expose) -> None:
+    fake = FakeNvml(2)
+    collector, _ = collector_for(fake)
+    text = expose(collector)
+    assert 'reason="reliability"' not in text  # NotSupported violation counter
+    assert 'laggard_gpu_nvlink_active_links{gpu="0"} 4.0' in text
+    assert 'laggard_gpu_nvlink_active_links{gpu="1"}' not in text  # no NVLink on odd GPUs
+    assert 'laggard_gpu_nvlink_errors_total{gpu="1"' not in text
+
+
+def test_throttle_finding_after_three_samples_and_not_for_idle() -> None:
+    fake = FakeNvml(3)
+    collector, findings = collector_for(fake)
+    fake.advance(10)
+    for _ in range(2):
+        list(collector.collect())
+        fake.advance()
+    assert findings.recent() == []
+    list(collector.collect())
+    (finding,) = findings.recent()
+    assert (finding["detector"], finding["gpu"], finding["severity"]) == ("throttle", 0, "warning")
+    assert finding["evidence"]["reasons"] == ["sw_power_cap"]
+    assert finding["evidence"]["clock_ratio"] == pytest.approx(1410 / 1980, abs=1e-4)
+    for _ in range(5):  # same episode: no second finding; idle GPU 2 never raises one
+        fake.advance()
+        list(collector.collect())
+    assert len(findings.recent()) == 1
+
+
+def test_lost_gpu_is_marked_and_the_others_go_on(expose) -> None:
+    fake = FakeNvml(2)
+    collector, findings = collector_for(fake)
+    fake.advance(50)  # GPU 1 is lost from step 50
+    for _ in range(3):
+        text = expose(collector)
+        fake.advance()
+    assert value(text, 'laggard_gpu_lost{gpu="1"}') == 1.0
+    assert value(text, 'laggard_gpu_lost{gpu="0"}') == 0.0
+    assert value(text, 'laggard_gpu_temperature_celsius{gpu="0"}') == 41.0
+    assert value(text, 'laggard_gpu_temperature_celsius{gpu="1"}') is None
+    lost = [f for f in findings.recent() if f["kind"] == "gpu_lost"]
+    assert len(lost) == 1 and lost[0]["gpu"] == 1 and lost[0]["severity"] == "critical"
+    fake.advance(10)  # the period wraps: the GPU was reset
+    text = expose(collector)
+    assert value(text, 'laggard_gpu_lost{gpu="1"}') == 0.0
+    assert value(text, 'laggard_gpu_temperature_celsius{gpu="1"}') == 42.0
+
+
+@pytest.mark.parametrize("driver", ["no_library", "no_driver"])
+def test_no_nvml_is_no_data_with_backoff(driver: str) -> None:
+    now = [0.0]
+    fake = FakeNvml(1, driver=driver)
+    collector = NvmlCollector(NvmlLibrary(fake, clock=lambda: now[0]))
+    with pytest.raises(NoDataError, match="not found|not loaded"):
+        list(collector.collect())
+    calls = fake.calls
+    with pytest.raises(NoDataError, match="not found|not loaded"):
+        list(collector.collect())
+    assert fake.calls == calls  # inside the backoff nvmlInit is not even tried
+    now[0] = 1.5
+    with pytest.raises(NoDataError, match="not found|not loaded"):
+        list(collector.collect())
+    assert fake.calls == calls + 1
+
+
+def test_real_pynvml_without_a_driver_is_no_data() -> None:
+    pytest.importorskip("pynvml")
+    collector = from_config(SimpleNamespace(fake_gpus=0), SimpleNamespace(findings=FindingLog(),
+                                                                          node="node01"))
+    try:
+        count = collector.library.start()
+    except NoDataError as exc:
+        assert "NVML shared library not found" in str(exc) or "driver" in str(exc)
+    else:  # a machine with a GPU: the collector must then work
+        assert count >= 1 and list(collector.collect())
+
+
+def test_legacy_throttle_reason_names_are_mapped(expose) -> None:
+    class LegacyNvml(FakeNvml):
+        """A pre-530 binding: only nvmlClocksThrottleReason* and the old getter."""
+
+        def __init__(self) -> None:
+            super().__init__(1)
+            for name in [n for n in vars(self) if n.startswith("nvmlClocksEventReason")]:
+                setattr(self, name.replace("EventReason", "ThrottleReason"), getattr(self, name))
+                delattr(self, name)
+            self.nvmlDeviceGetCurrentClocksEventReasons = None
+
+        def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):  # noqa: N802
+            return FakeNvml.nvmlDeviceGetCurrentClocksEventReasons(self, handle)
+
+    fake = LegacyNvml()
+    collector, _ = collector_for(fake)
+    fake.advance(12)
+    text = expose(collector)
+    assert value(text, 'laggard_gpu_clock_event_active{gpu="0",reason="sw_power_cap"}') == 1.0
+
+
+def test_bus_id_normalisation() -> None:
+    assert normalise_bus_id(b"00000000:9B:00.0") == "0000:9b:00"
+    assert normalise_bus_id("00010000:05:00.0") == "10000:05:00"
+
+
+def test_agent_with_fake_gpus_serves_every_family(agent_factory, promtool) -> None:
+    agent = agent_factory("--fake-gpus", "2", "--collect-interval", "0.1")
+    text = agent.scrape()
+    families = {"laggard_gpu_info", "laggard_gpu_sm_clock_hertz", "laggard_gpu_memory_clock_hertz",
+                "laggard_gpu_sm_clock_max_hertz", "laggard_gpu_clock_event_active",
+                "laggard_gpu_clock_violation_seconds_total", "laggard_gpu_temperature_celsius",
+                "laggard_gpu_power_watts", "laggard_gpu_energy_joules_total",
+                "laggard_gpu_utilization_ratio", "laggard_gpu_ecc_errors_total",
+                "laggard_gpu_remapped_rows", "laggard_gpu_pcie_replay_total",
+                "laggard_gpu_pcie_throughput_bytes_per_second", "laggard_gpu_nvlink_errors_total",
+                "laggard_gpu_nvlink_transmitted_bytes_total", "laggard_gpu_lost",
+                "laggard_gpu_xid_errors_total", "laggard_gpu_xid_last_timestamp_seconds"}
+    typed = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+    missing = {f.removesuffix("_total") for f in families} - {t.removesuffix("_total")
+                                                              for t in typed}
+    assert not missing
+    assert 'laggard_collector_success{collector="nvml"} 1.0' in text
+    promtool(text)
+
+
+def test_agent_without_gpu_runs_with_nvml_success_zero_and_no_traceback(agent_factory) -> None:
+    agent = agent_factory("--collect-interval", "0.1", "--no-collector.xid")
+    text = agent.scrape()
+    for _ in range(3):  # a few rounds, so repeated failures would have logged repeatedly
+        text = agent.scrape()
+    if 'laggard_collector_success{collector="nvml"} 1.0' in text:
+        pytest.skip("this machine has a working NVIDIA driver")
+    assert 'laggard_collector_success{collector="nvml"} 0.0' in text
+    assert 'laggard_collector_success{collector="host"} 1.0' in text
+    code, output = stop_agent(agent)
+    assert code == 0
+    assert "Traceback" not in output
+    assert len([line for line in output.splitlines() if "collector nvml" in line]) == 1, output
