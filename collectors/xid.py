@@ -108,6 +108,9 @@ class KernelLogSource:
                 log.info("kernel log %s does not exist yet; waiting for it", self.path)
             return False
         st = os.fstat(fd)
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            os.close(fd)
+            raise NoDataError(f"kernel log {self.path} is neither /dev/kmsg nor a file")
         self._fd, self._kmsg = fd, stat.S_ISCHR(st.st_mode)
         self._inode, self._partial = (st.st_dev, st.st_ino), b""
         self._offset = 0
