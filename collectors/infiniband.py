@@ -13,7 +13,7 @@ Files read (Linux ``Documentation/ABI/stable/sysfs-class-infiniband``):
   ``laggard_infiniband_port_data_{received,transmitted}_bytes_total``; packets, ``link_downed``,
   ``link_error_recovery``, ``symbol_error``, ``port_xmit_wait`` (ticks) get their own counters,
   every other error counter goes to ``laggard_infiniband_port_errors_total{type}``;
-* ``hw_counters/*``: vendor (mlx5) counters -> ``laggard_infiniband_hw_counter_total{counter}``,
+* ``hw_counters/*``: vendor (mlx5) counters -> ``laggard_infiniband_hw_events_total{event}``,
   except ``lifespan`` (a cache period in ms, not a count).
 
 No ``/sys/class/infiniband`` (or no device in it) is "no data". A file that is missing or does not
@@ -133,9 +133,9 @@ class InfinibandCollector:
         errors = CounterMetricFamily("laggard_infiniband_port_errors",
                                      "other port error counters (sysfs counters/*)",
                                      labels=[*labels, "type"])
-        hw = CounterMetricFamily("laggard_infiniband_hw_counter",
+        hw = CounterMetricFamily("laggard_infiniband_hw_events",
                                  "vendor hardware counters (sysfs hw_counters/*)",
-                                 labels=[*labels, "counter"])
+                                 labels=[*labels, "event"])
         for device in devices:
             device_dir = os.path.join(self.class_dir, device)
             hca, firmware = _read(os.path.join(device_dir, "hca_type")), _read(
