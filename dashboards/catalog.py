@@ -22,6 +22,8 @@ RULES_DIR = PACKAGE_DIR / "rules"
 RULE_FILES = ("laggard-recording.yml", "laggard-alerts.yml")
 #: Name of the Grafana dashboard provisioning file written beside the dashboards.
 PROVISIONING_FILE = "laggard-dashboards.yaml"
+#: The rule files wrapped for the Prometheus Operator (``deploy/kubernetes/`` has a copy).
+PROMETHEUS_RULE_FILE = "laggard-prometheusrule.yaml"
 #: Where the committed provisioning file tells Grafana to look (the Debian/RPM layout).
 DEFAULT_PROVISIONING_PATH = "/var/lib/grafana/dashboards/laggard"
 
@@ -86,4 +88,40 @@ def render_files(provisioning_path: str, rules: bool = True) -> dict[str, str]:
     if rules:
         for name in RULE_FILES:
             files[f"rules/{name}"] = (RULES_DIR / name).read_text(encoding="utf-8")
+        files[f"rules/{PROMETHEUS_RULE_FILE}"] = prometheus_rule_text()
     return files
+
+
+def prometheus_rule_text(namespace: str = "laggard") -> str:
+    """The rule files as one Prometheus Operator ``PrometheusRule`` manifest (YAML text).
+
+    The groups are the rule files' own, in :data:`RULE_FILES` order, so Kubernetes and plain
+    Prometheus evaluate the same rules.
+    """
+    import yaml  # the dashboards extra brings it; only this function needs it
+
+    groups = []
+    for name in RULE_FILES:
+        groups += yaml.safe_load((RULES_DIR / name).read_text(encoding="utf-8"))["groups"]
+    manifest = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": "laggard",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/part-of": "laggard"},
+        },
+        "spec": {"groups": groups},
+    }
+
+    class _BlockDumper(yaml.SafeDumper):
+        pass
+
+    def _str(dumper: yaml.SafeDumper, text: str) -> yaml.Node:
+        style = "|" if "\n" in text else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+    _BlockDumper.add_representer(str, _str)
+    body = yaml.dump(manifest, Dumper=_BlockDumper, sort_keys=False, width=100)
+    return (f"# Generated from dashboards/rules/ by laggard dashboards: do not edit by hand.\n"
+            f"{body}")

@@ -25,6 +25,7 @@ def test_writes_dashboards_provisioning_and_rules(tmp_path: Path) -> None:
         *(f"{uid}.json" for uid in catalog.BUILDERS),
         catalog.PROVISIONING_FILE,
         *(f"rules/{name}" for name in catalog.RULE_FILES),
+        f"rules/{catalog.PROMETHEUS_RULE_FILE}",
     }
     for uid in catalog.BUILDERS:
         assert json.loads((out / f"{uid}.json").read_text())["uid"] == uid
@@ -35,6 +36,8 @@ def test_writes_dashboards_provisioning_and_rules(tmp_path: Path) -> None:
     assert provider["options"]["path"] == str(out.absolute())
     for name in catalog.RULE_FILES:
         assert (out / "rules" / name).read_text() == (catalog.RULES_DIR / name).read_text()
+    manifest = yaml.safe_load((out / "rules" / catalog.PROMETHEUS_RULE_FILE).read_text())
+    assert manifest["kind"] == "PrometheusRule"
     assert not list(out.glob(".*")), "temporary files left behind"
 
 
