@@ -1,0 +1,208 @@
+"""Simulated per-rank step timings of a synchronous data-parallel job, with injected stragglers.
+
+Each step every rank loads data, computes forward and backward, then enters the gradient
+collective, which cannot finish before the last rank arrives and the slowest link has carried its
+share. So, as in the issue's model, each rank's wait is::
+
+    wait[r] = max_j(data[j] + compute[j]) - (data[r] + compute[r]) + max_j(transfer[j])
+
+and every rank's step wall time is the same (up to a few microseconds of timer noise): the
+reason wall time cannot name a straggler.
+
+Noise, all independent per rank and step unless said otherwise:
+- log-normal jitter of compute, data and transfer times (``jitter`` = sigma of the log);
+- a static per-rank speed spread (GPUs of one model differ a little, for good);
+- one-step pauses (garbage collection) and short data stalls of 1 to 3 steps;
+- a slow sinusoidal drift of the whole job, and optionally a step change of the whole job.
+
+Injected stragglers (:class:`Straggler`) slow one rank by a fraction ``slowdown`` of the nominal
+per-step work (compute + data), through one cause: ``compute`` (its GPU computes
+``1 + slowdown`` times slower), ``data`` (its input pipeline adds that much time) or ``link``
+(its link adds that much transfer time, which every rank then waits for). Each therefore makes
+the whole job about ``slowdown`` slower. Intermittent stragglers are slow for ``on_steps`` out of
+every ``period_steps``.
+
+Used by ``benchmarks/straggler_quality.py`` and the detector's tests; pure numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from laggard.detectors.straggler import RankWindow, row_nanmedian
+
+CAUSES = ("compute", "data", "link")
+#: The kind of finding that names each injected cause.
+CAUSE_KIND = {"compute": "compute", "data": "data", "link": "communication"}
+
+
+@dataclass(kw_only=True, slots=True)
+class Straggler:
+    """One slow rank.
+
+    Attributes:
+        rank: global rank slowed.
+        cause: ``compute``, ``data`` or ``link``.
+        slowdown: added time as a fraction of the nominal per-step work (0.05 = 5%).
+        start_step: first slow step.
+        period_steps: 0 for a persistent straggler; else slow for the first ``on_steps`` of
+            every ``period_steps`` steps from ``start_step`` (thermal cycling, a noisy
+            neighbour).
+        on_steps: slow steps per period (intermittent only).
+    """
+
+    rank: int
+    cause: str
+    slowdown: float
+    start_step: int
+    period_steps: int = 0
+    on_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.cause not in CAUSES:
+            raise ValueError(f"cause must be one of {CAUSES}, got {self.cause!r}")
+        if self.period_steps and not 0 < self.on_steps <= self.period_steps:
+            raise ValueError("need 0 < on_steps <= period_steps")
+
+    def slow_at(self, steps: np.ndarray) -> np.ndarray:
+        """(K,) bool: whether this rank is slow at each of ``steps``."""
+        since = steps - self.start_step
+        if not self.period_steps:
+            return since >= 0
+        return (since >= 0) & (since % self.period_steps < self.on_steps)
+
+
+@dataclass(kw_only=True, slots=True)
+class JobModel:
+    """A synchronous job's timings (seconds) and noise.
+
+    Attributes:
+        world_size: ranks.
+        compute_seconds, data_seconds, transfer_seconds: nominal per-step times.
+        jitter: sigma of the log-normal per-rank, per-step jitter (0.02 = about 2%).
+        heterogeneity: sigma of the log of each rank's static speed factor.
+        pause_probability: chance per rank-step of a one-step pause (garbage collection).
+        pause_seconds: (low, high) range of a pause.
+        stall_probability: chance per rank-step that a data stall starts (lasts 1-3 steps).
+        stall_seconds: (low, high) range of a stall's added data time per step.
+        drift: amplitude of the slow sinusoidal drift of the whole job (0.05 = +-5%).
+        drift_period_steps: period of that drift.
+        job_slowdown: (first step, factor) of a step change of the whole job's compute, or None.
+        ranks_per_node: ranks per host, for node names and local ranks.
+        timer_noise_seconds: sigma of the per-rank step wall time measurement noise.
+        stragglers: injected slow ranks.
+        seed: random seed.
+    """
+
+    world_size: int
+    compute_seconds: float = 0.100
+    data_seconds: float = 0.005
+    transfer_seconds: float = 0.020
+    jitter: float = 0.02
+    heterogeneity: float = 0.003
+    pause_probability: float = 2e-3
+    pause_seconds: tuple[float, float] = (0.05, 0.5)
+    stall_probability: float = 5e-4
+    stall_seconds: tuple[float, float] = (0.02, 0.2)
+    drift: float = 0.05
+    drift_period_steps: int = 500
+    job_slowdown: tuple[int, float] | None = None
+    ranks_per_node: int = 8
+    timer_noise_seconds: float = 20e-6
+    stragglers: list[Straggler] = field(default_factory=list)
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class SimWindow:
+    """K steps of every rank: (R, K) float64 arrays, seconds."""
+
+    step: int
+    compute: np.ndarray
+    data: np.ndarray
+    wait: np.ndarray
+    transfer: np.ndarray
+    step_seconds: np.ndarray
+    ranks: np.ndarray
+    nodes: list[str]
+    local_ranks: np.ndarray
+    world_size: int
+
+    def rank_window(self, *, summarized: bool = True) -> RankWindow:
+        """The detector's input: per-rank medians (K=1, what the monitor gathers) or raw K."""
+        if summarized:
+            summaries = np.stack(
+                [row_nanmedian(a) for a in (self.compute, self.data, self.wait, self.transfer)],
+                axis=1,
+            )
+            return RankWindow.from_summaries(
+                step=self.step, ranks=self.ranks, summaries=summaries,
+                world_size=self.world_size, nodes=self.nodes, local_ranks=self.local_ranks,
+            )
+        return RankWindow(
+            step=self.step, ranks=self.ranks, compute_seconds=self.compute,
+            data_seconds=self.data, collective_wait_seconds=self.wait,
+            transfer_seconds=self.transfer, world_size=self.world_size, nodes=self.nodes,
+            local_ranks=self.local_ranks,
+        )
+
+
+def simulate(model: JobModel, *, steps: int, window_steps: int) -> Iterator[SimWindow]:
+    """Yield consecutive windows of ``window_steps`` steps until ``steps`` steps are done.
+
+    Args:
+        model: the job.
+        steps: total steps (a last partial window is dropped).
+        window_steps: K, steps per window.
+    """
+    rng = np.random.default_rng(model.seed)
+    r, k = model.world_size, window_steps
+    ranks = np.arange(r, dtype=np.int64)
+    nodes = [f"node{i // model.ranks_per_node:04d}" for i in range(r)]
+    local_ranks = ranks % model.ranks_per_node
+    speed = np.exp(rng.normal(0.0, model.heterogeneity, r))[:, None]
+    work_nominal = model.compute_seconds + model.data_seconds
+    stall_left = np.zeros(r, dtype=np.int64)
+    stall_amount = np.zeros(r)
+    drift_phase = rng.uniform(0, 2 * np.pi)
+
+    for first in range(0, steps - k + 1, k):
+        step_ids = np.arange(first, first + k)
+        job = 1 + model.drift * np.sin(2 * np.pi * step_ids / model.drift_period_steps
+                                       + drift_phase)
+        if model.job_slowdown is not None:
+            job = job * np.where(step_ids >= model.job_slowdown[0], model.job_slowdown[1], 1.0)
+        compute = model.compute_seconds * speed * job * rng.lognormal(0, model.jitter, (r, k))
+        data = model.data_seconds * rng.lognormal(0, model.jitter, (r, k))
+        transfer = model.transfer_seconds * rng.lognormal(0, model.jitter, (r, k))
+
+        pauses = rng.random((r, k)) < model.pause_probability
+        compute[pauses] += rng.uniform(*model.pause_seconds, int(pauses.sum()))
+        for j in range(k):  # stalls carry over steps (and windows)
+            start = (stall_left == 0) & (rng.random(r) < model.stall_probability)
+            stall_left[start] = rng.integers(1, 4, int(start.sum()))
+            stall_amount[start] = rng.uniform(*model.stall_seconds, int(start.sum()))
+            stalled = stall_left > 0
+            data[stalled, j] += stall_amount[stalled]
+            stall_left[stalled] -= 1
+
+        for s in model.stragglers:
+            slow = s.slow_at(step_ids)
+            if s.cause == "compute":
+                compute[s.rank, slow] *= 1 + s.slowdown
+            elif s.cause == "data":
+                data[s.rank, slow] += s.slowdown * work_nominal
+            else:
+                transfer[s.rank, slow] += s.slowdown * work_nominal
+
+        work = compute + data
+        wait = work.max(axis=0) - work + transfer.max(axis=0)
+        step_seconds = work + wait + np.abs(rng.normal(0, model.timer_noise_seconds, (r, k)))
+        yield SimWindow(
+            step=first + k - 1, compute=compute, data=data, wait=wait, transfer=transfer,
+            step_seconds=step_seconds, ranks=ranks, nodes=nodes, local_ranks=local_ranks,
+            world_size=r,
+        )
