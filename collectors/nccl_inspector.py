@@ -204,8 +204,9 @@ class InspectorStream:
         self.finish()
         self.markers += 1
         stats = obj["dump_stats"] if isinstance(obj["dump_stats"], dict) else {}
-        header = obj.get("header") if isinstance(obj.get("header"), dict) else {}
-        metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        header: dict[str, Any] = obj["header"] if isinstance(obj.get("header"), dict) else {}
+        metadata: dict[str, Any] = (obj["metadata"] if isinstance(obj.get("metadata"), dict)
+                                    else {})
         self._header, self._metadata = header, metadata
         self._remaining = {
             "coll_perf": _integer(stats.get("coll_records")) or 0,

@@ -425,10 +425,10 @@ class NcclLogParser:
                                    float(t["total"]), parts)
         if "-> " in msg:
             p = _PROPAGATE.search(msg)
-            warning = self._open_warnings.pop((host, pid, tid), None)
-            if p and warning is not None:
+            open_warning = self._open_warnings.pop((host, pid, tid), None)
+            if p and open_warning is not None:
                 # The WARN object was already returned; the caller sees the code on it.
-                warning.result = int(p["code"])
+                open_warning.result = int(p["code"])
         return None
 
 

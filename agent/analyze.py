@@ -1,0 +1,294 @@
+"""``laggard analyze PATH...``: read an incident's artifacts and name the culprit.
+
+Each file's kind is told from its content (:mod:`laggard.collectors.filetype`), it is parsed by
+that kind's parser (logs are streamed line by line, so a log of any size runs in bounded memory),
+and the rules of :mod:`laggard.agent.analyze_rules` turn what was parsed into findings. Watchdog
+timeouts of every NCCL log, and flight-recorder dumps of one directory, are compared across
+ranks together, since one rank's log alone cannot say who is behind.
+
+Exit status: 0 nothing found, 1 findings, 2 an input could not be read (findings of the other
+inputs are still printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from laggard.agent import analyze_rules as rules
+from laggard.agent.analyze_rules import Finding
+from laggard.collectors import filetype
+from laggard.collectors.dcgm_exposition import dcgm_gpus, parse_exposition
+from laggard.collectors.flight_recorder import (
+    DumpError,
+    FlightRecorderDump,
+    analyze_dumps,
+    load_dump,
+    parse_fr_trace_report,
+)
+from laggard.collectors.infiniband_listing import (
+    parse_ib_listing,
+    parse_ibstat,
+    parse_perfquery,
+)
+from laggard.collectors.kernel_log import KernelLogParser
+from laggard.collectors.nccl_inspector import InspectorRecord, InspectorStream
+from laggard.collectors.nccl_log import NcclLog, NcclLogParser, parse_nccl_log
+from laggard.collectors.nccl_tests import parse_nccl_tests
+from laggard.collectors.netdev import parse_proc_net_dev
+from laggard.collectors.nvidia_smi import parse_nvidia_smi_csv, parse_nvidia_smi_q
+
+HELP = "read logs and dumps after an incident and name the culprit"
+
+#: Most files read from the directories given (a stray ``/`` must not walk the whole disk).
+MAX_FILES = 10_000
+#: Largest small-format file (nvidia-smi, /proc/net/dev, IB listing, exposition) read whole.
+MAX_TABLE_BYTES = 64 * 1024 * 1024
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``laggard analyze``."""
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="files or directories (searched recursively): kernel logs, NCCL "
+                             "logs, flight-recorder dumps, nccl-tests output, nvidia-smi -q or "
+                             "CSV, dcgm-exporter output, /proc/net/dev, IB listings")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON list of findings instead of a table")
+    parser.add_argument("--kind", choices=filetype.KINDS,
+                        help="treat every file as this kind instead of detecting it")
+
+
+@dataclass(slots=True)
+class _Inputs:
+    """What was read, by kind, before the cross-file rules run."""
+
+    findings: list[Finding] = field(default_factory=list)
+    nccl_logs: list[tuple[str, NcclLog]] = field(default_factory=list)
+    fr_dumps: dict[str, list[FlightRecorderDump]] = field(default_factory=lambda: defaultdict(list))
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    kinds: dict[str, str] = field(default_factory=dict)
+
+
+def _walk(paths: list[str], inputs: _Inputs) -> Iterator[tuple[str, bool]]:
+    """Yield ``(file, named_explicitly)``; hidden files and directories are skipped."""
+    count = 0
+    for path in paths:
+        if os.path.isdir(path):
+            for root, dirs, files in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(files):
+                    if name.startswith("."):
+                        continue
+                    count += 1
+                    if count > MAX_FILES:
+                        inputs.notes.append(f"stopped after {MAX_FILES} files")
+                        return
+                    yield os.path.join(root, name), False
+        elif os.path.exists(path):
+            count += 1
+            yield path, True
+        else:
+            inputs.errors.append(f"{path}: no such file or directory")
+
+
+def _small_text(path: str) -> list[str]:
+    if os.path.getsize(path) > MAX_TABLE_BYTES:
+        raise ValueError(f"larger than {MAX_TABLE_BYTES} bytes; not a table of this kind")
+    with filetype.open_text(path) as f:
+        return f.read().splitlines()
+
+
+#: Substrings of every line the kernel-log rules use (``NVRM: Xid``, ``SXid``, the "fallen off
+#: the bus" lines, ``RmInitAdapter``): other lines skip the regex parser. This screen is what
+#: lets a busy kernel log stream at hundreds of thousands of lines per second.
+_KERNEL_SCREEN = ("NVRM", "Xid")
+
+
+def _read_log(path: str, kind: str, inputs: _Inputs) -> None:
+    if kind == "nccl_log":
+        inputs.nccl_logs.append((path, parse_nccl_log(filetype.iter_lines(path))))
+        return
+    kernel = KernelLogParser()
+    nccl = NcclLogParser() if kind == "mixed_log" else None
+    evidence = rules.KernelEvidence()
+    log = NcclLog()
+    sort = _NcclCollector(log)
+    for line in filetype.iter_lines(path):
+        if "NVRM" in line or "Xid" in line:
+            for event in kernel.feed(line):
+                evidence.add(event)
+            evidence.add_line(line)
+        if nccl is not None:
+            sort.add(nccl.feed(line))
+    for event in kernel.flush():
+        evidence.add(event)
+    inputs.findings += rules.kernel_findings(path, evidence)
+    if nccl is not None:
+        inputs.nccl_logs.append((path, log))
+
+
+class _NcclCollector:
+    """Sort a mixed log's NCCL events into an :class:`NcclLog` (bounded like parse_nccl_log)."""
+
+    def __init__(self, log: NcclLog) -> None:
+        self._log = log
+
+    def add(self, events: list) -> None:
+        from laggard.collectors import nccl_log as n
+
+        buckets = {
+            n.WatchdogTimeout: self._log.timeouts, n.ProgressStatus: self._log.progress,
+            n.CollectiveMismatch: self._log.mismatches, n.DesyncReport: self._log.desync,
+            n.InitComplete: self._log.inits, n.InitTimings: self._log.init_timings,
+            n.NcclWarning: self._log.warnings,
+        }
+        for event in events:
+            bucket = buckets[type(event)]
+            if len(bucket) < n.MAX_EVENTS_PER_TYPE:
+                bucket.append(event)
+
+
+def _fr_group(path: str) -> str:
+    # dumps of one job share a directory and a prefix: "/x/trace_3" -> "/x/trace_"
+    return os.path.join(os.path.dirname(path), re.sub(r"\d+(\.\w+)?$", "",
+                                                      os.path.basename(path)))
+
+
+def _read_inspector(path: str, inputs: _Inputs) -> None:
+    stream = InspectorStream()
+    records: list[InspectorRecord] = []
+    for line in filetype.iter_lines(path):
+        item = stream.feed(line)
+        if isinstance(item, InspectorRecord) and len(records) < 1_000_000:
+            records.append(item)
+    stream.finish()
+    if stream.malformed:
+        inputs.notes.append(f"{path}: {stream.malformed} malformed Inspector line(s) skipped")
+    if stream.count_mismatches:
+        inputs.notes.append(f"{path}: {stream.count_mismatches} dump_stats marker(s) whose "
+                            f"record counts do not match the records that follow")
+    inputs.findings += rules.inspector_findings(path, records, [stream])
+
+
+def _read_netdev(path: str, inputs: _Inputs) -> None:
+    lines = _small_text(path)
+    taken = next((line.strip() for line in lines
+                  if re.search(r"\b\d\d:\d\d:\d\d\b.*\b(19|20)\d\d\b", line)), None)
+    devices = parse_proc_net_dev("\n".join(lines))
+    if not devices:
+        raise ValueError("no interface rows")
+    inputs.findings += rules.netdev_findings(path, devices, taken)
+
+
+def _read_one(path: str, kind: str, inputs: _Inputs) -> None:
+    readers: dict[str, Callable[[], None]] = {
+        "kernel_log": lambda: _read_log(path, kind, inputs),
+        "nccl_log": lambda: _read_log(path, kind, inputs),
+        "mixed_log": lambda: _read_log(path, kind, inputs),
+        "flight_recorder": lambda: inputs.fr_dumps[_fr_group(path)].append(load_dump(path)),
+        "fr_trace_report": lambda: inputs.findings.extend(rules.fr_report_findings(
+            path, parse_fr_trace_report(filetype.iter_lines(path)))),
+        "nccl_tests": lambda: inputs.findings.extend(rules.nccl_tests_findings(
+            path, parse_nccl_tests(filetype.iter_lines(path)))),
+        "nccl_inspector": lambda: _read_inspector(path, inputs),
+        "nccl_inspector_prom": lambda: inputs.findings.extend(rules.inspector_prom_findings(
+            path, parse_exposition(_small_text(path)))),
+        "dcgm": lambda: inputs.findings.extend(rules.dcgm_findings(
+            path, dcgm_gpus(parse_exposition(_small_text(path))))),
+        "nvidia_smi_q": lambda: inputs.findings.extend(rules.clock_event_findings(
+            path, parse_nvidia_smi_q(_small_text(path)))),
+        "nvidia_smi_csv": lambda: inputs.findings.extend(rules.clock_event_findings(
+            path, parse_nvidia_smi_csv(_small_text(path)))),
+        "proc_net_dev": lambda: _read_netdev(path, inputs),
+        "infiniband_listing": lambda: inputs.findings.extend(rules.ib_findings(
+            path, parse_ib_listing(_small_text(path)))),
+        "ibstat": lambda: inputs.findings.extend(rules.ib_findings(
+            path, parse_ibstat(_small_text(path)))),
+        "perfquery": lambda: inputs.findings.extend(rules.ib_findings(
+            path, parse_perfquery(_small_text(path)))),
+    }
+    readers[kind]()
+
+
+def analyze_paths(paths: list[str], kind: str | None = None) -> tuple[list[Finding], _Inputs]:
+    """Read every file under ``paths`` and return the findings (sorted) and what was read.
+
+    Never raises for bad input: unreadable files are listed in ``inputs.errors``.
+    """
+    inputs = _Inputs()
+    for path, explicit in _walk(paths, inputs):
+        try:
+            file_kind = kind or filetype.detect(path)
+        except filetype.FileKindError as exc:
+            if explicit:
+                inputs.errors.append(f"{path}: unknown kind: {exc}")
+            else:
+                inputs.notes.append(f"{path}: skipped ({exc})")
+            continue
+        except OSError as exc:
+            inputs.errors.append(f"{path}: {exc.strerror or exc}")
+            continue
+        inputs.kinds[path] = file_kind
+        try:
+            _read_one(path, file_kind, inputs)
+        except DumpError as exc:
+            inputs.errors.append(f"{path}: unreadable flight-recorder dump: {exc}")
+        except (OSError, EOFError) as exc:
+            inputs.errors.append(f"{path}: cannot read: {exc}")
+        except (ValueError, UnicodeError) as exc:
+            inputs.errors.append(f"{path}: not a valid {file_kind}: {exc}")
+    findings = inputs.findings
+    if inputs.nccl_logs:
+        findings += rules.nccl_findings(inputs.nccl_logs)
+    locations = rules.rank_locations(i for _, log in inputs.nccl_logs for i in log.inits)
+    for group, dumps in sorted(inputs.fr_dumps.items()):
+        source = (dumps[0].source if len(dumps) == 1
+                  else f"{os.path.dirname(group) or '.'} ({len(dumps)} dumps)")
+        findings += rules.fr_findings(source, analyze_dumps(dumps), locations)
+    return rules.sort_findings(findings), inputs
+
+
+def _table(findings: list[Finding]) -> str:
+    if not findings:
+        return "No findings."
+    rows = [("SEVERITY", "KIND", "SUBJECT", "MESSAGE")]
+    rows += [(f.severity.value, f.kind, f.subject, f.message) for f in findings]
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    width = [min(w, 40) for w in width]
+    lines = []
+    for r in rows:
+        lines.append("  ".join(r[i][:width[i]].ljust(width[i]) for i in range(3)) + "  " + r[3])
+    culprits = [f for f in findings if f.severity.value == "critical"]
+    if culprits:
+        lines.append("")
+        lines.append("Culprits:")
+        seen = set()
+        for f in culprits:
+            if f.subject not in seen:
+                seen.add(f.subject)
+                lines.append(f"  {f.subject}: {f.kind} ({os.path.basename(f.source)})")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``laggard analyze``; returns 0 (nothing found), 1 (findings) or 2 (bad input)."""
+    findings, inputs = analyze_paths(list(args.paths), getattr(args, "kind", None))
+    if args.json:
+        json.dump([f.to_dict() for f in findings], sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(_table(findings))
+    for note in inputs.notes:
+        print(f"laggard analyze: note: {note}", file=sys.stderr)
+    for error in inputs.errors:
+        print(f"laggard analyze: error: {error}", file=sys.stderr)
+    if inputs.errors:
+        return 2
+    return 1 if findings else 0
