@@ -38,6 +38,10 @@ class AgentConfig:
     kmsg_path: str = "/dev/kmsg"
     """Kernel log source for the XID collector: ``/dev/kmsg`` or a syslog/journal file."""
 
+    nccl_inspector_dir: str = ""
+    """``NCCL_INSPECTOR_DUMP_DIR`` of the jobs on this node, tailed by the ``nccl_inspector``
+    collector; empty: that collector reports no data."""
+
     fake_gpus: int = 0
     """When > 0, use a fake NVML module with this many GPUs instead of the real library."""
 

@@ -42,6 +42,9 @@ COLLECTORS: dict[str, CollectorSpec] = {
                          "every GPU Xid and NVSwitch SXid, from NVML events and the kernel log"),
     "infiniband": CollectorSpec("laggard.collectors.infiniband", "from_config", True,
                                 "InfiniBand/RoCE port counters from /sys/class/infiniband"),
+    "nccl_inspector": CollectorSpec("laggard.collectors.nccl_inspector", "from_config", False,
+                                    "NCCL collective timings tailed from NCCL Inspector's "
+                                    "JSONL directory (AgentConfig.nccl_inspector_dir)"),
 }
 
 
