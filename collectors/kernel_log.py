@@ -40,7 +40,7 @@ reported as one ``Fatal, Link N`` line followed by ``Severity ... Engine instanc
 Timestamps: ``timestamp`` is epoch seconds where the line carries a wall-clock time. ``--ctime``
 stamps are read in this machine's local time zone (as ``dmesg`` printed them). Syslog stamps
 have no year: the parser takes the year that puts the stamp at most one day after the parser's
-reference time ``now`` (default: the time the parser was built), so a December line read in
+reference time ``now`` (default: the wall clock as the line is parsed), so a December line read in
 January lands in the previous year. Uptime-only sources give ``timestamp=None`` unless
 ``boot_time`` is passed.
 """
@@ -206,7 +206,8 @@ class KernelLogParser:
     call :meth:`flush` at the end of input.
 
     Args:
-        now: reference epoch time for year-less syslog stamps (default: now).
+        now: reference epoch time for year-less syslog stamps (default: the wall clock when
+            each line is parsed).
         boot_time: epoch time of boot; when given, uptime-only lines get a ``timestamp`` too.
 
     Attributes:
@@ -217,7 +218,7 @@ class KernelLogParser:
     def __init__(self, *, now: float | None = None, boot_time: float | None = None) -> None:
         self.lines = 0
         self.skipped = 0
-        self._now = time.time() if now is None else now
+        self._now = now  # None: the wall clock at each line (a long-running agent)
         self._boot_time = boot_time
         self._last = _Stamp(None, None)
         self._pending: list[str] = []  # raw lines of an unfinished "fallen off the bus" message
@@ -309,12 +310,13 @@ class KernelLogParser:
         month = _MONTHS.get(m.group(1))
         if month is None:
             return None
-        year = time.localtime(self._now).tm_year
+        now = time.time() if self._now is None else self._now
+        year = time.localtime(now).tm_year
         fraction = float("0." + m.group(6)) if m.group(6) else 0.0
         for candidate in (year, year - 1):  # at most a day in the future, else last year
             epoch = _local_epoch(candidate, month, int(m.group(2)), int(m.group(3)),
                                  int(m.group(4)), int(m.group(5)))
-            if epoch is not None and epoch <= self._now + 86400:
+            if epoch is not None and epoch <= now + 86400:
                 return epoch + fraction
         return None
 
