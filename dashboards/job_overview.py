@@ -82,6 +82,27 @@ def build() -> Dashboard:
         ),
         width=8,
     )
+    board.add(
+        table.Panel()
+        .title("Ranks and where they run")
+        .description("Each rank's node, local rank and world size, as the ranks report them."),
+        Query(
+            f"max by (rank, node, local_rank, world_size) (laggard_rank_info{{{_SEL}}})",
+            table=True,
+        ),
+    )
+    board.add(
+        series_panel(
+            "Seconds since each rank's last step record",
+            "s",
+            "A rank whose line climbs stopped reporting: hung, crashed, or the job ended. In "
+            "synchronous training a hung rank soon stalls the others too.",
+        ),
+        Query(
+            f"time() - max by (rank) (laggard_rank_last_seen_timestamp_seconds{{{_SEL}}})",
+            "rank {{rank}}",
+        ),
+    )
     board.row("Step timing by rank")
     board.add(
         series_panel(
