@@ -138,7 +138,7 @@ class PowerSGDCompression(CompressionState):
         for mat, m, p in zip(plan.matrices, matrices, ps, strict=True):
             torch.mm(m, self._warm_q(mat), out=p)
         first = dist.all_reduce(stage1, group=self.process_group, async_op=True).get_future()
-        self.timer.track(first, ring_allreduce_bytes(stage1.numel() * 4, w), "allreduce",
+        first = self.timer.track(first, ring_allreduce_bytes(stage1.numel() * 4, w), "allreduce",
                          raw_bytes=self.raw_bytes(buffer), bucket_ready=False)
 
         def finish() -> torch.Tensor:
@@ -153,10 +153,10 @@ class PowerSGDCompression(CompressionState):
                 torch.mm(m.t(), p, out=q)
             if plan.stage2:
                 second = dist.all_reduce(stage2, group=self._worker.group, async_op=True)
+                # wait on the tracked future: its completion is recorded before DDP takes the step
                 self.timer.track(second.get_future(),
                                  ring_allreduce_bytes(stage2.numel() * 4, w), "allreduce",
-                                 raw_bytes=0, bucket_ready=False)
-                second.wait()
+                                 raw_bytes=0, bucket_ready=False).wait()
                 stage2.div_(w)
             for mat, m, p, q in zip(plan.matrices, matrices, ps, qs, strict=True):
                 self._q[id(mat.param)] = q.clone()

@@ -94,6 +94,8 @@ class ErrorFeedback:
             stale.add(bucket_index)
         for index in sorted(stale):
             old_layout, old_flat = self._flat.pop(index)
+            for key in old_layout.key:
+                del self._owner[key]  # the residual stays, as a view into old_flat
             if self._on_evict is not None:
                 self._on_evict(index, old_layout, old_flat)
         device = layout.params[0].device if layout.params else None

@@ -113,7 +113,7 @@ class SignCompression(CompressionState):
         received = torch.empty_like(payload)
         first = dist.all_to_all_single(received, payload, group=self.process_group,
                                        async_op=True).get_future()
-        self.timer.track(first, alltoall_bytes(payload[0].numel(), w), "alltoall",
+        first = self.timer.track(first, alltoall_bytes(payload[0].numel(), w), "alltoall",
                          raw_bytes=self.raw_bytes(buffer), bucket_ready=False)
         server = self._server_residual(index, layout, c)
         my_length = lengths[self.rank : self.rank + 1]
@@ -127,9 +127,9 @@ class SignCompression(CompressionState):
             gathered = torch.empty(w * reply.numel(), dtype=torch.uint8, device=reply.device)
             second = dist.all_gather_single(gathered, reply, group=self._worker.group,
                                             async_op=True)
+            # wait on the tracked future: its completion is recorded before DDP can take the step
             self.timer.track(second.get_future(), allgather_bytes(reply.numel(), w), "allgather",
-                             raw_bytes=0, bucket_ready=False)
-            second.wait()
+                             raw_bytes=0, bucket_ready=False).wait()
             buffer.copy_(decompress_rows(gathered.view(w, -1)).view(-1)[:n])
             return buffer
 

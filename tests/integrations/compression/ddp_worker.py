@@ -1,0 +1,225 @@
+"""One rank of a real 2-rank gloo job exercising the compression hooks; started by
+``test_compression_ddp.py`` with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment.
+
+``python ddp_worker.py MODE OUT_DIR``, MODE one of:
+
+* ``reference``: each hook once on a hand-made bucket of random gradients; saves this rank's
+  input and the hook's output to ``reference-rank<R>.pt`` for the test to check against float64.
+* ``train``: per compressor, 8 SGD steps of DDP on a small MLP cut into several buckets (DDP
+  rebuilds them after iteration 0); writes losses, whether the parameters are bitwise equal on
+  every rank, the bytes the hook reported and the bytes the tensors handed to ``torch.distributed``
+  really hold, to ``train-rank<R>.json``.
+* ``resume``: per compressor with state, 3 steps, ``state_dict()`` through ``torch.save``, a
+  fresh DDP and hook loading it, 3 more steps; writes the residual norms to ``resume-rank<R>.json``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from laggard.integrations.compression import COMPRESSORS, make_hook
+from laggard.integrations.compression.bucket import FlatBucket
+from laggard.integrations.compression.wire import (
+    allgather_bytes,
+    alltoall_bytes,
+    ring_allreduce_bytes,
+)
+from torch.nn.parallel import DistributedDataParallel
+
+STEPS = 8
+STATEFUL = ("sign", "topk", "powersgd")
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 128), torch.nn.LayerNorm(128), torch.nn.ReLU(),
+        torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4),
+    )
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed regression task: targets from a fixed random linear map plus a nonlinearity."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(64, 32, generator=g)
+    teacher = torch.randn(32, 4, generator=torch.Generator().manual_seed(7))
+    return x, torch.tanh(x @ teacher)
+
+
+class WireCounter:
+    """Counts the bytes of the tensors handed to torch.distributed collectives while enabled,
+    converted to bytes sent per rank by the same per-algorithm rules the hooks use."""
+
+    def __init__(self, world: int) -> None:
+        self.world, self.enabled, self.bytes = world, False, 0
+        self._orig = {name: getattr(dist, name)
+                      for name in ("all_reduce", "all_gather_single", "all_to_all_single")}
+        dist.all_reduce = self._wrap("all_reduce", lambda a: ring_allreduce_bytes(nb(a[0]), world))
+        dist.all_gather_single = self._wrap("all_gather_single",
+                                            lambda a: allgather_bytes(nb(a[1]), world))
+        dist.all_to_all_single = self._wrap(
+            "all_to_all_single", lambda a: alltoall_bytes(nb(a[1]) // world, world))
+
+    def _wrap(self, name, count):  # type: ignore[no-untyped-def]
+        orig = self._orig[name]
+
+        def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if self.enabled:
+                self.bytes += count(args)
+            return orig(*args, **kwargs)
+
+        return wrapped
+
+
+def nb(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def train(name: str, rank: int, world: int, counter: WireCounter) -> dict:
+    model = make_model()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+    state, hook = make_hook(name, model=model)
+    layouts: dict[int, list[int]] = {}
+
+    def recording_hook(state, bucket):  # type: ignore[no-untyped-def]
+        layouts.setdefault(step, []).append(len(bucket.parameters()))
+        return hook(state, bucket)
+
+    ddp.register_comm_hook(state, recording_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses, reported, counted, raw = [], [], [], []
+    for step in range(STEPS):
+        x, y = batch(rank, step)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        counter.bytes, counter.enabled = 0, True
+        loss.backward()
+        counter.enabled = False
+        comm = state.timer.take_step()
+        reported.append(comm.bytes)
+        raw.append(comm.raw_bytes)
+        counted.append(counter.bytes)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    state.close()
+    return {"losses": losses, "identical": all(torch.equal(g, flat) for g in gathered),
+            "reported_bytes": reported, "counted_bytes": counted, "raw_bytes": raw,
+            "buckets_per_step": {str(k): v for k, v in layouts.items()},
+            "grad_bytes": sum(nb(p) for p in model.parameters())}
+
+
+def reference(rank: int) -> dict:
+    """Each hook on one hand-made bucket (two matrices and a vector) of random gradients."""
+    out = {}
+    for name in COMPRESSORS:
+        params = [torch.nn.Parameter(torch.zeros(48, 40)), torch.nn.Parameter(torch.zeros(40)),
+                  torch.nn.Parameter(torch.zeros(40, 24))]
+        grads = torch.randn(sum(p.numel() for p in params),
+                            generator=torch.Generator().manual_seed(rank + 10))
+        state, hook = make_hook(name, **({"ratio": 0.05} if name == "topk" else {}))
+        bucket = FlatBucket(0, params, grads.clone())
+        result = hook(state, bucket).wait()
+        state.close()
+        out[name] = {"grads": grads, "result": result.clone()}
+    return out
+
+
+def run_steps(name: str, rank: int, steps: range, model_state: dict | None = None,
+              compression_state: dict | None = None) -> tuple[torch.nn.Module, object]:
+    """Train ``steps`` with a fresh DDP and hook, optionally restoring model and hook state."""
+    model = make_model()
+    if model_state is not None:
+        model.load_state_dict(model_state)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+    state, hook = make_hook(name, model=model)
+    if compression_state is not None:
+        state.load_state_dict(compression_state)
+    ddp.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no momentum: nothing else to restore
+    for step in steps:
+        x, y = batch(rank, step)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model, state
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    return float((flat_params(a) - flat_params(b)).abs().max())
+
+
+def resume(rank: int) -> dict:
+    """Uninterrupted 6 steps against 3 + checkpoint (torch.save/load) + 3, and against 3 + 3
+    with the compressor's state lost."""
+    out = {}
+    for name in STATEFUL:
+        straight, state = run_steps(name, rank, range(6))
+        state.close()
+        first, state = run_steps(name, rank, range(3))
+        blob = io.BytesIO()
+        torch.save({"model": first.state_dict(), "compression": state.state_dict()}, blob)
+        saved = state.state_dict()["residuals"]
+        state.close()
+        blob.seek(0)
+        checkpoint = torch.load(blob)
+        resumed, state = run_steps(name, rank, range(3, 6), checkpoint["model"],
+                                   checkpoint["compression"])
+        state.close()
+        restored_probe = make_hook(name, model=make_model())[0]
+        restored_probe.load_state_dict(checkpoint["compression"])
+        restored = restored_probe.state_dict()["residuals"]
+        restored_probe.close()
+        lost, state = run_steps(name, rank, range(3, 6), checkpoint["model"])
+        state.close()
+        out[name] = {
+            "saved_norm": float(torch.cat([v.reshape(-1) for v in saved.values()]).norm()),
+            "restored_equal": saved.keys() == restored.keys()
+            and all(torch.equal(saved[k], restored[k]) for k in saved),
+            "resumed_vs_straight": max_diff(resumed, straight),
+            "lost_vs_straight": max_diff(lost, straight),
+            "names": sorted(saved),
+        }
+    return out
+
+
+def main(mode: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if mode == "reference":
+        result = reference(rank)
+        # a group without this rank: make_hook must refuse it at set-up
+        only_rank0 = dist.new_group(ranks=[0])
+        if rank != 0:
+            try:
+                make_hook("sign", only_rank0)
+                result["non_member"] = "accepted"
+            except ValueError as exc:
+                result["non_member"] = str(exc)
+        torch.save(result, os.path.join(out_dir, f"reference-rank{rank}.pt"))
+    elif mode == "train":
+        counter = WireCounter(world)
+        result = {name: train(name, rank, world, counter) for name in COMPRESSORS}
+        with open(os.path.join(out_dir, f"train-rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+    elif mode == "resume":
+        with open(os.path.join(out_dir, f"resume-rank{rank}.json"), "w") as f:
+            json.dump(resume(rank), f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,188 @@
+"""The compression hooks in real 2-rank gloo jobs (``ddp_worker.py``, one process per rank)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from support import free_port
+
+pytestmark = pytest.mark.slow
+
+WORKER = Path(__file__).with_name("ddp_worker.py")
+WORLD = 2
+
+
+def run_ranks(mode: str, out: Path) -> None:
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), mode, str(out)],
+            env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(WORLD),
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(WORLD)
+    ]
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=120)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+    for proc, output in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("reference")
+    run_ranks("reference", out)
+    return [torch.load(out / f"reference-rank{r}.pt") for r in range(WORLD)]
+
+
+def inputs(reference: list[dict], name: str) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each rank's float64 gradients and the hook's result (the same on every rank)."""
+    results = [ranks[name]["result"] for ranks in reference]
+    assert all(torch.equal(results[0], r) for r in results[1:])
+    return [ranks[name]["grads"].double() for ranks in reference], results[0].double()
+
+
+SHAPES = [(48, 40), (40,), (40, 24)]
+
+
+def split(flat: torch.Tensor) -> list[torch.Tensor]:
+    out, start = [], 0
+    for shape in SHAPES:
+        n = math.prod(shape)
+        out.append(flat[start : start + n].view(shape))
+        start += n
+    return out
+
+
+def test_none_is_the_exact_mean(reference: list[dict]) -> None:
+    grads, result = inputs(reference, "none")
+    mean = sum(grads) / WORLD
+    assert torch.allclose(result, mean, rtol=0, atol=1e-6)
+
+
+def test_fp16_is_within_fp16_rounding_of_the_mean(reference: list[dict]) -> None:
+    grads, result = inputs(reference, "fp16")
+    mean = sum(grads) / WORLD
+    # cast and divide per rank (2 roundings of |g|/W), sum, cast back: unit roundoff 2**-11
+    bound = 2**-11 * (2 * sum(g.abs() for g in grads) / WORLD + 2 * mean.abs()) + 2**-24
+    assert ((result - mean).abs() <= bound).all()
+    assert (result - mean).abs().max() > 0  # it did go through fp16
+
+
+def sign_compress(x: torch.Tensor) -> torch.Tensor:
+    scale = x.abs().sum() / x.numel()
+    return torch.where(x >= 0, scale, -scale)
+
+
+def test_sign_matches_the_two_stage_algorithm_in_float64(reference: list[dict]) -> None:
+    grads, result = inputs(reference, "sign")
+    n = grads[0].numel()
+    c = 8 * math.ceil(n / (8 * WORLD))  # chunk size, whole bytes
+    expected = torch.empty(n, dtype=torch.float64)
+    for j in range(WORLD):
+        chunk = slice(j * c, min(n, (j + 1) * c))
+        average = sum(sign_compress(g[chunk]) for g in grads) / WORLD  # stage 1, rank j
+        expected[chunk] = sign_compress(average)  # stage 2, server residual 0 at step 0
+    # the scales are fp32 sums over ~1500 elements: relative error up to ~n * 2**-24
+    assert torch.allclose(result, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_topk_is_the_mean_of_each_rank_s_exact_top_k(reference: list[dict]) -> None:
+    grads, result = inputs(reference, "topk")
+    k = math.ceil(0.05 * grads[0].numel())
+    expected = torch.zeros_like(grads[0])
+    for g in grads:
+        keep = torch.topk(g.abs(), k).indices
+        expected[keep] += g[keep] / WORLD
+    assert torch.allclose(result, expected, rtol=1e-6, atol=1e-7)
+    assert int((result != 0).sum()) <= WORLD * k
+
+
+def test_powersgd_is_one_warm_started_power_iteration_in_float64(reference: list[dict]) -> None:
+    grads, result = inputs(reference, "powersgd")
+    mean = split(sum(grads) / WORLD)
+    got = split(result)
+    assert torch.allclose(got[1], mean[1], atol=1e-6)  # the vector goes uncompressed
+    for i in (0, 2):
+        m = mean[i]
+        q0 = torch.randn(m.shape[1], 4, generator=torch.Generator().manual_seed(0)).double()
+        p = torch.linalg.qr(m @ q0).Q
+        expected = p @ (m.T @ p).T
+        assert torch.allclose(got[i], expected, rtol=1e-4, atol=1e-5)
+        # a projection of the mean: no worse than dropping it, no better than Eckart-Young
+        sigma = torch.linalg.svdvals(m)
+        error = torch.linalg.norm(got[i] - m)
+        assert sigma[4:].square().sum().sqrt() - 1e-5 <= error <= torch.linalg.norm(m)
+
+
+def test_a_group_without_this_rank_is_refused_at_set_up(reference: list[dict]) -> None:
+    assert "not a member" in reference[1]["non_member"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("train")
+    run_ranks("train", out)
+    return [json.loads((out / f"train-rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("name", ["none", "fp16", "sign", "topk", "powersgd"])
+def test_training_converges_with_replicas_identical(trained: list[dict], name: str) -> None:
+    for rank in trained:
+        run = rank[name]
+        assert run["identical"], "parameters differ across ranks"
+        losses = run["losses"]
+        assert sum(losses[-2:]) < 0.85 * sum(losses[:2]), losses
+        buckets = run["buckets_per_step"]
+        # DDP rebuilt its buckets after iteration 0, and there are several
+        assert buckets["0"] != buckets["1"] and len(buckets["1"]) >= 2
+        assert buckets["1"] == buckets[str(len(losses) - 1)]
+
+
+@pytest.mark.parametrize("name,min_ratio,max_ratio", [
+    ("none", 1, 1), ("fp16", 2, 2), ("sign", 25, 32), ("topk", 45, 1 / (WORLD * 0.01)),
+    ("powersgd", 4, 100),
+])
+def test_reported_bytes_are_the_bytes_handed_to_the_collectives(
+    trained: list[dict], name: str, min_ratio: float, max_ratio: float,
+) -> None:
+    for rank in trained:
+        run = rank[name]
+        assert run["reported_bytes"] == run["counted_bytes"]
+        fp32 = 2 * (WORLD - 1) * run["grad_bytes"] // WORLD
+        assert all(raw == fp32 for raw in run["raw_bytes"])
+        for sent in run["reported_bytes"]:
+            assert min_ratio <= fp32 / sent <= max_ratio + 1e-9, fp32 / sent
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("resume")
+    run_ranks("resume", out)
+    return [json.loads((out / f"resume-rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("name", ["sign", "topk", "powersgd"])
+def test_state_dict_round_trip_keeps_the_residuals(resumed: list[dict], name: str) -> None:
+    for rank in resumed:
+        run = rank[name]
+        assert run["restored_equal"] and run["saved_norm"] > 0
+        assert run["names"] == ["0.bias", "0.weight", "1.bias", "1.weight", "3.bias",
+                                "3.weight", "5.bias", "5.weight"]
+        # resuming from the checkpoint tracks the uninterrupted run better than losing the state
+        assert run["resumed_vs_straight"] < run["lost_vs_straight"]
+        if name == "powersgd":  # per-matrix, so independent of the bucket layout: exact
+            assert run["resumed_vs_straight"] == 0.0
