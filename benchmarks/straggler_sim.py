@@ -88,7 +88,8 @@ class JobModel:
         pause_seconds: (low, high) range of a pause.
         stall_probability: chance per rank-step that a data stall starts (lasts 1-3 steps).
         stall_seconds: (low, high) range of a stall's added data time per step.
-        drift: amplitude of the slow sinusoidal drift of the whole job (0.05 = +-5%).
+        drift: amplitude of the slow sinusoidal drift of the whole job (0.03 = +-3%: a genuine
+            6% swing, under the job-slowdown threshold of 10%).
         drift_period_steps: period of that drift.
         job_slowdown: (first step, factor) of a step change of the whole job's compute, or None.
         ranks_per_node: ranks per host, for node names and local ranks.
@@ -107,7 +108,7 @@ class JobModel:
     pause_seconds: tuple[float, float] = (0.05, 0.5)
     stall_probability: float = 5e-4
     stall_seconds: tuple[float, float] = (0.02, 0.2)
-    drift: float = 0.05
+    drift: float = 0.03
     drift_period_steps: int = 500
     job_slowdown: tuple[int, float] | None = None
     ranks_per_node: int = 8

@@ -254,8 +254,8 @@ class StragglerDetector:
         is slow."""
 
         job_slowdown_threshold: float = 0.10
-        """Report a whole-job slowdown when the median rank's work per step exceeds its own
-        best history (both as medians over N windows) by this fraction."""
+        """Report a whole-job slowdown when the median rank's work per step (each rank's
+        median over the last N windows) exceeds the best the job has shown by this fraction."""
 
         max_rank: int = 1 << 20
         """Largest global rank accepted (bounds memory whatever a window says)."""
@@ -327,7 +327,7 @@ class StragglerDetector:
         self._ring = np.full((0, n, s + 2), np.nan)
         self._threshold = np.full((n, s), np.inf)  # per window, to count windows over
         self._noise = np.full((c.noise_history_windows, s), np.nan)
-        self._baseline = np.full(0, np.nan)  # best work seconds per rank
+        self._job_baseline = math.inf  # best typical work seconds of the median rank
         self._job_over = np.zeros(n, dtype=bool)
         self._active_signal: dict[int, int] = {}
 
@@ -339,7 +339,6 @@ class StragglerDetector:
         extra = capacity - self._capacity
 
         self._ring = np.pad(self._ring, [(0, extra), (0, 0), (0, 0)], constant_values=np.nan)
-        self._baseline = np.pad(self._baseline, (0, extra), constant_values=np.nan)
         self._capacity = capacity
 
     # -- input checks ----------------------------------------------------------------------
@@ -516,7 +515,7 @@ class StragglerDetector:
             findings.append(finding)
 
         findings += self._check_job(
-            window.step, ranks, typical[:, _WORK_SECONDS], count[:, _WORK_SECONDS], slot,
+            window.step, typical[:, _WORK_SECONDS], count[:, _WORK_SECONDS], slot,
             warmed_up,
         )
         return findings
@@ -542,32 +541,35 @@ class StragglerDetector:
     def _check_job(
         self,
         step: int,
-        ranks: np.ndarray,
         work: np.ndarray,
         windows: np.ndarray,
         slot: int,
         warmed_up: bool,
     ) -> list[Finding]:
-        """Whole-job slowdown: each rank's work per step against its own best, median rank.
+        """Whole-job slowdown: the median rank's work per step against the job's best.
+
+        Each rank's history (median over its last N windows) first, then the median rank:
+        both medians keep one slow rank or one slow window out of the job's baseline, and the
+        baseline (the best seen) is taken from that smooth series so noise barely lowers it.
 
         Args:
-            ranks: (R,) ranks present; work: (R,) their median compute + data seconds over
-            the last N windows; windows: (R,) in how many of them each was present.
+            work: (R,) median compute + data seconds of each rank present over the last N
+                windows.
+            windows: (R,) in how many of the last N windows each was present.
         """
         c = self.config
         full = windows == c.persistence_windows
-        typical = work[full]
-        ranks_full = ranks[full]
-        baseline = np.fmin(self._baseline[ranks_full], typical)
-        self._baseline[ranks_full] = baseline
-        ratio = _nanmedian(typical / baseline) if ranks_full.size else math.nan
+        now_s = _nanmedian(work[full])
+        if warmed_up and now_s > 0:
+            self._job_baseline = min(self._job_baseline, now_s)
+        baseline_s = self._job_baseline
+        ratio = now_s / baseline_s if math.isfinite(baseline_s) else math.nan
         self._job_over[slot] = warmed_up and ratio >= 1 + c.job_slowdown_threshold
         if self.job_slowdown is not None and not self._job_over.any():
             cleared = _cleared(self.job_slowdown, step, "recovered")
             self.job_slowdown = None
             return [cleared]
         if self.job_slowdown is None and self._job_over.sum() >= c.raise_windows:
-            now_s, baseline_s = _nanmedian(typical), _nanmedian(baseline)
             self.job_slowdown = Finding(
                 detector=DETECTOR,
                 kind="job_slowdown",
@@ -584,7 +586,7 @@ class StragglerDetector:
                     "threshold": c.job_slowdown_threshold,
                     "work_seconds": _round(now_s),
                     "baseline_work_seconds": _round(baseline_s),
-                    "ranks": int(ranks_full.size),
+                    "ranks": int(full.sum()),
                 },
             )
             return [self.job_slowdown]

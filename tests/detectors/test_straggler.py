@@ -1,0 +1,333 @@
+"""Straggler detector: each signal and cause, persistence, clearing, whole-job slowdown, bad input.
+
+Windows are built with the synchronous coupling of a data-parallel job (every rank waits for the
+slowest: wait = slowest work - own work + transfer); the simulator in ``benchmarks/`` supplies
+realistic noise for the false-positive checks.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from laggard.detectors import Severity
+from laggard.detectors.straggler import (
+    SUMMARY_FIELDS,
+    RankWindow,
+    StragglerDetector,
+    row_nanmedian,
+    summarize_steps,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from straggler_sim import JobModel, Straggler, simulate  # noqa: E402
+
+K = 5
+N_WINDOWS = StragglerDetector.Config().persistence_windows
+M_WINDOWS = StragglerDetector.Config().raise_windows
+
+
+def make_window(
+    index: int,
+    *,
+    ranks: int = 16,
+    jitter: float = 0.01,
+    compute_factor: dict[int, float] | None = None,
+    extra_data: dict[int, float] | None = None,
+    extra_transfer: dict[int, float] | None = None,
+    job_factor: float = 1.0,
+    seed: int = 0,
+    coupled: bool = True,
+    world_size: int | None = None,
+) -> RankWindow:
+    """Window ``index`` (steps index*K .. index*K+K-1) of a synchronous job."""
+    rng = np.random.default_rng(seed * 100_003 + index)
+    compute = 0.100 * job_factor * rng.lognormal(0, jitter, (ranks, K))
+    data = 0.005 * rng.lognormal(0, jitter, (ranks, K))
+    transfer = 0.020 * rng.lognormal(0, jitter, (ranks, K))
+    for rank, factor in (compute_factor or {}).items():
+        compute[rank] *= factor
+    for rank, seconds in (extra_data or {}).items():
+        data[rank] += seconds
+    for rank, seconds in (extra_transfer or {}).items():
+        transfer[rank] += seconds
+    work = compute + data
+    if coupled:
+        wait = work.max(axis=0) - work + transfer.max(axis=0)
+    else:  # every rank waits the same: timers that do not match the critical path
+        wait = np.full_like(work, 0.02)
+    return RankWindow(
+        step=index * K + K - 1,
+        ranks=np.arange(ranks, dtype=np.int64),
+        compute_seconds=compute,
+        data_seconds=data,
+        collective_wait_seconds=wait,
+        transfer_seconds=transfer,
+        world_size=world_size if world_size is not None else ranks,
+        nodes=[f"node{r // 8}" for r in range(ranks)],
+        local_ranks=np.arange(ranks, dtype=np.int64) % 8,
+    )
+
+
+def run(detector: StragglerDetector, windows: list[RankWindow]) -> list[tuple[int, object]]:
+    """Feed windows; return (window index, finding) for every finding returned."""
+    out = []
+    for i, window in enumerate(windows):
+        out += [(i, f) for f in detector.update(window)]
+    return out
+
+
+def raised(events: list[tuple[int, object]]) -> list[tuple[int, object]]:
+    return [(i, f) for i, f in events if not f.evidence.get("cleared")]
+
+
+@pytest.mark.parametrize(
+    ("slow", "kind"),
+    [
+        ({"compute_factor": {5: 1.10}}, "compute"),
+        ({"extra_data": {5: 0.010}}, "data"),
+        ({"extra_transfer": {5: 0.010}}, "communication"),
+    ],
+)
+def test_each_cause_is_named_with_rank_node_and_evidence(slow: dict, kind: str) -> None:
+    detector = StragglerDetector()
+    events = run(detector, [make_window(i, **slow) for i in range(12)])
+    assert len(raised(events)) == 1, events
+    index, finding = raised(events)[0]
+    assert (finding.detector, finding.kind, finding.severity) == ("straggler", kind,
+                                                                  Severity.WARNING)
+    assert (finding.rank, finding.node, finding.local_rank) == (5, "node0", 5)
+    # Raised once the history is warm (N windows) and the rank has been over in M of them.
+    assert index == N_WINDOWS - 1
+    assert finding.step == index * K + K - 1
+    assert finding.evidence["slowdown"] == pytest.approx(0.095, abs=0.015)
+    assert finding.evidence["slowdown"] >= finding.evidence["threshold"]
+    assert finding.evidence["windows_over"] >= M_WINDOWS
+    assert "rank 5 on node0 (local rank 5)" in finding.message
+    assert detector.active[5] is finding
+    assert detector.scores[5] == pytest.approx(0.095, abs=0.015)
+    assert max(abs(v) for r, v in detector.scores.items() if r != 5) < 0.01
+
+
+def test_onset_is_detected_after_m_windows() -> None:
+    detector = StragglerDetector()
+    windows = [make_window(i, compute_factor={3: 1.10} if i >= 8 else {}) for i in range(16)]
+    events = raised(run(detector, windows))
+    assert [(i, f.rank, f.kind) for i, f in events] == [(8 + M_WINDOWS - 1, 3, "compute")]
+
+
+def test_work_excess_without_a_matching_wait_deficit_is_not_flagged() -> None:
+    """Timers say slow but the collective wait says the others did not wait for this rank."""
+    windows = [make_window(i, compute_factor={5: 1.10}, coupled=False) for i in range(10)]
+    assert raised(run(StragglerDetector(), windows)) == []
+    uncorroborated = StragglerDetector(StragglerDetector.Config(corroboration_ratio=0))
+    assert [f.rank for _, f in raised(run(uncorroborated, windows))] == [5]
+
+
+def test_a_rank_slow_in_fewer_than_m_of_n_windows_is_never_flagged() -> None:
+    # Slow 2 windows out of every 5 (M = 3): a 30% excess each time, never persistent enough.
+    windows = [make_window(i, compute_factor={5: 1.3} if i % 5 < 2 else {}) for i in range(30)]
+    assert M_WINDOWS == 3 and N_WINDOWS == 5
+    assert raised(run(StragglerDetector(), windows)) == []
+
+
+def test_one_step_pauses_are_never_flagged() -> None:
+    detector = StragglerDetector()
+    windows = []
+    for i in range(40):
+        window = make_window(i, ranks=32)
+        rank = (i // 4) % 32  # the same rank pauses once in each of 4 windows in a row
+        window.compute_seconds[rank, i % K] += 2.0  # a 2 s garbage collection pause
+        window.collective_wait_seconds[:, i % K] += 2.0
+        window.collective_wait_seconds[rank, i % K] -= 2.0
+        windows.append(window)
+    assert run(detector, windows) == []
+
+
+def test_finding_clears_once_after_n_windows_under_threshold() -> None:
+    detector = StragglerDetector()
+    windows = [make_window(i, compute_factor={2: 1.2} if i < 10 else {}) for i in range(25)]
+    events = run(detector, windows)
+    kinds = [(i, f.rank, bool(f.evidence.get("cleared"))) for i, f in events]
+    assert kinds == [(N_WINDOWS - 1, 2, False), (10 + N_WINDOWS - 1, 2, True)]
+    cleared = events[1][1]
+    assert cleared.kind == "compute" and cleared.node == "node0"
+    assert cleared.evidence["reason"] == "recovered"
+    assert cleared.evidence["raised_step"] == events[0][1].step
+    assert "cleared" in cleared.message
+    assert detector.active == {}
+
+
+def test_relative_floor_keeps_a_quiet_job_quiet() -> None:
+    # No jitter at all: a rank 1% slower is a tiny absolute difference, below the 2% floor.
+    quiet = [make_window(i, jitter=0.0, compute_factor={4: 1.01}) for i in range(12)]
+    assert raised(run(StragglerDetector(), quiet)) == []
+    slower = [make_window(i, jitter=0.0, compute_factor={4: 1.04}) for i in range(12)]
+    assert [f.rank for _, f in raised(run(StragglerDetector(), slower))] == [4]
+
+
+def test_whole_job_slowdown_is_reported_as_such_and_not_blamed_on_a_rank() -> None:
+    detector = StragglerDetector()
+    windows = [make_window(i, ranks=64, job_factor=1.3 if i >= 10 else 1.0)
+               for i in range(22)]
+    events = run(detector, windows)
+    assert [f.rank for _, f in events] == [None]
+    index, finding = events[0]
+    assert finding.kind == "job_slowdown" and index >= 10
+    assert finding.evidence["slowdown"] == pytest.approx(0.29, abs=0.03)
+    assert "whole job" in finding.message
+    assert detector.job_slowdown is finding and detector.active == {}
+
+
+def test_missing_ranks_are_counted_and_detection_goes_on() -> None:
+    detector = StragglerDetector()
+    windows = []
+    for i in range(12):
+        window = make_window(i, compute_factor={5: 1.15})
+        keep = np.arange(16) != (i % 4) + 8  # one other rank missing in each window
+        windows.append(RankWindow(
+            step=window.step, ranks=window.ranks[keep],
+            compute_seconds=window.compute_seconds[keep], data_seconds=window.data_seconds[keep],
+            collective_wait_seconds=window.collective_wait_seconds[keep],
+            transfer_seconds=window.transfer_seconds[keep], world_size=16,
+            nodes=[n for n, k in zip(window.nodes, keep, strict=True) if k],
+            local_ranks=window.local_ranks[keep],
+        ))
+    events = raised(run(detector, windows))
+    assert [(f.rank, f.node, f.local_rank) for _, f in events] == [(5, "node0", 5)]
+    assert detector.stats["missing_rank_reports"] == 12
+
+
+def test_a_flagged_rank_that_stops_reporting_is_cleared() -> None:
+    detector = StragglerDetector()
+    run(detector, [make_window(i, compute_factor={5: 1.2}) for i in range(8)])
+    assert 5 in detector.active
+    events = []
+    for i in range(8, 8 + N_WINDOWS):
+        window = make_window(i)
+        keep = window.ranks != 5
+        events += detector.update(RankWindow(
+            step=window.step, ranks=window.ranks[keep],
+            compute_seconds=window.compute_seconds[keep], data_seconds=window.data_seconds[keep],
+            collective_wait_seconds=window.collective_wait_seconds[keep], world_size=16,
+        ))
+    assert [(f.rank, f.evidence["reason"]) for f in events] == [(5, "not_reporting")]
+
+
+def test_nan_and_negative_durations_are_counted_and_dropped() -> None:
+    detector = StragglerDetector()
+    windows = [make_window(i, compute_factor={5: 1.15}) for i in range(10)]
+    for window in windows:
+        window.compute_seconds[0, 0] = np.nan
+        window.data_seconds[1, 1] = -0.5
+        window.collective_wait_seconds[2, 2] = np.inf
+        window.transfer_seconds[3, :] = np.nan  # "not measured": not counted as invalid
+        window.compute_seconds[7, :] = np.nan  # rank 7 has nothing valid: absent
+    events = raised(run(detector, windows))
+    assert [f.rank for _, f in events] == [5]
+    assert detector.stats["invalid_durations"] == 10 * (1 + 1 + 1 + K)
+    assert 7 not in detector.scores and 6 in detector.scores
+
+
+def test_world_size_change_clears_findings_and_restarts() -> None:
+    detector = StragglerDetector()
+    run(detector, [make_window(i, compute_factor={5: 1.2}) for i in range(8)])
+    assert 5 in detector.active
+    shrunk = [make_window(i, ranks=12, compute_factor={9: 1.2}, seed=1) for i in range(8, 20)]
+    events = run(detector, shrunk)
+    first = [(f.rank, f.evidence.get("reason")) for i, f in events if i == 0]
+    assert first == [(5, "world_size_changed")]
+    assert [f.rank for _, f in raised(events)] == [9]
+    assert detector.stats["world_size_changes"] == 1
+
+
+def test_malformed_window_and_bad_ranks_are_counted_never_raised() -> None:
+    detector = StragglerDetector()
+    good = make_window(0)
+    bad_shape = RankWindow(step=4, ranks=good.ranks, compute_seconds=good.compute_seconds,
+                           data_seconds=good.data_seconds[:, :2],
+                           collective_wait_seconds=good.collective_wait_seconds)
+    assert detector.update(bad_shape) == []
+    not_numbers = RankWindow(step=4, ranks=good.ranks, compute_seconds="fast",  # type: ignore[arg-type]
+                             data_seconds=good.data_seconds,
+                             collective_wait_seconds=good.collective_wait_seconds)
+    assert detector.update(not_numbers) == []
+    assert detector.stats["malformed_windows"] == 2
+    ranks = good.ranks.copy()
+    ranks[[0, 1, 2]] = [-1, 99, 3]  # negative, beyond the world size, duplicate of rank 3
+    detector.update(RankWindow(step=9, ranks=ranks, compute_seconds=good.compute_seconds,
+                               data_seconds=good.data_seconds,
+                               collective_wait_seconds=good.collective_wait_seconds,
+                               world_size=16))
+    assert detector.stats["invalid_ranks"] == 3
+    assert sorted(detector.scores) == list(range(3, 16))
+
+
+def test_two_ranks_are_too_few_to_compare() -> None:
+    detector = StragglerDetector()
+    for i in range(10):
+        assert detector.update(make_window(i, ranks=2, compute_factor={1: 1.5})) == []
+    assert detector.stats["too_few_ranks_windows"] == 10
+
+
+def test_gathered_summaries_give_the_same_findings_as_raw_windows() -> None:
+    raw = [make_window(i, ranks=32, extra_data={17: 0.012}) for i in range(12)]
+    summarized = []
+    for window in raw:
+        rows = [summarize_steps(window.compute_seconds[r], window.data_seconds[r],
+                                window.collective_wait_seconds[r], window.transfer_seconds[r])
+                for r in range(32)]
+        summarized.append(RankWindow.from_summaries(
+            step=window.step, ranks=window.ranks, summaries=np.stack(rows),
+            world_size=32, nodes=window.nodes, local_ranks=window.local_ranks,
+        ))
+    from_raw = [(i, f.rank, f.kind) for i, f in run(StragglerDetector(), raw)]
+    from_summaries = [(i, f.rank, f.kind) for i, f in run(StragglerDetector(), summarized)]
+    assert from_raw == from_summaries == [(N_WINDOWS - 1, 17, "data")]
+    assert len(SUMMARY_FIELDS) == 4
+    assert np.isnan(summarize_steps([0.1], [0.01], [0.02])[3])
+    with pytest.raises(ValueError):
+        RankWindow.from_summaries(step=0, ranks=np.arange(2), summaries=np.zeros((2, 3)))
+
+
+def test_realistic_noise_raises_nothing() -> None:
+    """5% jitter, GC pauses, data stalls and drift on 8 and 512 ranks: no finding at all."""
+    for world_size, seed in ((8, 1), (8, 2), (512, 3)):
+        model = JobModel(world_size=world_size, jitter=0.05, pause_probability=0.01,
+                         stall_probability=0.002, seed=seed)
+        detector = StragglerDetector()
+        for window in simulate(model, steps=400, window_steps=K):
+            assert detector.update(window.rank_window()) == []
+
+
+def test_simulated_straggler_among_4096_ranks_is_found() -> None:
+    model = JobModel(world_size=4096, jitter=0.02, seed=4, stragglers=[
+        Straggler(rank=1234, cause="link", slowdown=0.05, start_step=50)])
+    detector = StragglerDetector()
+    found = []
+    for window in simulate(model, steps=100, window_steps=K):
+        found += [(window.step, f.rank, f.kind, f.node) for f in detector.update(
+            window.rank_window())]
+    assert found == [(64, 1234, "communication", "node0154")]
+
+
+def test_row_nanmedian_matches_numpy() -> None:
+    rng = np.random.default_rng(0)
+    values = rng.random((200, 7))
+    values[rng.random((200, 7)) < 0.3] = np.nan
+    values[5] = np.nan
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+        expected = np.nanmedian(values, axis=1)
+    np.testing.assert_array_equal(row_nanmedian(values), expected)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"min_slowdown": -0.1}, {"z_threshold": 0}, {"raise_windows": 4, "persistence_windows": 3},
+     {"min_ranks": 2}, {"job_slowdown_threshold": 0}, {"noise_history_windows": 0}],
+)
+def test_config_validation(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        StragglerDetector.Config(**kwargs)
