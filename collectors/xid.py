@@ -268,15 +268,28 @@ class XidCollector:
             try:
                 data = nvml.nvmlEventSetWait_v2(event_set, 500)
             except nvml.NVMLError as exc:
-                if exc.value != nvml.NVML_ERROR_TIMEOUT:
-                    self._stop.wait(1.0)  # a lost GPU or a driver problem: do not spin
-                continue
+                if exc.value == nvml.NVML_ERROR_TIMEOUT:
+                    continue
+                # A lost GPU or a re-initialised library: this event set is dead. Wait a little
+                # (no spinning), then let the next round register a fresh one.
+                log.warning("NVML event wait failed (%s); re-registering", exc)
+                self._stop.wait(5.0)
+                self._free(nvml, event_set)
+                self._watcher = None
+                return
             if data.eventType & xid_type:
                 index = self._index_of(nvml, data.device)
                 try:
                     self._events.put_nowait((index, int(data.eventData), time.time()))
                 except queue.Full:
                     self._dropped_events += 1
+
+    @staticmethod
+    def _free(nvml: Any, event_set: Any) -> None:
+        try:
+            nvml.nvmlEventSetFree(event_set)
+        except Exception:  # noqa: BLE001 - freeing a dead set must not raise
+            pass
 
     @staticmethod
     def _index_of(nvml: Any, device: Any) -> int:

@@ -152,6 +152,10 @@ def test_agent_counts_appended_lines_within_two_seconds(tmp_path, agent_factory)
     log = tmp_path / "syslog"
     log.write_text("Dec  2 11:38:27 node01 kernel: [  199.2] NVRM: unrelated line\n")
     agent = agent_factory("--collect-interval", "0.1", "--path.kmsg", str(log))
+    deadline = time.monotonic() + 5.0  # the log is read from its end as of the first round
+    while value(agent.scrape(), "laggard_kernel_log_lines_total") is None:
+        assert time.monotonic() < deadline, "the xid collector never ran"
+        time.sleep(0.05)
     assert value(agent.scrape(), SERIES) is None
     syslog_line = "Dec  2 11:38:47 node01 kernel: " + LINE
     for expected in (1.0, 4.0):
