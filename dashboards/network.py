@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import statetimeline
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import GraphDrawStyle
+from grafana_foundation_sdk.models.dashboard import ValueMap, ValueMappingResult
 from laggard.dashboards.panels import (
     NODE,
     RATE,
@@ -21,6 +23,14 @@ _NET = f'{NODE}, device=~"$device"'
 _IB = NODE
 _IFACE = "{{instance}} {{device}}"
 _PORT = "{{instance}} {{device}} port {{port}}"
+#: Logical port states (Linux ``enum ib_port_state``, include/rdma/ib_verbs.h) and colours.
+_PORT_STATES = {
+    "1": ("DOWN", "red"),
+    "2": ("INIT", "orange"),
+    "3": ("ARMED", "yellow"),
+    "4": ("ACTIVE", "green"),
+    "5": ("ACTIVE_DEFER", "yellow"),
+}
 
 
 def _rate(metric: str, selector: str) -> str:
@@ -78,25 +88,50 @@ def build() -> Dashboard:
         series_panel(
             "InfiniBand port errors",
             "short",
-            "Receive errors and symbol errors per port in each interval.",
+            "Error counters per port in each interval: receive errors, discards, buffer "
+            "overruns, symbol errors (bit errors on the wire) and link error recoveries.",
         ),
         Query(
-            f"increase(laggard_infiniband_port_receive_errors_total{{{_IB}}}[{RATE}])",
-            _PORT + " receive errors",
+            f"sum by (instance, device, port, type) "
+            f"(increase(laggard_infiniband_port_errors_total{{{_IB}}}[{RATE}]))",
+            _PORT + " {{type}}",
         ),
         Query(
-            f"increase(laggard_infiniband_symbol_error_total{{{_IB}}}[{RATE}])",
+            f"increase(laggard_infiniband_symbol_errors_total{{{_IB}}}[{RATE}])",
             _PORT + " symbol errors",
+        ),
+        Query(
+            f"increase(laggard_infiniband_link_error_recovery_total{{{_IB}}}[{RATE}])",
+            _PORT + " link error recoveries",
         ),
     )
     board.add(
         series_panel(
             "InfiniBand link down events",
             "short",
-            "Times a port's link went down in each interval (link_downed): a flapping cable "
-            "or switch port.",
+            "Times a port's link went down in each interval (link_downed): a flapping cable, "
+            "transceiver or switch port.",
         ).draw_style(GraphDrawStyle.BARS),
         Query(f"increase(laggard_infiniband_link_downed_total{{{_IB}}}[{RATE}])", _PORT),
-        width=24,
+    )
+    board.add(
+        statetimeline.Panel()
+        .title("InfiniBand port state")
+        .description("Logical port state from sysfs (ib_port_state): ACTIVE is the only one "
+                     "that carries traffic.")
+        .mappings([ValueMap({
+            code: ValueMappingResult(text=name, color=color)
+            for code, (name, color) in _PORT_STATES.items()
+        })]),
+        Query(f"laggard_infiniband_state_id{{{_IB}}}", _PORT),
+    )
+    board.add(
+        series_panel(
+            "InfiniBand transmit wait",
+            "short",
+            "Ticks per second a port had data to send but no credits from its peer "
+            "(port_xmit_wait): congestion downstream.",
+        ),
+        Query(_rate("laggard_infiniband_port_transmit_wait_total", _IB), _PORT),
     )
     return board.build()

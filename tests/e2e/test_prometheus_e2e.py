@@ -8,9 +8,10 @@ Debian's ``prometheus`` binary scrapes it every second with laggard's rule files
   panel of every dashboard, with the variables substituted as Grafana does, returns data through
   Prometheus's HTTP API;
 - the straggler alerts (the in-job detector's verdict and the cross-node recording-rule one) fire
-  for rank 2 and for no other rank, and the fake GPUs' power-cap episode fires the throttle
-  alert. ``for:`` durations are set to 0 in a copy of the rules: the expressions are the shipped
-  ones, the waiting is not what this test is about.
+  for rank 2 and for no other rank; the fake GPUs' power-cap episode fires the throttle alert,
+  their NVML XID 13 the warning XID alert, and an XID 79 line in the kernel log the critical one.
+  ``for:`` durations are set to 0 in a copy of the rules: the expressions are the shipped ones,
+  the waiting is not what this test is about.
 
 Prometheus is always stopped, by its pid, whatever happens in the test.
 """
@@ -108,8 +109,17 @@ def _rules_without_waiting(dest: Path) -> list[str]:
 
 
 @pytest.fixture
-def agent() -> Iterator[AgentProcess]:
-    flags = ["--fake-gpus", "2", "--collect-interval", "0.5", "--node", "e2e-node"]
+def kernel_log(tmp_path: Path) -> Path:
+    """The agent's kernel log: a syslog file of its own (this host's /dev/kmsg is shared)."""
+    path = tmp_path / "kern.log"
+    path.write_text("")
+    return path
+
+
+@pytest.fixture
+def agent(kernel_log: Path) -> Iterator[AgentProcess]:
+    flags = ["--fake-gpus", "2", "--collect-interval", "0.5", "--node", "e2e-node",
+             "--path.kmsg", str(kernel_log)]
     ib_sysfs = FIXTURES / "infiniband" / "sys"
     if ib_sysfs.is_dir():
         flags += ["--path.sysfs", str(ib_sysfs)]
@@ -279,9 +289,20 @@ def _firing(prom: Prometheus, alertname: str) -> set[str]:
             if a["labels"]["alertname"] == alertname and a["state"] == "firing"}
 
 
-def test_every_panel_has_data_and_the_straggler_alerts_fire(
-    agent: AgentProcess, prometheus: Prometheus
+def _ever_fired(prom: Prometheus, alertname: str, **labels: str) -> bool:
+    matchers = "".join(f', {k}="{v}"' for k, v in labels.items())
+    return bool(prom.query(
+        f'max_over_time(ALERTS{{alertname="{alertname}", alertstate="firing"{matchers}}}[5m])'))
+
+
+def test_every_panel_has_data_and_the_alerts_fire(
+    agent: AgentProcess, prometheus: Prometheus, kernel_log: Path
 ) -> None:
+    # GPU 0 (PCI 0000:18:00 in the fake) falls off the bus, as the kernel logs it.
+    with kernel_log.open("a") as log:
+        log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S+00:00', time.gmtime())} e2e-node kernel: "
+                  "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has "
+                  "fallen off the bus.\n")
     with RankFeeder(agent.intake_port) as feeder:
         deadline = time.monotonic() + DATA_DEADLINE_S
         dead = _dead_queries(prometheus)
@@ -298,13 +319,20 @@ def test_every_panel_has_data_and_the_straggler_alerts_fire(
             assert time.monotonic() < deadline, {a: _firing(prometheus, a) for a in alerts}
             time.sleep(0.5)
 
-    # The fake GPUs' power-cap episode (scenario seconds 10-19, GPU 0, SM clock at 71 % of max)
-    # trips the throttle alert; ALERTS keeps the history of it.
-    throttled = 'ALERTS{alertname="LaggardGpuThrottled", alertstate="firing", gpu="0"}'
+    # The fake GPUs' scenario: a power cap on GPU 0 (seconds 10-19, SM clock at 71 % of max) and
+    # XID 13 on GPU 1 from NVML's event at second 20; XID 79 on GPU 0 from the kernel log above.
+    # ALERTS keeps the history of each alert.
+    expected_alerts = [
+        ("LaggardGpuThrottled", {"gpu": "0"}),
+        ("LaggardGpuXidCritical", {"gpu": "0", "xid": "79"}),
+        ("LaggardGpuXid", {"gpu": "1", "xid": "13"}),
+    ]
     deadline = time.monotonic() + 25
-    while not prometheus.query(f"max_over_time({throttled}[5m])"):
-        assert time.monotonic() < deadline, "LaggardGpuThrottled never fired for GPU 0"
-        time.sleep(1.0)
+    for alertname, labels in expected_alerts:
+        while not _ever_fired(prometheus, alertname, **labels):
+            assert time.monotonic() < deadline, f"{alertname} never fired for {labels}"
+            time.sleep(1.0)
+    assert not _ever_fired(prometheus, "LaggardGpuXidCritical", xid="13")
 
     # The cross-node recording rules name the same rank with the expected ratio.
     ratios = {s["metric"]["rank"]: float(s["value"][1]) for s in prometheus.query(
