@@ -1,0 +1,323 @@
+"""One rank of ``laggard demo``: a small decoder-only transformer language model trained with DDP
+on gloo, timed by TrainingMonitor, one rank optionally slowed.
+
+Launched by ``laggard demo`` through PyTorch's own launcher::
+
+    python -m torch.distributed.run --standalone --nproc_per_node 4 \\
+        -m laggard.integrations.demo_worker --steps 300 --slow-rank 2 --slowdown 1.25 ...
+
+The text is the Python standard library's own source (found with ``sysconfig``), as bytes: a
+vocabulary of 256 tokens, no tokenizer to download. Each rank samples its own batches.
+
+The slowdown is extra real compute inside the slowed rank's backward pass, as a throttled GPU
+would add: matrix multiplies lasting ``(slowdown - 1)`` times the rank's own forward+backward
+time, measured before training (see :class:`Throttle` for why backward). Rank 0 prints progress
+and, at the end, writes what the demo's report needs to ``--result``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from laggard.integrations.comm_timing import CommTimer, allreduce_timing_hook
+from laggard.integrations.monitor import STAT_NAMES, TrainingMonitor
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+log = logging.getLogger("laggard.demo")
+
+#: Bytes of standard-library source read per rank (the first files in sorted path order).
+CORPUS_BYTES = 4 << 20
+#: DDP gradient bucket size in MB (DDP's default is 25).
+BUCKET_CAP_MB = 0.25
+#: Forward+backward passes timed before training to calibrate the injected slowdown.
+CALIBRATION_STEPS = 5
+
+
+# ----------------------------------------------------------------------------------- data
+def load_stdlib_text(max_bytes: int = CORPUS_BYTES) -> torch.Tensor:
+    """The Python standard library's ``.py`` sources as one byte sequence.
+
+    Args:
+        max_bytes: stop after this many bytes (files taken in sorted path order).
+
+    Returns:
+        (N,) uint8 tensor, N <= max_bytes.
+
+    Raises:
+        FileNotFoundError: the standard library directory holds no ``.py`` files.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(root.rglob("*.py")):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        chunks.append(data[: max_bytes - total])
+        total += len(chunks[-1])
+        if total >= max_bytes:
+            break
+    if not total:
+        raise FileNotFoundError(f"no Python sources under {root}")
+    return torch.from_numpy(np.frombuffer(b"".join(chunks), dtype=np.uint8).copy())
+
+
+class ByteBatches:
+    """Random windows of a byte sequence: next-token prediction batches.
+
+    Args:
+        text: (N,) uint8 tokens.
+        batch_size: sequences per batch.
+        seq_len: tokens per sequence (inputs; targets are shifted by one).
+        seed: generator seed (give each rank its own).
+    """
+
+    def __init__(self, text: torch.Tensor, batch_size: int, seq_len: int, seed: int) -> None:
+        self.text = text
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.generator = torch.Generator().manual_seed(seed)
+        self._offsets = torch.arange(seq_len + 1)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (inputs, targets), each (batch_size, seq_len) int64."""
+        starts = torch.randint(0, self.text.numel() - self.seq_len - 1, (self.batch_size, 1),
+                               generator=self.generator)
+        window = self.text[starts + self._offsets].long()
+        return window[:, :-1], window[:, 1:]
+
+
+# ---------------------------------------------------------------------------------- model
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention, then a 4x GELU MLP (GPT-2 layout)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, 4 * dim)
+        self.out = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(
+            2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class ByteLM(nn.Module):
+    """Decoder-only transformer over bytes (vocabulary 256).
+
+    Args:
+        dim: model width. heads: attention heads. layers: blocks. seq_len: context length.
+    """
+
+    def __init__(self, dim: int = 96, heads: int = 4, layers: int = 2, seq_len: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(256, dim)
+        self.position = nn.Parameter(torch.randn(seq_len, dim) * 0.02)
+        self.blocks = nn.Sequential(*(Block(dim, heads) for _ in range(layers)))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, 256)
+        self.throttle_seconds = 0.0  # extra backward compute per step (the slowed rank)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) int64 tokens -> (B, T, 256) logits."""
+        x = self.embed(tokens) + self.position[: tokens.shape[1]]
+        if self.throttle_seconds > 0:
+            x = Throttle.apply(x, self.throttle_seconds)
+        return self.head(self.ln(self.blocks(x)))
+
+
+# ----------------------------------------------------------------------- fault injection
+class Throttle(torch.autograd.Function):
+    """Identity whose backward runs ``seconds`` of extra matrix multiplies.
+
+    Placed after the embedding, its backward runs last, so the slowed rank's last gradient bucket
+    (the embedding's) is late, as on a GPU whose clocks are throttled. The extra work sits in the
+    backward pass, while the other ranks wait for that bucket: on a CPU-only machine with fewer
+    cores than ranks, compute added while every rank computes would also steal the others' CPU
+    and slow them too, which a slow GPU does not do to its peers.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, seconds: float) -> torch.Tensor:
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        burn(ctx.seconds)
+        return grad, None
+
+
+_BURN_A = torch.randn(96, 96)
+_BURN_OUT = torch.empty(96, 96)
+
+
+def burn(seconds: float) -> None:
+    """Run 96x96 float32 matrix multiplies for ``seconds`` of wall time (real compute)."""
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        torch.mm(_BURN_A, _BURN_A, out=_BURN_OUT)
+
+
+# -------------------------------------------------------------------------------- training
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--window", type=int, default=20)
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slowdown", type=float, default=1.0)
+    p.add_argument("--slow-from", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--intake-address", default="")
+    p.add_argument("--result", default="")
+    p.add_argument("--print-every", type=int, default=20)
+    p.add_argument("--compression", default="none")
+    return p.parse_args(argv)
+
+
+def comm_hook(name: str, timer: CommTimer) -> tuple[Any, Any]:
+    """The DDP communication hook for ``--compression NAME`` and its state.
+
+    ``none`` is the plain averaging all-reduce, timed. Other names come from
+    ``laggard.integrations.compression.make_hook(name, timer=timer)`` when that module exists.
+    """
+    if name == "none":
+        return timer, allreduce_timing_hook
+    from laggard.integrations.compression import make_hook  # type: ignore[import-not-found]
+
+    return make_hook(name, timer=timer)
+
+
+def calibrate(model: DistributedDataParallel, batches: ByteBatches) -> float:
+    """Median forward+backward seconds of this rank, measured without gradient sync."""
+    times = []
+    with model.no_sync():
+        for _ in range(CALIBRATION_STEPS):
+            x, y = batches.next()
+            start = time.perf_counter()
+            F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+            times.append(time.perf_counter() - start)
+    model.zero_grad(set_to_none=True)
+    return float(np.median(times))
+
+
+def global_mean(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts them)
+    model = ByteLM()
+    batches = ByteBatches(load_stdlib_text(), batch_size=8, seq_len=64,
+                          seed=args.seed * 1000 + rank)
+    # Small buckets (the model has ~0.3 M parameters): several all-reduces per step, so
+    # communication can overlap backward as in a large job with 25 MB buckets.
+    ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
+    timer = CommTimer()
+    state, hook = comm_hook(args.compression, timer)
+    ddp.register_comm_hook(state, hook)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    slowed = rank == args.slow_rank and args.slowdown > 1.0
+    own_seconds = calibrate(ddp, batches)
+    extra = (args.slowdown - 1.0) * own_seconds if slowed else 0.0
+    monitor = TrainingMonitor(
+        TrainingMonitor.Config(agent_address=args.intake_address, window_steps=args.window),
+        comm_timer=timer,
+    )
+    losses: dict[int, float] = {}
+    step_times: list[float] = []
+    for step in range(args.steps):
+        model.throttle_seconds = extra if step >= args.slow_from else 0.0
+        start = time.perf_counter()
+        with monitor.step():
+            with monitor.phase("data"):
+                x, y = batches.next()
+            with monitor.phase("forward"):
+                loss = F.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
+            with monitor.phase("backward"):
+                loss.backward()
+            with monitor.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        step_times.append(time.perf_counter() - start)
+        if step == 0 or step == args.steps - 1:
+            losses[step] = global_mean(loss.item())  # same call on every rank
+        if rank == 0 and (step % args.print_every == 0 or step == args.steps - 1):
+            recent = step_times[-args.print_every:]
+            print(f"step {step:5d}/{args.steps}  loss {loss.item():6.3f}  "
+                  f"step {1e3 * float(np.median(recent)):6.1f} ms", flush=True)
+    monitor.close()
+    return {
+        "rank": rank,
+        "world_size": world,
+        "steps": args.steps,
+        "calibrated_compute_seconds": own_seconds,
+        "injected_extra_seconds_per_step": extra,
+        "loss": {"first": losses.get(0), "last": losses.get(args.steps - 1)},
+        "stat_names": list(STAT_NAMES),
+        "windows": [{"step": w.step, "medians": _json_floats(w.medians.tolist())}
+                    for w in monitor.windows],
+        "findings": [f.to_dict() for f in monitor.findings],
+        "cleared": [f.to_dict() for f in monitor.cleared],
+        "monitor": {
+            "records_sent": monitor.stats.records_sent,
+            "send_dropped": monitor.stats.send_dropped,
+            "send_errors": monitor.stats.send_errors,
+            "windows": monitor.stats.windows,
+            "internal_errors": monitor.stats.internal_errors,
+        },
+    }
+
+
+def _json_floats(rows: list[list[float]]) -> list[list[float | None]]:
+    return [[v if math.isfinite(v) else None for v in row] for row in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        result = train(args)
+        if dist.get_rank() == 0 and args.result:
+            tmp = f"{args.result}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(result, f)
+            os.replace(tmp, args.result)
+        # Every rank past training before any tears down: gloo aborts a rank whose peer
+        # vanished mid-collective, and destroying the group before exit avoids gloo's
+        # "terminate called without an active exception" at interpreter shutdown.
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""TrainingMonitor and CommTimer: real UDP sockets, real torch futures, a real 2-rank gloo job."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from laggard.agent.records import StepRecord, WindowReport, decode_datagram  # noqa: E402
+from laggard.integrations.comm_timing import CommTimer  # noqa: E402
+from laggard.integrations.monitor import STAT_NAMES, TrainingMonitor  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def receiver():
+    """A UDP socket standing in for the agent's intake."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(5)
+    yield sock
+    sock.close()
+
+
+def _monitor(port: int, **kwargs) -> TrainingMonitor:
+    kwargs.setdefault("rank", 1)
+    kwargs.setdefault("world_size", 4)
+    kwargs.setdefault("local_rank", 1)
+    config = TrainingMonitor.Config(agent_address=f"127.0.0.1:{port}", detect=False,
+                                    node="node07")
+    return TrainingMonitor(config, **kwargs)
+
+
+def test_one_step_record_per_step_with_the_phases(receiver):
+    monitor = _monitor(receiver.getsockname()[1])
+    for _ in range(3):
+        with monitor.step():
+            with monitor.phase("data"):
+                pass
+            with monitor.phase("forward"):
+                torch.ones(64, 64) @ torch.ones(64, 64)
+            with monitor.phase("backward"):
+                pass
+            with monitor.phase("backward"):  # a phase entered twice in a step adds up
+                pass
+    records = [StepRecord.decode(receiver.recv(65536)) for _ in range(3)]
+    assert [r.step for r in records] == [0, 1, 2]
+    for r in records:
+        assert (r.rank, r.world_size, r.local_rank, r.node) == (1, 4, 1, "node07")
+        assert set(r.phases) == {"data", "forward", "backward"}
+        assert r.step_seconds >= sum(r.phases.values())
+        assert r.collective_wait_seconds == 0.0
+    assert monitor.stats.records_sent == 3
+    assert monitor.stats.send_errors == monitor.stats.internal_errors == 0
+    monitor.close()
+
+
+def test_a_collective_wait_phase_is_reported_as_collective_wait(receiver):
+    monitor = _monitor(receiver.getsockname()[1])
+    with monitor.step():
+        with monitor.phase("forward"):
+            pass
+        with monitor.phase("collective_wait"):
+            time.sleep(0.01)
+    record = StepRecord.decode(receiver.recv(65536))
+    assert "collective_wait" not in record.phases
+    assert record.collective_wait_seconds >= 0.01
+    monitor.close()
+
+
+def test_exposed_collective_time_moves_from_backward_to_collective_wait(receiver):
+    timer = CommTimer()
+    monitor = _monitor(receiver.getsockname()[1], comm_timer=timer)
+    with monitor.step():
+        with monitor.phase("forward"):
+            pass
+        with monitor.phase("backward"):
+            # a bucket ready at the end of backward whose collective completes 50 ms later:
+            # all of that is exposed wait, none of it this rank's backward work
+            fut = torch.futures.Future()
+            timer.track(fut, nbytes=4096, raw_bytes=8192)
+            time.sleep(0.05)
+            fut.set_result([torch.zeros(1)])
+    record = StepRecord.decode(receiver.recv(65536))
+    assert record.collective_wait_seconds >= 0.05
+    assert record.phases["backward"] < record.collective_wait_seconds
+    assert [(c.op, c.bytes) for c in record.collectives] == [("allreduce", 4096)]
+    assert record.comm["bytes"] == 4096 and record.comm["raw_bytes"] == 8192
+    assert record.comm["exposed_seconds"] == pytest.approx(record.collective_wait_seconds)
+    monitor.close()
+
+
+def test_comm_timer_overlapping_buckets_are_not_double_counted():
+    timer = CommTimer()
+    first, second = torch.futures.Future(), torch.futures.Future()
+    timer.track(first, 100)
+    timer.track(second, 200)  # launched while the first is in flight
+    time.sleep(0.02)
+    first.set_result(1)
+    second.set_result(2)
+    step = timer.take_step()
+    assert len(step.collectives) == 2 and step.bytes == 300
+    longest = max(c.seconds for c in step.collectives)
+    # the union of [launch, completion]: the longest interval plus the few microseconds
+    # between the two launches and the two completions, not the sum (about twice as much)
+    assert longest <= step.total_seconds < longest + 0.005
+    assert sum(c.seconds for c in step.collectives) > 1.5 * step.total_seconds
+    assert step.hidden_seconds == pytest.approx(step.total_seconds - step.exposed_seconds)
+    assert timer.take_step().collectives == []  # taken once
+
+
+def test_comm_timer_keeps_collectives_in_flight_for_the_next_step():
+    timer = CommTimer()
+    fut = torch.futures.Future()
+    timer.track(fut, 100)
+    assert timer.take_step().collectives == []
+    fut.set_result(0)
+    assert [c.bytes for c in timer.take_step().collectives] == [100]
+
+
+def test_monitor_never_raises_when_the_agent_is_down():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nobody listens there
+    monitor = _monitor(port)
+    for _ in range(20):
+        with monitor.step():
+            with monitor.phase("forward"):
+                pass
+    # the kernel answers the first datagram with ICMP port unreachable; later sends report
+    # ECONNREFUSED, which the monitor counts
+    assert monitor.step_index == 20
+    assert monitor.stats.send_errors > 0
+    assert monitor.stats.records_sent + monitor.stats.send_errors == 20
+    monitor.close()
+
+
+class _FailingSocket:
+    def __init__(self, exc: OSError) -> None:
+        self.exc = exc
+
+    def send(self, payload: bytes) -> int:
+        raise self.exc
+
+    def close(self) -> None:
+        pass
+
+
+def test_full_socket_buffer_and_socket_errors_are_counted(receiver):
+    monitor = _monitor(receiver.getsockname()[1])
+    monitor._sock = _FailingSocket(BlockingIOError(11, "EAGAIN"))
+    with monitor.step():
+        pass
+    monitor._sock = _FailingSocket(OSError(101, "Network is unreachable"))
+    with monitor.step():
+        pass
+    assert (monitor.stats.send_dropped, monitor.stats.send_errors) == (1, 1)
+    monitor.close()
+
+
+class _BrokenTimer:
+    def take_step(self):
+        raise RuntimeError("a bug in a hook")
+
+
+def test_monitor_failures_stay_inside_and_training_errors_pass_through(receiver, caplog):
+    monitor = _monitor(receiver.getsockname()[1], comm_timer=_BrokenTimer())
+    with caplog.at_level(logging.WARNING, logger="laggard.integrations.monitor"):
+        for _ in range(3):
+            with monitor.step():
+                pass
+    assert monitor.stats.internal_errors == 3
+    assert monitor.step_index == 3
+    assert sum("monitor error" in r.message for r in caplog.records) == 1  # logged once
+    with pytest.raises(ValueError, match="from the training code"):
+        with monitor.step():
+            raise ValueError("from the training code")
+    monitor.close()
+
+
+def test_invalid_configuration_is_rejected_before_training():
+    with pytest.raises(ValueError):
+        TrainingMonitor.Config(agent_address="no-port")
+    with pytest.raises(ValueError):
+        TrainingMonitor.Config(window_steps=1)
+
+
+def test_agent_address_empty_sends_nothing():
+    monitor = TrainingMonitor(TrainingMonitor.Config(agent_address="", detect=False))
+    with monitor.step():
+        pass
+    assert monitor.stats.records_sent == monitor.stats.send_errors == 0
+    assert (monitor.rank, monitor.world_size) == (0, 1)
+
+
+def _window(rng: np.random.Generator, slow_rank: int | None, ranks: int = 4) -> np.ndarray:
+    """Per-rank window medians (R, 7): 30 ms compute, 10 ms wait, a few % of noise."""
+    medians = np.zeros((ranks, len(STAT_NAMES)))
+    medians[:, 0] = 0.030 * (1 + 0.01 * rng.standard_normal(ranks))
+    medians[:, 1] = 0.001
+    medians[:, 2] = 0.010 * (1 + 0.01 * rng.standard_normal(ranks))
+    medians[:, 3] = np.nan
+    medians[:, 6] = 1e6
+    if slow_rank is not None:
+        medians[slow_rank, 0] *= 1.3
+        medians[slow_rank, 2] = 0.001  # the others wait for it; it waits least
+    medians[:, 4] = medians[:, 0].max() + medians[:, 1] + 0.002
+    medians[:, 5] = medians[:, 2] + 0.002
+    return medians
+
+
+def test_rank0_logs_a_straggler_once_when_raised_and_once_when_cleared(receiver, caplog):
+    monitor = _monitor(receiver.getsockname()[1], rank=0)
+    rng = np.random.default_rng(0)
+    plan = [None] * 6 + [2] * 8 + [None] * 8
+    with caplog.at_level(logging.WARNING, logger="laggard.integrations.monitor"):
+        for i, slow in enumerate(plan):
+            monitor.analyse_window(20 * i + 19, _window(rng, slow))
+    messages = [r.getMessage() for r in caplog.records]
+    raised = [m for m in messages if "straggler: rank 2" in m]
+    cleared = [m for m in messages if "cleared" in m]
+    assert len(raised) == 1 and len(cleared) == 1, messages
+    assert [f.rank for f in monitor.findings] == [2]
+    assert [f.rank for f in monitor.cleared] == [2]
+    assert 6 * 20 <= monitor.findings[0].step < 14 * 20
+    assert len(monitor.windows) == len(plan)
+
+    reports = [decode_datagram(receiver.recv(65536)) for _ in plan]
+    assert all(isinstance(r, WindowReport) for r in reports)
+    assert all(set(r.scores) == {0, 1, 2, 3} for r in reports)
+    flagged = [f for r in reports for f in r.findings if not f.get("cleared")]
+    ended = [f for r in reports for f in r.findings if f.get("cleared")]
+    assert [f["rank"] for f in flagged] == [2] and [f["rank"] for f in ended] == [2]
+    assert reports[-1].comm["bytes"] == 1e6
+    monitor.close()
+
+
+@pytest.mark.slow
+def test_comm_timing_hook_on_a_real_two_rank_gloo_job(tmp_path):
+    """Rank 1 sleeps 0.3 s before backward from step 2: rank 0's exposed wait holds it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(HERE / "comm_timing_worker.py"), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank in ranks:
+        assert rank["dropped"] == 0
+        for step in rank["steps"]:
+            assert step["grads_match"]  # the hook averages exactly like DDP's all-reduce
+            assert step["bytes"] == step["raw_bytes"] == rank["grad_bytes"]
+            assert sum(c[2] for c in step["collectives"]) == rank["grad_bytes"]
+            assert 0 <= step["exposed"] <= step["total"] + 1e-9
+            assert step["hidden"] == pytest.approx(step["total"] - step["exposed"])
+        # DDP rebuilds its buckets after the first step: 0.3 MB at bucket_cap_mb=0.1 is
+        # several buckets from then on
+        assert all(len(s["collectives"]) >= 2 for s in rank["steps"][1:])
+    waiting, late = ranks[0]["steps"], ranks[1]["steps"]
+    for step in (2, 3, 4):
+        assert waiting[step]["exposed"] >= 0.25
+        assert late[step]["exposed"] < waiting[step]["exposed"] - 0.2
