@@ -36,6 +36,7 @@ import atexit
 import contextlib
 import ctypes
 import fcntl
+import functools
 import ipaddress
 import json
 import os
@@ -65,6 +66,8 @@ LOCK_PATH = Path("/run/laggard-netns.lock")
 #: Seconds a process gets between SIGTERM and SIGKILL at teardown.
 TERMINATE_GRACE_SECONDS = 5.0
 _PR_SET_PDEATHSIG = 1
+_CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
+_CLONE_NEWUTS = 0x04000000
 
 
 class NamespaceError(RuntimeError):
@@ -165,12 +168,24 @@ def check_can_create() -> None:
     """Raise :class:`NamespaceError` with the reason when namespaces cannot be made here."""
     if os.name != "posix" or not Path("/proc/self/ns/net").exists():
         raise NamespaceError("network namespaces need Linux")
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 or not _has_capabilities(_CAP_NET_ADMIN, _CAP_SYS_ADMIN):
         raise NamespaceError("creating network namespaces needs root (CAP_NET_ADMIN and "
                              "CAP_SYS_ADMIN); run as root, e.g. with sudo")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             raise NamespaceError(f"`{tool}` not found: install iproute2")
+
+
+def _has_capabilities(*caps: int) -> bool:
+    """Whether this process holds every capability bit in ``caps`` (``CapEff`` of
+    /proc/self/status; bit numbers from linux/capability.h)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return True  # cannot tell: let the first command fail with its own message
+    m = re.search(r"^CapEff:\s*([0-9a-f]+)", status, re.MULTILINE)
+    effective = int(m.group(1), 16) if m else 0
+    return all(effective >> cap & 1 for cap in caps)
 
 
 def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 10.0) -> str:
@@ -284,12 +299,19 @@ def _tbf_args(rate_bps: float) -> list[str]:
     return ["tbf", "rate", f"{int(rate_bps)}bit", "burst", str(burst), "limit", str(limit)]
 
 
-def _set_pdeathsig() -> None:
-    # Runs in the child between fork and exec: the kernel sends SIGTERM to it when the creating
-    # thread dies, so even a SIGKILLed orchestrator leaves no training job behind. `ip netns
-    # exec` execs in place, so the setting reaches the command itself.
+def _enter_node(hostname: str) -> None:
+    """Runs in the child between fork and exec (``ip netns exec`` then execs in place).
+
+    The kernel sends SIGTERM to the child when the creating thread dies, so even a SIGKILLed
+    orchestrator leaves no training job behind. A UTS namespace of its own gives the node its
+    own host name, as separate hosts have: the agent's ``node`` label and the ranks' records
+    default to it.
+    """
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    name = hostname.encode()
+    if libc.unshare(_CLONE_NEWUTS) == 0:
+        libc.sethostname(name, len(name))
 
 
 class EmulatedCluster:
@@ -441,7 +463,8 @@ class EmulatedCluster:
         return str(list(self.subnet.hosts())[-1])
 
     def popen(self, node: Node, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        """Start ``argv`` inside ``node``'s namespace, in a session of its own.
+        """Start ``argv`` inside ``node``'s namespace, in a session of its own, with the node's
+        name as host name (its own UTS namespace).
 
         The process (and its session) is terminated by :meth:`close`. Keyword arguments go to
         :class:`subprocess.Popen` (``env``, ``stdout``, ...).
@@ -449,7 +472,7 @@ class EmulatedCluster:
         if self._closed:
             raise NamespaceError("cluster is closed")
         proc = subprocess.Popen(node.argv(argv), start_new_session=True,
-                                preexec_fn=_set_pdeathsig, **kwargs)
+                                preexec_fn=functools.partial(_enter_node, node.name), **kwargs)
         self._procs.append(proc)
         return proc
 

@@ -1,0 +1,617 @@
+"""``laggard cluster-demo``: a cluster on one machine, a fault on one node, and laggard naming it.
+
+N emulated nodes (network namespaces on one bridge, links shaped with ``tc``; see
+:mod:`laggard.integrations.netns`) each run a ``laggard agent`` and M training ranks; one job
+spans all of them with ``torch.distributed`` on gloo over TCP, launched on every node by PyTorch's
+own launcher (``torch.distributed.run --nnodes N --node_rank i``); a real Prometheus on this
+machine scrapes every agent and evaluates laggard's alert rules. One fault is injected:
+
+* ``slow-rank``: extra real compute in one rank's forward and backward passes (as a throttled GPU);
+* ``link``: that node's link shaped to a lower rate (a link that trained down, a bad cable);
+* ``loss``: random packet loss on that node's link (needs the kernel's netem qdisc).
+
+The run ends with the report: the finding (node, rank, cause: compute or link), the alert that
+fired in Prometheus, and each node's link measured by a bounded transfer from the monitoring
+host. Everything is removed at the end, on Ctrl-C and on failure; the run is bounded by
+``--timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.resources
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from laggard.integrations.netns import (
+    EmulatedCluster,
+    LinkShape,
+    NamespaceError,
+    Node,
+    check_can_create,
+)
+
+HELP = "emulate N nodes with network namespaces, run one job across them, inject a fault, name it"
+
+#: Ports inside every node's namespace (each node has its own network stack, so all share them).
+AGENT_PORT = 9477
+INTAKE_PORT = 9478
+MASTER_PORT = 29500
+#: Collectors that mean something on an emulated node (no GPUs, no InfiniBand there).
+NODE_COLLECTORS = ("host", "netdev")
+#: Alert rules' ``for:`` durations are cut to this for the demo: its whole run lasts minutes.
+DEMO_ALERT_FOR = "5s"
+#: Seconds of line rate each way of the per-node link check, and its byte bounds: long enough
+#: that start-up and scheduling noise stay small, bounded at 0.3 s of a 100 Mbit/s link.
+LINK_CHECK_SECONDS = 0.25
+LINK_CHECK_MIN_BYTES, LINK_CHECK_MAX_BYTES = 4 << 20, 32 << 20
+#: A link measured below this fraction of the median link is named.
+SLOW_LINK_RATIO = 0.5
+
+_RATE_UNITS = {"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
+               "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+def parse_rate(text: str) -> float:
+    """A link rate in tc's notation (``1gbit``, ``100mbit``, ``10G``) -> bits per second.
+
+    Raises:
+        argparse.ArgumentTypeError: not a rate.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*?)(?:/s|ps)?\s*", text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _RATE_UNITS:
+        raise argparse.ArgumentTypeError(f"not a rate: {text!r} (try 1gbit, 100mbit, 10gbit)")
+    bps = float(m.group(1)) * _RATE_UNITS[unit]
+    if bps <= 0:
+        raise argparse.ArgumentTypeError(f"rate must be positive: {text!r}")
+    return bps
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``laggard cluster-demo``."""
+    parser.add_argument("--nodes", type=int, default=3, help="emulated nodes (default 3)")
+    parser.add_argument("--ranks-per-node", type=int, default=1, metavar="M",
+                        help="training ranks per node (default 1)")
+    parser.add_argument("--rate", type=parse_rate, default=1e9,
+                        help="link rate of every node, tc notation (default 1gbit)")
+    parser.add_argument("--delay-ms", type=float, default=0.2,
+                        help="one-way delay added on every link, ms (default 0.2; needs the "
+                             "kernel's netem qdisc, reported as not applied without it)")
+    parser.add_argument("--fault", choices=["slow-rank", "link", "loss", "none"],
+                        default="slow-rank", help="what to inject (default slow-rank)")
+    parser.add_argument("--fault-node", type=int, default=1,
+                        help="node index to inject it on (default 1)")
+    parser.add_argument("--slowdown", type=float, default=1.5,
+                        help="slow-rank: the rank's compute is this many times its own "
+                             "(default 1.5)")
+    parser.add_argument("--fault-rate", type=parse_rate, default=100e6,
+                        help="link: the degraded link's rate (default 100mbit)")
+    parser.add_argument("--loss-percent", type=float, default=2.0,
+                        help="loss: packets dropped on the faulty link, %% (default 2)")
+    parser.add_argument("--steps", type=int, default=240, help="training steps (default 240)")
+    parser.add_argument("--window", type=int, default=10,
+                        help="steps per in-job detection window (default 10)")
+    parser.add_argument("--compression", default="none",
+                        help="gradient compression hook: none, fp16, sign, topk, powersgd")
+    parser.add_argument("--scrape-interval", type=float, default=1.0,
+                        help="Prometheus scrape and rule evaluation interval, s (default 1)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="bound on the whole run, s (default 600)")
+    parser.add_argument("--json", dest="json_path", default="",
+                        help="also write the report as JSON to this file")
+
+
+@dataclass(slots=True)
+class Report:
+    """What the demo found, printed at the end and written with ``--json``."""
+
+    fault: dict[str, Any]
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    link_check: list[dict[str, Any]] = field(default_factory=list)
+    verdict: dict[str, Any] = field(default_factory=dict)
+    ranks: dict[str, str] = field(default_factory=dict)
+    job: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+class DemoError(RuntimeError):
+    """The demo cannot go on (a process died, a deadline passed); the message says why."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http_json(url: str, timeout: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+class Prometheus:
+    """A real Prometheus server on 127.0.0.1 scraping the given targets with laggard's rules.
+
+    Args:
+        workdir: where its configuration and TSDB go.
+        targets: ``host:port`` of every agent (scrape job ``laggard``, as the rules expect).
+        interval_s: scrape and evaluation interval in seconds.
+        rules: rule file texts to load.
+    """
+
+    def __init__(self, workdir: Path, targets: list[str], interval_s: float,
+                 rules: dict[str, str]) -> None:
+        self.binary = shutil.which("prometheus")
+        if self.binary is None:
+            raise DemoError("prometheus not found: install it (Debian: apt-get install "
+                            "prometheus) or put it on PATH")
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        rule_paths = []
+        for name, text in rules.items():
+            path = workdir / name
+            path.write_text(text)
+            rule_paths.append(str(path))
+        interval = f"{int(interval_s * 1000)}ms"
+        config = {
+            "global": {"scrape_interval": interval, "evaluation_interval": interval,
+                       "scrape_timeout": interval},
+            "rule_files": rule_paths,
+            "scrape_configs": [{"job_name": "laggard",
+                                "static_configs": [{"targets": targets}]}],
+        }
+        self.config_path = workdir / "prometheus.yml"
+        self.config_path.write_text(json.dumps(config, indent=1))  # JSON is YAML
+        self.data = workdir / "tsdb"
+        self.log = open(workdir / "prometheus.log", "w")  # noqa: SIM115 - closed in stop()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start it and wait until ``/-/ready``. Raises DemoError when it does not come up."""
+        assert self.binary is not None
+        self.proc = subprocess.Popen(
+            [self.binary, f"--config.file={self.config_path}",
+             f"--storage.tsdb.path={self.data}", f"--web.listen-address=127.0.0.1:{self.port}",
+             "--storage.tsdb.retention.time=1h"],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise DemoError(f"prometheus exited {self.proc.returncode}; see {self.log.name}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1):
+                    return
+            time.sleep(0.2)
+        raise DemoError("prometheus not ready in time")
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """Instant query; the result vector (empty on any error)."""
+        try:
+            query = urllib.parse.urlencode({"query": promql})
+            doc = _http_json(f"{self.url}/api/v1/query?{query}")
+        except (OSError, ValueError):
+            return []
+        return doc.get("data", {}).get("result", [])
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Active alerts (pending and firing)."""
+        try:
+            return _http_json(f"{self.url}/api/v1/alerts")["data"]["alerts"]
+        except (OSError, ValueError, KeyError):
+            return []
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def demo_rules() -> dict[str, str]:
+    """laggard's Prometheus rule files, ``for:`` durations cut to :data:`DEMO_ALERT_FOR`."""
+    folder = importlib.resources.files("laggard.dashboards") / "rules"
+    rules = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith((".yml", ".yaml")):
+            text = re.sub(r"^(\s*for:\s*)\S+", rf"\g<1>{DEMO_ALERT_FOR}", entry.read_text(),
+                          flags=re.MULTILINE)
+            rules[entry.name] = text
+    return rules
+
+
+def _wait_http(url: str, deadline: float, what: str, procs: list[subprocess.Popen[Any]]) -> None:
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            pass
+        for proc in procs:
+            if proc.poll() is not None:
+                raise DemoError(f"{what} exited {proc.returncode} before answering")
+        if time.monotonic() > deadline:
+            raise DemoError(f"{what} did not answer at {url} in time")
+        time.sleep(0.1)
+
+
+def _pump(stream: Any, sink: Any, echo: bool) -> None:
+    for line in stream:
+        sink.write(line)
+        sink.flush()
+        if echo:
+            print(f"  {line}", end="", flush=True)
+
+
+def link_check_bytes(rate_bps: float) -> int:
+    """Bytes each way of the link check of links at ``rate_bps``."""
+    return int(min(LINK_CHECK_MAX_BYTES,
+                   max(LINK_CHECK_MIN_BYTES, rate_bps / 8 * LINK_CHECK_SECONDS)))
+
+
+def measure_links(cluster: EmulatedCluster, deadline: float) -> list[dict[str, Any]]:
+    """Each node's link measured with a bounded TCP transfer to and from this machine.
+
+    The monitoring host sits on the bridge behind no shaping, so each transfer crosses exactly
+    one node's link: node -> host measures its uplink, host -> node its downlink.
+
+    Returns:
+        One dict per node: ``node``, ``up_bps``, ``down_bps`` (goodput, bit/s).
+    """
+    results = []
+    nbytes = link_check_bytes(cluster.link.rate_bps or 10e9)
+    for node in cluster.nodes:
+        up = _transfer(cluster, node, nbytes, upload=True, deadline=deadline)
+        down = _transfer(cluster, node, nbytes, upload=False, deadline=deadline)
+        results.append({"node": node.name, "address": node.address, "up_bps": up,
+                        "down_bps": down})
+    return results
+
+
+_LINK_PEER = r"""
+import socket, sys, time
+mode, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+s = socket.create_connection((host, port), timeout=10)
+s.settimeout(10)
+if mode == "send":
+    block, left = b"\0" * 65536, n
+    while left > 0:
+        s.sendall(block[:left]); left -= min(left, 65536)
+    s.shutdown(socket.SHUT_WR); s.recv(1)
+else:
+    got = 0
+    while got < n:
+        chunk = s.recv(1 << 20)
+        if not chunk: break
+        got += len(chunk)
+s.close()
+"""
+
+
+def _transfer(cluster: EmulatedCluster, node: Node, nbytes: int, *, upload: bool,
+              deadline: float) -> float:
+    """Goodput in bit/s of ``nbytes`` between the host and ``node`` (0.0 on failure)."""
+    with socket.create_server((cluster.gateway, 0)) as server:
+        server.settimeout(max(1.0, min(15.0, deadline - time.monotonic())))
+        port = server.getsockname()[1]
+        peer = cluster.popen(node, [sys.executable, "-c", _LINK_PEER,
+                                    "send" if upload else "recv", cluster.gateway, str(port),
+                                    str(nbytes)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return 0.0
+        with conn:
+            conn.settimeout(15.0)
+            start = time.perf_counter()
+            try:
+                if upload:
+                    got = 0
+                    while got < nbytes:
+                        chunk = conn.recv(1 << 20)
+                        if not chunk:
+                            break
+                        got += len(chunk)
+                    seconds = time.perf_counter() - start
+                    conn.sendall(b"k")
+                else:
+                    conn.sendall(b"\0" * nbytes)
+                    conn.shutdown(socket.SHUT_WR)
+                    peer.wait(15)
+                    got, seconds = nbytes, time.perf_counter() - start
+            except OSError:
+                return 0.0
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            peer.wait(15)
+    return got * 8 / seconds if seconds > 0 else 0.0
+
+
+def slow_links(link_check: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Nodes whose uplink or downlink runs under SLOW_LINK_RATIO of the median node's."""
+    if len(link_check) < 2:
+        return []
+    named = []
+    for direction in ("up_bps", "down_bps"):
+        median = statistics.median(n[direction] for n in link_check)
+        for n in link_check:
+            if median > 0 and n[direction] < SLOW_LINK_RATIO * median and n not in named:
+                named.append(n)
+    return named
+
+
+def _worker_command(args: argparse.Namespace, cluster: EmulatedCluster, node: Node,
+                    result_path: Path, slow_rank: int) -> list[str]:
+    master = cluster.nodes[0]
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           "--nnodes", str(len(cluster.nodes)), "--node_rank", str(node.index),
+           "--nproc_per_node", str(args.ranks_per_node),
+           "--master_addr", master.address, "--master_port", str(MASTER_PORT),
+           "--max_restarts", "0",
+           "-m", "laggard.integrations.demo_worker",
+           "--steps", str(args.steps), "--window", str(args.window),
+           "--intake-address", f"127.0.0.1:{INTAKE_PORT}",
+           "--compression", args.compression,
+           "--print-every", str(max(1, args.steps // 8))]
+    if slow_rank >= 0:
+        cmd += ["--slow-rank", str(slow_rank), "--slowdown", str(args.slowdown)]
+    if node.index == 0:
+        cmd += ["--result", str(result_path)]
+    return cmd
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if not 2 <= args.nodes <= 16:
+        raise DemoError("--nodes must be 2 to 16")
+    if not 1 <= args.ranks_per_node <= 8:
+        raise DemoError("--ranks-per-node must be 1 to 8")
+    if args.nodes * args.ranks_per_node < 3:
+        raise DemoError("the straggler detector compares at least 3 ranks: raise --nodes or "
+                        "--ranks-per-node")
+    if args.fault != "none" and not 0 <= args.fault_node < args.nodes:
+        raise DemoError(f"--fault-node must be 0 to {args.nodes - 1}")
+    if args.slowdown < 1.0 or args.steps < 2 * args.window or args.window < 2:
+        raise DemoError("need --slowdown >= 1, --window >= 2 and --steps >= 2 windows")
+    if not 0 < args.loss_percent < 100 or args.timeout <= 0:
+        raise DemoError("need 0 < --loss-percent < 100 and --timeout > 0")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; returns 0 when laggard named the injected fault, 1 when not, 2 on error."""
+    try:
+        _validate(args)
+        check_can_create()
+    except (DemoError, NamespaceError) as exc:
+        print(f"laggard cluster-demo: {exc}", file=sys.stderr)
+        return 2
+    deadline = time.monotonic() + args.timeout
+    try:
+        with tempfile.TemporaryDirectory(prefix="laggard-cluster-") as tmp:
+            link = LinkShape(rate_bps=args.rate, delay_s=args.delay_ms / 1e3)
+            with EmulatedCluster(args.nodes, link) as cluster:
+                report = _run_demo(args, cluster, Path(tmp), deadline)
+    except KeyboardInterrupt:
+        print("\nlaggard cluster-demo: interrupted; every namespace, link and process it "
+              "created is removed", file=sys.stderr)
+        return 130
+    except (DemoError, NamespaceError) as exc:
+        print(f"laggard cluster-demo: {exc}; every namespace, link and process it created is "
+              "removed", file=sys.stderr)
+        return 2
+    print_report(report)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(report.to_dict(), indent=1, default=str))
+    return 0 if report.verdict.get("named_correctly", args.fault == "none") else 1
+
+
+def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
+              deadline: float) -> Report:
+    nodes = cluster.nodes
+    fault_node = nodes[args.fault_node] if args.fault != "none" else None
+    slow_rank = (args.fault_node * args.ranks_per_node
+                 if args.fault == "slow-rank" else -1)
+    report = Report(fault={"kind": args.fault,
+                           "node": fault_node.name if fault_node else None,
+                           "rank": slow_rank if slow_rank >= 0 else None})
+    print(f"laggard cluster-demo: {len(nodes)} nodes x {args.ranks_per_node} ranks, links "
+          f"{cluster.link.describe()}, bridge {cluster.bridge} on {cluster.subnet}")
+    for node in nodes:
+        report.nodes.append({"node": node.name, "netns": node.netns, "address": node.address,
+                             "shape": cluster.shapes[node.name].qdisc})
+    for missing in {m for s in cluster.shapes.values() for m in s.not_applied}:
+        report.notes.append(f"not applied on the links: {missing}")
+        print(f"  note: not applied on the links: {missing}")
+
+    from laggard.agent import registry
+
+    off = [f"--no-collector.{name}" for name in registry.COLLECTORS if name not in NODE_COLLECTORS]
+    agents = []
+    for node in nodes:
+        log = open(workdir / f"agent-{node.name}.log", "w")  # noqa: SIM115 - process lifetime
+        agents.append(cluster.popen(node, [
+            sys.executable, "-m", "laggard.agent.cli", "agent",
+            "--web.listen-address", f"{node.address}:{AGENT_PORT}",
+            "--intake-address", f"127.0.0.1:{INTAKE_PORT}",
+            "--node", node.name, "--collect-interval", "0.5", *off],
+            stdout=log, stderr=subprocess.STDOUT))
+    for node, agent in zip(nodes, agents, strict=True):
+        _wait_http(f"http://{node.address}:{AGENT_PORT}/metrics", min(deadline,
+                   time.monotonic() + 30), f"agent on {node.name}", [agent])
+    print("  agents: " + ", ".join(f"http://{n.address}:{AGENT_PORT}/metrics" for n in nodes))
+
+    prometheus = Prometheus(workdir, [f"{n.address}:{AGENT_PORT}" for n in nodes],
+                            args.scrape_interval, demo_rules())
+    try:
+        prometheus.start()
+        print(f"  prometheus: {prometheus.url} (alert 'for:' cut to {DEMO_ALERT_FOR} for the "
+              "demo)")
+        if fault_node is not None and args.fault in ("link", "loss"):
+            degraded = LinkShape(
+                rate_bps=args.fault_rate if args.fault == "link" else args.rate,
+                delay_s=args.delay_ms / 1e3,
+                loss_ratio=args.loss_percent / 100 if args.fault == "loss" else 0.0)
+            cluster.shape(fault_node, degraded)
+            print(f"  fault: {fault_node.name}'s link degraded to {degraded.describe()}")
+        elif slow_rank >= 0:
+            print(f"  fault: rank {slow_rank} on {nodes[args.fault_node].name} computes "
+                  f"{args.slowdown:g}x its own time per step")
+        _train(args, cluster, workdir, slow_rank, deadline, report)
+        _collect_alerts(prometheus, report, deadline, args)
+    finally:
+        prometheus.stop()
+    report.link_check = measure_links(cluster, deadline)
+    _judge(report, args)
+    return report
+
+
+def _train(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path, slow_rank: int,
+           deadline: float, report: Report) -> None:
+    result_path = workdir / "result.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
+           "PYTHONUNBUFFERED": "1", "LOGLEVEL": "WARNING",
+           # c10d warns that it cannot reverse-resolve 198.18.0.0/15 peers: harmless here.
+           "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    jobs, pumps = [], []
+    started = time.monotonic()
+    print(f"  training {args.steps} steps on {len(cluster.nodes) * args.ranks_per_node} ranks "
+          f"(compression {args.compression}); rank 0 prints:")
+    for node in cluster.nodes:
+        proc = cluster.popen(node, _worker_command(args, cluster, node, result_path, slow_rank),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        log = open(workdir / f"job-{node.name}.log", "w")  # noqa: SIM115 - closed below
+        pump = threading.Thread(target=_pump, args=(proc.stdout, log, node.index == 0),
+                                daemon=True)
+        pump.start()
+        jobs.append((node, proc, log))
+        pumps.append(pump)
+    try:
+        for node, proc, _ in jobs:
+            remaining = deadline - time.monotonic()
+            try:
+                code = proc.wait(max(0.1, remaining))
+            except subprocess.TimeoutExpired:
+                raise DemoError(f"the job ran past --timeout ({args.timeout:g} s)") from None
+            if code != 0:
+                tail = (workdir / f"job-{node.name}.log").read_text()[-2000:]
+                raise DemoError(f"the job on {node.name} exited {code}:\n{tail}")
+    finally:
+        for pump in pumps:
+            pump.join(2)
+        for _, _, log in jobs:
+            log.close()
+    result = json.loads(result_path.read_text())
+    report.job = {"seconds": round(time.monotonic() - started, 1), "steps": result["steps"],
+                  "world_size": result["world_size"], "loss": result["loss"]}
+    report.findings = [f for f in result["findings"] if f.get("detector") == "straggler"]
+
+
+def _collect_alerts(prometheus: Prometheus, report: Report, deadline: float,
+                    args: argparse.Namespace) -> None:
+    """Wait (bounded) for a laggard straggler alert to fire; keep every active alert seen."""
+    wait_until = min(deadline, time.monotonic() + 20 + 4 * args.scrape_interval)
+    while True:
+        alerts = [a for a in prometheus.alerts() if a["labels"].get("alertname", "")
+                  .startswith("LaggardStraggler")]
+        if any(a["state"] == "firing" for a in alerts) or time.monotonic() > wait_until:
+            break
+        time.sleep(0.5)
+    report.alerts = [{"alertname": a["labels"]["alertname"], "state": a["state"],
+                      "labels": a["labels"], "summary": a.get("annotations", {}).get("summary")}
+                     for a in prometheus.alerts()]
+    report.ranks = {r["metric"]["rank"]: r["metric"].get("node", "")
+                    for r in prometheus.query("laggard_rank_info")}
+
+
+def _judge(report: Report, args: argparse.Namespace) -> None:
+    """Name the node, rank and cause from what laggard reported; compare with the fault."""
+    raised = [f for f in report.findings
+              if f.get("kind") in ("compute", "data", "communication")
+              and not (f.get("evidence") or {}).get("cleared")]
+    verdict: dict[str, Any] = {"node": None, "rank": None, "cause": None, "source": None}
+    if raised:
+        first = raised[0]
+        # The node of a rank is the node whose agent receives its records (Prometheus'
+        # laggard_rank_info); the finding's own node label is the fallback.
+        node = report.ranks.get(str(first.get("rank"))) or first.get("node")
+        if first.get("node") and node != first.get("node"):
+            report.notes.append(f"the finding says {first['node']} for rank {first['rank']}; "
+                                f"its records arrive at {node}'s agent")
+        verdict.update(node=node, rank=first.get("rank"),
+                       cause="compute" if first["kind"] in ("compute", "data") else "link",
+                       source=f"in-job straggler detector: {first.get('message')}")
+    else:
+        slow = slow_links(report.link_check)
+        if len(slow) == 1:
+            node = slow[0]["node"]
+            ranks = sorted(int(r) for r, n in report.ranks.items() if n == node)
+            verdict.update(node=node, rank=ranks[0] if len(ranks) == 1 else ranks, cause="link",
+                           source="link check: uplink {:.0f} Mbit/s, downlink {:.0f} Mbit/s"
+                           .format(slow[0]["up_bps"] / 1e6, slow[0]["down_bps"] / 1e6))
+    firing = [a for a in report.alerts if a["state"] == "firing"
+              and a["alertname"].startswith("LaggardStraggler")]
+    verdict["alerts_firing"] = sorted({a["alertname"] for a in firing})
+    verdict["alert_ranks"] = sorted({int(a["labels"]["rank"]) for a in firing
+                                     if a["labels"].get("rank", "").isdigit()})
+    expected = {"slow-rank": "compute", "link": "link", "loss": "link"}.get(args.fault)
+    if expected is None:
+        verdict["named_correctly"] = verdict["node"] is None
+    else:
+        verdict["named_correctly"] = (verdict["node"] == report.fault["node"]
+                                      and verdict["cause"] == expected
+                                      and (expected != "compute"
+                                           or verdict["rank"] == report.fault["rank"]))
+    report.verdict = verdict
+
+
+def print_report(report: Report) -> None:
+    """The end-of-run report, for people."""
+    v, fault = report.verdict, report.fault
+    print("\n=== laggard cluster-demo report ===")
+    what = fault["kind"] if fault["node"] is None else f"{fault['kind']} on {fault['node']}"
+    if fault.get("rank") is not None:
+        what += f" (rank {fault['rank']})"
+    print(f"injected:  {what}")
+    if report.job:
+        loss = report.job["loss"]
+        print(f"job:       {report.job['world_size']} ranks, {report.job['steps']} steps in "
+              f"{report.job['seconds']} s, loss {loss['first']:.3f} -> {loss['last']:.3f}")
+    if v.get("node"):
+        print(f"found:     node {v['node']}, rank {v['rank']}, cause {v['cause']}")
+        print(f"           {v['source']}")
+    else:
+        print("found:     no rank and no link stands out")
+    for a in report.alerts:
+        print(f"alert:     {a['alertname']} {a['state']}: {a['summary']}")
+    if not report.alerts:
+        print("alert:     none active in Prometheus")
+    for n in report.link_check:
+        print(f"link:      {n['node']} ({n['address']}): up {n['up_bps'] / 1e6:.0f} Mbit/s, "
+              f"down {n['down_bps'] / 1e6:.0f} Mbit/s")
+    for note in report.notes:
+        print(f"note:      {note}")
+    verdict = "named correctly" if v.get("named_correctly") else "NOT named correctly"
+    print(f"verdict:   {verdict}")
