@@ -144,8 +144,13 @@ _CTIME = re.compile(
     r"^\[(?:[A-Z][a-z]{2} )?([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]\s?"
 )
 _ISO = re.compile(
-    r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?\s+"
+    r"^\[?(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?\]?\s+"
 )
+# journalctl -o short-unix
+_EPOCH = re.compile(r"^(\d{9,11}\.\d+)\s+")
+# Any other bracketed stamp (dmesg --time-format reltime "[Feb23 16:24]", delta "[  +0.000010]",
+# a bracketed ISO stamp of fabric-manager logs is matched by _ISO first).
+_OTHER_BRACKET = re.compile(r"^\[[^\]]{1,40}\]\s?")
 _BSD = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?\s+")
 # "host tag[pid]: " after a syslog/journal time stamp; the host cannot end in ":" so that a
 # kernel message ("NVRM: Xid ...") is never mistaken for one.
@@ -275,29 +280,28 @@ class KernelLogParser:
         text = _PRIORITY.sub("", text, count=1)
         timestamp: float | None = None
         uptime: float | None = None
-        syslog = False
         if m := _UPTIME.match(text):
             uptime = float(m.group(1))
-            text = text[m.end():]
         elif m := _CTIME.match(text):
             month = _MONTHS.get(m.group(1), 0)
             if month:
                 timestamp = _local_epoch(int(m.group(6)), month, int(m.group(2)),
                                          int(m.group(3)), int(m.group(4)), int(m.group(5)))
-            text = text[m.end():]
         elif m := _ISO.match(text):
             timestamp = _iso_epoch(m)
-            text = text[m.end():]
-            syslog = True
         elif m := _BSD.match(text):
             timestamp = self._bsd_epoch(m)
+        elif m := _EPOCH.match(text):
+            timestamp = float(m.group(1))
+        else:
+            m = _OTHER_BRACKET.match(text)  # dmesg reltime/delta: no usable time
+        if m:
             text = text[m.end():]
-            syslog = True
-        if syslog and (tag := _HOST_TAG.match(text)):
+        if tag := _HOST_TAG.match(text):  # "host kernel: " of syslog and journald
             text = text[tag.end():]
-        if syslog and (m := _UPTIME.match(text)):  # "host kernel: [ 219.47] msg"
-            uptime = float(m.group(1))
-            text = text[m.end():]
+            if m := _UPTIME.match(text):  # "host kernel: [ 219.47] msg"
+                uptime = float(m.group(1))
+                text = text[m.end():]
         if text.startswith("kernel: "):
             text = text[len("kernel: "):]
         if timestamp is None and uptime is not None:

@@ -173,3 +173,45 @@ def test_unfinished_fallen_off_bus_message_is_not_an_event() -> None:
              "[ 1.1] NVRM: loading NVIDIA UNIX Open Kernel Module",
              "[ 1.2] NVRM: Xid (PCI:0000:b3:00): 31, pid=1, name=a, MMU fault"]
     assert [(e.xid, e.uptime_seconds) for e in parse_kernel_log(lines)] == [(31, 1.2)]
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    # journalctl -o short-unix
+    ("1737434504.283302 node01 kernel: NVRM: Xid (PCI:0000:38:00): 43, pid=5, name=p, Ch 08",
+     dict(xid=43, timestamp=1737434504.283302, uptime_seconds=None)),
+    # journalctl -o short-monotonic
+    ("[ 6781741.548779] node01 kernel: NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', "
+     "name=<unknown>, GPU has fallen off the bus.",
+     dict(xid=79, uptime_seconds=6781741.548779, timestamp=None)),
+    # dmesg --time-format reltime and delta: the message is still read
+    ("[Feb23 16:24] NVRM: Xid (PCI:0000:9b:00): 119, pid=1, name=a, Timeout",
+     dict(xid=119, timestamp=None, uptime_seconds=None)),
+    ("[  +0.000010] NVRM: Xid (PCI:0000:9b:00): 120, pid=1, name=a, GSP error",
+     dict(xid=120, timestamp=None)),
+])
+def test_journal_and_dmesg_time_formats(line: str, expected: dict[str, object]) -> None:
+    (event,) = KernelLogParser(now=NOW).feed(line)
+    for field, value in expected.items():
+        assert getattr(event, field) == value, field
+
+
+def test_fabric_manager_bracketed_iso_nonfatal_sxid() -> None:
+    (event,) = KernelLogParser().feed(
+        "[2026-07-15T04:18:55.513286+00:00] nvidia-nvswitch0: SXid (PCI:0000:59:00.0): 12028, "
+        "Non-fatal, Link 32 egress non-posted PRIV error (First)")
+    assert isinstance(event, SXidEvent)
+    assert (event.sxid, event.pci_bus_id, event.link, event.severity) == (
+        12028, "0000:59:00.0", 32, "nonfatal")
+    assert event.timestamp == pytest.approx(
+        datetime(2026, 7, 15, 4, 18, 55, 513286, tzinfo=timezone.utc).timestamp())
+
+
+def test_fallen_off_bus_with_a_prefix_on_every_line() -> None:
+    # journald short-monotonic and rsyslog repeat the prefix on each line of one printk
+    lines = ["[ 1843.308145] node01 kernel: NVRM: The NVIDIA GPU 0000:b3:00.0",
+             "[ 1843.308145] node01 kernel: NVRM: (PCI ID: 10de:26b5) installed in this system has",
+             "[ 1843.308145] node01 kernel: NVRM: fallen off the bus and is not responding to "
+             "commands."]
+    events = list(parse_kernel_log(lines))
+    assert [(e.xid, e.pci_bus_id) for e in events] == [(79, "0000:b3:00")]
+
