@@ -280,11 +280,15 @@ def _table(findings: list[Finding]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run ``laggard analyze``; returns 0 (nothing found), 1 (findings) or 2 (bad input)."""
     findings, inputs = analyze_paths(list(args.paths), getattr(args, "kind", None))
-    if args.json:
-        json.dump([f.to_dict() for f in findings], sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
-    else:
-        print(_table(findings))
+    try:
+        if args.json:
+            json.dump([f.to_dict() for f in findings], sys.stdout, indent=2, default=str)
+            sys.stdout.write("\n")
+        else:
+            print(_table(findings))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `laggard analyze ... | head`: the reader left, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     for note in inputs.notes:
         print(f"laggard analyze: note: {note}", file=sys.stderr)
     for error in inputs.errors:

@@ -253,7 +253,7 @@ NcclLogEvent = (WatchdogTimeout | ProgressStatus | CollectiveMismatch | DesyncRe
                 | InitComplete | InitTimings | NcclWarning)
 
 _INT = r"-?\d+"
-_LAUNCHER_RANK = re.compile(r"\[rank(\d+)\]:")
+_LAUNCHER_RANK = re.compile(r"\[rank(\d+)\]:?")
 _GLOG = re.compile(r"\[[EWIF](\d{3,4} \d\d:\d\d:\d\d\.\d+)")
 # logPrefix(): "[Rank 3] ", "[PG 1 Rank 0] ", "[PG 0 (default_pg) Rank 1] ",
 # "[PG ID 0 PG GUID 0(default_pg) Rank 1] ", "[PG ID 2 PG GUID 3 Rank 3] "

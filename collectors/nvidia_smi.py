@@ -59,6 +59,7 @@ _REASON_SECTIONS = ("clocks event reasons", "clocks throttle reasons")
 
 _GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
 _FIELD = re.compile(r"^(\s*)([^:]*?\S)\s+:\s?(.*?)\s*$")
+_CSV_HEADER = re.compile(r"^[a-z][a-z0-9_.]*(?: \[[^\]]*\])?$")  # "power.draw [W]"
 _NUMBER = re.compile(r"^(-?\d+(?:\.\d+)?)")
 
 
@@ -187,8 +188,7 @@ def parse_nvidia_smi_csv(lines: Iterable[str]) -> list[SmiGpu]:
     """
     reader = csv.reader(line for line in lines if line.strip())
     header = next(reader, None)
-    if not header or not any("." in h or h.strip() in ("index", "name", "uuid")
-                             for h in header):
+    if not header or not all(_CSV_HEADER.match(h.strip()) for h in header):
         raise ValueError("nvidia-smi CSV without a header row cannot be mapped to fields")
     names = [_csv_name(h) for h in header]
     gpus = []

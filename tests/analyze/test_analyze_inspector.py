@@ -1,0 +1,157 @@
+"""NCCL Inspector JSONL: every documented record shape (answers from corpus/EXPECTED.md), and the
+``nccl_inspector`` collector tailing a real directory that a writer appends to."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from laggard.collectors.base import NoDataError
+from laggard.collectors.nccl_inspector import (
+    InspectorStream,
+    NcclInspectorCollector,
+    parse_inspector_lines,
+)
+from prometheus_client import CollectorRegistry, generate_latest
+from support import FIXTURES
+
+DIR = FIXTURES / "analyze" / "inspector"
+
+
+def records_of(name: str):
+    with open(DIR / name, encoding="utf-8") as f:
+        return parse_inspector_lines(f)
+
+
+def test_v40_basic_record():
+    (r,), stream = records_of("inspector01_doc_v4.0_allreduce_coll_perf.jsonl")
+    assert (r.comm_id, r.rank, r.n_ranks, r.nnodes) == ("0x7f8c496ae9f661", 2, 8, 1)
+    assert (r.op, r.sn, r.msg_size_bytes, r.exec_time_us) == ("AllReduce", 1407, 17179869184,
+                                                              61974.0)
+    assert r.algbw_gbs == 277.210914 and r.busbw_gbs == 485.119099
+    assert r.busbw_gbs == pytest.approx(r.algbw_gbs * 2 * 7 / 8, rel=1e-6)
+    assert r.algbw_gbs == pytest.approx(r.msg_size_bytes / r.exec_time_us / 1e3, rel=1e-6)
+    assert r.timing_source is None and stream.malformed == 0
+
+
+def test_v40_verbose_reduce_scatter():
+    (r,), _ = records_of("inspector02_doc_v4.0_verbose_reducescatter_event_trace.jsonl")
+    assert (r.op, r.sn, r.msg_size_bytes, r.exec_time_us, r.rank) == (
+        "ReduceScatter", 1231, 2147483648, 41057.0, 4)
+    # for ReduceScatter the size is per rank: algbw = size x n_ranks / time
+    assert r.algbw_gbs == pytest.approx(r.msg_size_bytes * 8 / r.exec_time_us / 1e3, rel=1e-6)
+    assert r.busbw_gbs == pytest.approx(r.algbw_gbs * 7 / 8, rel=1e-6)
+    assert r.timing_source == "kernel_gpu"
+
+
+def test_v42_comm_name_algo_proto():
+    (r,), _ = records_of("inspector03_doc_v4.2_comm_name_algo_proto.jsonl")
+    assert (r.comm_name, r.algo, r.proto, r.version) == ("DP Group 0", "RING", "LL", "v4.2")
+
+
+def test_v43_marker_gives_context_and_its_count_mismatch_is_flagged():
+    records, stream = records_of("inspector04_doc_v4.3_dump_stats_marker_then_records.jsonl")
+    assert [(r.op, r.sn, r.rank, r.n_ranks, r.pid) for r in records] == [
+        ("AllReduce", 1407, 2, 8, 1639453), ("ReduceScatter", 1231, 2, 8, 1639453)]
+    assert stream.markers == 1 and stream.last_stats.stats["coll_records"] == 1024
+    assert stream.last_stats.stats["proxy_pxn_skipped_process_total"] == 5
+    assert stream.count_mismatches == 1  # 1024 announced, 2 followed
+    assert stream.dropped == 512
+
+
+def test_v43_proxy_records_are_counted_not_taken_for_collectives():
+    records, stream = records_of("inspector05_doc_v4.3_proxy_step_and_op_inner_objects.jsonl")
+    assert records == [] and stream.proxy == 2 and stream.malformed == 0
+    wrapped = json.dumps({"proxy_trace": {"record_type": "proxy_op", "parent_sn": 1407}})
+    s = InspectorStream()
+    assert s.feed(wrapped) is None and s.proxy == 1
+
+
+def test_real_payload_with_float_exec_time_reads_rank_from_header():
+    (r,), _ = records_of("inspector06_real_payload_v4.0_allreduce_3nodes_float_exec_time.jsonl")
+    assert (r.rank, r.n_ranks, r.nnodes, r.hostname) == (1, 3, 3, "node01")
+    assert (r.op, r.sn, r.msg_size_bytes, r.exec_time_us) == ("AllReduce", 8995, 2360832, 5663.0)
+    assert r.busbw_gbs == pytest.approx(r.algbw_gbs * 2 * 2 / 3, rel=1e-5)
+
+
+def test_orphan_v43_body_and_garbage_lines():
+    s = InspectorStream()
+    assert s.feed('{"coll_perf": {"coll": "AllReduce", "coll_sn": 1, "coll_msg_size_bytes": 8,'
+                  ' "coll_exec_time_us": 3}}').rank is None
+    assert s.orphans == 1
+    for junk in ("not json", "[1, 2]", '{"other": 1}', '{"coll_perf": {"coll": 5}}', "\x00\x01"):
+        assert s.feed(junk) is None
+    assert s.malformed == 5
+
+
+def scrape(collector) -> str:
+    registry = CollectorRegistry()
+
+    class Adapter:
+        def collect(self):
+            return list(collector.collect())
+
+    registry.register(Adapter())
+    return generate_latest(registry).decode()
+
+
+def value(text: str, sample: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{sample} not in exposition")
+
+
+def test_collector_tails_appends_partial_lines_and_rewrites(tmp_path):
+    out = tmp_path / "node01-pid48.log"
+    shutil.copy(DIR / "inspector04_doc_v4.3_dump_stats_marker_then_records.jsonl", out)
+    collector = NcclInspectorCollector(str(tmp_path))
+    text = scrape(collector)
+    assert value(text, 'laggard_nccl_collective_seconds_count{op="AllReduce"}') == 1
+    assert value(text, 'laggard_nccl_collective_seconds_sum{op="AllReduce"}') == \
+        pytest.approx(0.061974)
+    assert value(text, 'laggard_nccl_collective_seconds_bucket{le="0.1",op="AllReduce"}') == 1
+    assert value(text, 'laggard_nccl_collective_seconds_bucket{le="0.05",op="AllReduce"}') == 0
+    assert value(text, 'laggard_nccl_bus_bandwidth_bytes_per_second{op="ReduceScatter"}') == \
+        pytest.approx(366.134533e9)
+    assert value(text, 'laggard_nccl_collective_bytes_total{op="AllReduce"}') == 17179869184
+    assert value(text, "laggard_nccl_inspector_dropped_records_total") == 512
+
+    line = (DIR / "inspector06_real_payload_v4.0_allreduce_3nodes_float_exec_time.jsonl") \
+        .read_text().strip()
+    with open(out, "a") as f:
+        f.write(line + "\n" + line[:40])  # one whole record and the start of the next
+    text = scrape(collector)
+    assert value(text, 'laggard_nccl_collective_seconds_count{op="AllReduce"}') == 2
+    with open(out, "a") as f:
+        f.write(line[40:] + "\nnot json\n")
+    text = scrape(collector)
+    assert value(text, 'laggard_nccl_collective_seconds_count{op="AllReduce"}') == 3
+    assert value(text, "laggard_nccl_inspector_malformed_lines_total") == 1
+    assert value(text, 'laggard_nccl_bus_bandwidth_bytes_per_second{op="AllReduce"}') == \
+        pytest.approx(0.55585e9)
+
+    out.write_text(line + "\n")  # the file was rewritten (a new job with the same pid)
+    text = scrape(collector)
+    assert value(text, 'laggard_nccl_collective_seconds_count{op="AllReduce"}') == 4
+
+
+def test_collector_output_passes_promtool(tmp_path):
+    shutil.copy(DIR / "inspector02_doc_v4.0_verbose_reducescatter_event_trace.jsonl",
+                tmp_path / "a.jsonl")
+    text = scrape(NcclInspectorCollector(str(tmp_path)))
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (make test installs it)")
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_collector_without_directory_reports_no_data(tmp_path):
+    with pytest.raises(NoDataError):
+        list(NcclInspectorCollector(str(tmp_path / "absent")).collect())
+    with pytest.raises(NoDataError):
+        list(NcclInspectorCollector("").collect())
