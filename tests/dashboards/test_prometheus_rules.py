@@ -3,6 +3,7 @@ it should (``rules_test.yml``, run by ``promtool test rules``)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -73,3 +74,25 @@ def test_unit_tests_catch_a_broken_threshold(tmp_path: Path) -> None:
     result = _promtool("test", "rules", test_file)
     assert result.returncode == 1
     assert "LaggardStragglerRank" in result.stdout + result.stderr
+
+
+def _xid_classes() -> dict[str, set[int]]:
+    """severity -> XID codes, from the label_replace() calls of the XID recording rule."""
+    doc = yaml.safe_load((RULES_DIR / "laggard-recording.yml").read_text())
+    (rule,) = [r for g in doc["groups"] for r in g["rules"]
+               if r.get("record") == "instance_gpu_xid:laggard_gpu_xid_errors:new5m"]
+    found = re.findall(r'"xid_severity", "(\w+)", "xid",\s*"([^"]+)"', rule["expr"])
+    return {severity: {int(c) for c in codes.split("|")} for severity, codes in found
+            if severity != "warning"}
+
+
+def test_xid_severities_match_the_xid_catalog() -> None:
+    from laggard.detectors.xid_catalog import _ROWS, lookup
+
+    catalog: dict[str, set[int]] = {"critical": set(), "info": set()}
+    for code in _ROWS:
+        severity = lookup(code).severity.value
+        if severity in catalog:
+            catalog[severity].add(code)
+    assert _xid_classes() == catalog
+    assert {48, 64, 74, 79, 95, 119, 120} <= catalog["critical"]

@@ -18,6 +18,7 @@ Prometheus is always stopped, by its pid, whatever happens in the test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -130,30 +131,27 @@ def agent(kernel_log: Path) -> Iterator[AgentProcess]:
         stop_agent(agent)
 
 
-@pytest.fixture
-def prometheus(agent: AgentProcess, tmp_path: Path) -> Iterator[Prometheus]:
+@contextlib.contextmanager
+def running_prometheus(config: dict[str, Any], workdir: Path) -> Iterator[Prometheus]:
+    """Run Debian's prometheus with ``config`` on a free loopback port until the block ends.
+
+    The server is stopped by its pid (SIGTERM, then SIGKILL) however the block ends.
+    """
     port = free_port()
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": _rules_without_waiting(tmp_path),
-        "scrape_configs": [{
-            "job_name": "laggard",
-            "static_configs": [{"targets": [f"127.0.0.1:{agent.port}"]}],
-        }],
-    }
-    config_file = tmp_path / "prometheus.yml"
+    config_file = workdir / "prometheus.yml"
     config_file.write_text(yaml.safe_dump(config))
-    log = (tmp_path / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        ["prometheus", f"--config.file={config_file}",
-         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-         "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT)
+    log_file = workdir / "prometheus.log"
+    with log_file.open("wb") as log:
+        proc = subprocess.Popen(
+            ["prometheus", f"--config.file={config_file}",
+             f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+             "--log.level=warn"],
+            stdout=log, stderr=subprocess.STDOUT)
     try:
         server = Prometheus(proc, f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + 15
         while True:
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+            assert proc.poll() is None, log_file.read_text()
             try:
                 with urllib.request.urlopen(f"{server.url}/-/ready", timeout=1) as resp:
                     if resp.status == 200:
@@ -165,7 +163,21 @@ def prometheus(agent: AgentProcess, tmp_path: Path) -> Iterator[Prometheus]:
         yield server
     finally:
         _stop_by_pid(proc.pid)
-        log.close()
+        proc.poll()  # the child is reaped: let Popen know (ECHILD -> returncode 0)
+
+
+@pytest.fixture
+def prometheus(agent: AgentProcess, tmp_path: Path) -> Iterator[Prometheus]:
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": _rules_without_waiting(tmp_path),
+        "scrape_configs": [{
+            "job_name": "laggard",
+            "static_configs": [{"targets": [f"127.0.0.1:{agent.port}"]}],
+        }],
+    }
+    with running_prometheus(config, tmp_path) as server:
+        yield server
 
 
 class RankFeeder:
@@ -340,3 +352,13 @@ def test_every_panel_has_data_and_the_alerts_fire(
     assert set(ratios) == {str(r) for r in range(WORLD_SIZE)}
     assert max(ratios, key=ratios.get) == str(SLOW_RANK)
     assert ratios[str(SLOW_RANK)] == pytest.approx(SLOWDOWN, rel=0.05)
+
+
+def test_prometheus_is_stopped_by_pid_when_the_test_fails(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="the test failed"):
+        with running_prometheus({"global": {"scrape_interval": "1s"}}, tmp_path) as server:
+            pid = server.proc.pid
+            os.kill(pid, 0)  # alive
+            raise RuntimeError("the test failed")
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
