@@ -321,10 +321,10 @@ class StragglerDetector:
         n, s = c.persistence_windows, len(SIGNAL_KINDS)
         self._capacity = 0
         self._windows_seen = 0
-        # History of the last N windows, [rank, window slot, column]; NaN = rank absent.
+        # History of the last N windows, [window slot, rank, column]; NaN = rank absent.
         # Columns: compute, data and transfer excess and wait deficit (fractions of the median
         # rank's work), then compute + data seconds (for the job baseline).
-        self._ring = np.full((0, n, s + 2), np.nan)
+        self._ring = np.full((n, 0, s + 2), np.nan)
         self._threshold = np.full((n, s), np.inf)  # per window, to count windows over
         self._noise = np.full((c.noise_history_windows, s), np.nan)
         self._job_baseline = math.inf  # best typical work seconds of the median rank
@@ -338,7 +338,7 @@ class StragglerDetector:
         capacity = max(capacity, 2 * self._capacity)
         extra = capacity - self._capacity
 
-        self._ring = np.pad(self._ring, [(0, extra), (0, 0), (0, 0)], constant_values=np.nan)
+        self._ring = np.pad(self._ring, [(0, 0), (0, extra), (0, 0)], constant_values=np.nan)
         self._capacity = capacity
 
     # -- input checks ----------------------------------------------------------------------
@@ -444,15 +444,15 @@ class StragglerDetector:
         # step: the fraction by which this rank stretches every step of the job.
         medians = np.array([_nanmedian(per_rank[:, i]) for i in signals])
         excess = (per_rank - medians) / job_work
-        self._ring[:, slot] = np.nan
-        self._ring[ranks, slot, :_WAIT_DEFICIT] = excess
-        self._ring[ranks, slot, _WAIT_DEFICIT] = (_nanmedian(wait) - wait) / job_work
-        self._ring[ranks, slot, _WORK_SECONDS] = work
+        self._ring[slot] = np.nan
+        self._ring[slot, ranks, :_WAIT_DEFICIT] = excess
+        self._ring[slot, ranks, _WAIT_DEFICIT] = (_nanmedian(wait) - wait) / job_work
+        self._ring[slot, ranks, _WORK_SECONDS] = work
         self._noise[noise_slot] = [_robust_sigma(excess[:, i]) for i in signals]
 
         # One sort of the ranks' history gives every statistic below.
-        history = self._ring[ranks]  # (R, N, C)
-        count = np.sum(~np.isnan(history), axis=1)  # (R, C): windows present
+        history = self._ring[:, ranks]  # (N, R, C)
+        count = np.sum(~np.isnan(history), axis=0)  # (R, C): windows present
         ordered = _sort_windows(history)  # (N, R, C), absent windows last
         typical = _pick(ordered, (count - 1) // 2) / 2 + _pick(ordered, count // 2) / 2
         typical[count == 0] = np.nan  # (R, C): median over the last N windows
@@ -523,7 +523,7 @@ class StragglerDetector:
     def _windows_over(self, rank: int, signal: int) -> int:
         """In how many of the last N windows the rank's excess reached that window's threshold."""
         with np.errstate(invalid="ignore"):
-            return int(np.sum(self._ring[rank, :, signal] >= self._threshold[:, signal]))
+            return int(np.sum(self._ring[:, rank, signal] >= self._threshold[:, signal]))
 
     def _clear_ranks(self, step: int) -> list[Finding]:
         """Clear findings whose signal was under threshold in each of the last N windows."""
@@ -532,7 +532,7 @@ class StragglerDetector:
             signal = self._active_signal[rank]
             if self._windows_over(rank, signal):
                 continue
-            absent = bool(np.isnan(self._ring[rank, :, signal]).all())
+            absent = bool(np.isnan(self._ring[:, rank, signal]).all())
             reason = "not_reporting" if absent else "recovered"
             cleared.append(_cleared(self.active.pop(rank), step, reason))
             del self._active_signal[rank]
@@ -672,14 +672,13 @@ class StragglerDetector:
 
 
 def _sort_windows(history: np.ndarray) -> np.ndarray:
-    """Sort each rank's few windows: (R, N, C) -> (N, R, C) ascending, NaN replaced by +inf.
+    """Sort each rank's few windows: (N, R, C) ascending along N, NaN replaced by +inf.
 
     An odd-even transposition network (Knuth, TAOCP vol. 3, 5.3.4) of elementwise min/max over
     all ranks at once: N is small (a handful of windows), and numpy's sort of 16,384 x C rows of
     N values costs ten times more in per-row overhead.
     """
-    filled = np.where(np.isnan(history), np.inf, history)
-    rows = [filled[:, i] for i in range(filled.shape[1])]
+    rows = list(np.where(np.isnan(history), np.inf, history))  # N contiguous (R, C) arrays
     for phase in range(len(rows)):
         for i in range(phase % 2, len(rows) - 1, 2):
             low, high = rows[i], rows[i + 1]
