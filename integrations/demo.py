@@ -33,6 +33,8 @@ AGENT_START_TIMEOUT = 15.0
 STOP_GRACE = 5.0
 #: Columns of the per-window medians the worker reports (laggard.integrations.monitor).
 _COMPUTE, _DATA, _WAIT, _STEP, _COLLECTIVE, _BYTES = 0, 1, 2, 4, 5, 6
+#: ``laggard.integrations.compression.COMPRESSORS`` (not imported: that imports torch).
+COMPRESSION_CHOICES = ("none", "fp16", "sign", "topk", "powersgd")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,9 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intake-address", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="UDP address of the demo's agent intake (default: a free "
                              "loopback port)")
-    parser.add_argument("--compression", default="none",
-                        help="DDP communication hook: none (timed all-reduce) or a "
-                             "compression hook name (default: none)")
+    parser.add_argument("--compression", default="none", choices=COMPRESSION_CHOICES,
+                        help="gradient compression in the DDP communication hook: none (the "
+                             "timed fp32 all-reduce), fp16, sign (1-bit, error feedback), topk "
+                             "(1%%, error feedback), powersgd (rank 4) (default: none)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -173,6 +176,8 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
             "comm_bytes_median": median(_BYTES),
         })
     collective = _median([r["collective_seconds_median"] for r in ranks])
+    comm_bytes = _median([r["comm_bytes_median"] for r in ranks])
+    fp32_bytes = result.get("fp32_allreduce_bytes")
     exposed = _median([r["collective_wait_seconds_median"] for r in ranks])
     findings = [
         {key: f.get(key) for key in
@@ -190,7 +195,9 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
         "metrics_url": metrics_url,
         "comm": {
             "hook": args.compression,
-            "bytes": _median([r["comm_bytes_median"] for r in ranks]),
+            "bytes": comm_bytes,
+            "fp32_allreduce_bytes": fp32_bytes,
+            "compression_ratio": fp32_bytes / comm_bytes if fp32_bytes and comm_bytes else None,
             "collective_seconds": collective,
             "exposed_seconds": exposed,
             "hidden_seconds": (None if collective is None or exposed is None
@@ -223,8 +230,9 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
     comm = report["comm"]
     if comm["bytes"]:
         lines.append(
-            f"communication per step ({comm['hook']}): {comm['bytes'] / 1e6:.2f} MB sent per "
-            f"rank, {_ms(comm['collective_seconds'])} ms in collectives, "
+            f"communication per step ({comm['hook']}): {comm['bytes'] / 1e6:.3f} MB sent per "
+            f"rank{_ratio(comm.get('compression_ratio'))}, "
+            f"{_ms(comm['collective_seconds'])} ms in collectives, "
             f"{_ms(comm['exposed_seconds'])} ms exposed, {_ms(comm['hidden_seconds'])} ms "
             "hidden behind backward")
     loss = report["loss"]
@@ -370,6 +378,10 @@ def _median(values: list[float | None]) -> float | None:
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{1e3 * seconds:.1f}"
+
+
+def _ratio(ratio: float | None) -> str:
+    return "" if ratio is None else f", {ratio:.1f}x less than an fp32 all-reduce"
 
 
 def _num(value: float | None) -> str:

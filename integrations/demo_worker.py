@@ -32,7 +32,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from laggard.integrations.comm_timing import CommTimer, allreduce_timing_hook
+from laggard.integrations.comm_timing import CommTimer
+from laggard.integrations.compression.wire import ring_allreduce_bytes
 from laggard.integrations.monitor import STAT_NAMES, TrainingMonitor
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -197,15 +198,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def comm_hook(name: str, timer: CommTimer) -> tuple[Any, Any]:
+def comm_hook(name: str, timer: CommTimer) -> tuple[Any, Any] | None:
     """The DDP communication hook for ``--compression NAME`` and its state.
 
-    ``none`` is the plain averaging all-reduce, timed. Other names come from
-    ``laggard.integrations.compression.make_hook(name, timer=timer)`` when that module exists.
+    Every name, ``none`` (the plain averaging all-reduce) included, comes from
+    ``laggard.integrations.compression.make_hook``, so bytes are counted the same way for all:
+    bytes this rank sends under the collective's algorithm, next to an fp32 all-reduce's.
+    ``builtin`` registers no hook (DDP's own all-reduce, untimed): the benchmarks' baseline.
     """
-    if name == "none":
-        return timer, allreduce_timing_hook
-    from laggard.integrations.compression import make_hook  # type: ignore[import-not-found]
+    if name == "builtin":
+        return None
+    from laggard.integrations.compression import make_hook
 
     return make_hook(name, timer=timer)
 
@@ -239,8 +242,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     # communication can overlap backward as in a large job with 25 MB buckets.
     ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
     timer = CommTimer()
-    state, hook = comm_hook(args.compression, timer)
-    ddp.register_comm_hook(state, hook)
+    hooked = comm_hook(args.compression, timer)
+    if hooked is not None:
+        ddp.register_comm_hook(*hooked)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     slowed = rank == args.slow_rank and args.slowdown > 1.0
     own_seconds = calibrate(ddp, batches)
@@ -250,6 +254,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         comm_timer=timer,
     )
     losses: dict[int, float] = {}
+    local_losses: list[float] = []
     step_times: list[float] = []
     for step in range(args.steps):
         model.throttle_seconds = extra if step >= args.slow_from else 0.0
@@ -265,6 +270,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
         step_times.append(time.perf_counter() - start)
+        local_losses.append(loss.item())
         if step == 0 or step == args.steps - 1:
             losses[step] = global_mean(loss.item())  # same call on every rank
         if rank == 0 and (step % args.print_every == 0 or step == args.steps - 1):
@@ -272,13 +278,20 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             print(f"step {step:5d}/{args.steps}  loss {loss.item():6.3f}  "
                   f"step {1e3 * float(np.median(recent)):6.1f} ms", flush=True)
     monitor.close()
+    if hooked is not None and hasattr(hooked[0], "close"):
+        hooked[0].close()  # a compression hook's worker thread and second group
+    tail = local_losses[-args.window:]
+    grad_bytes = 4 * sum(p.numel() for p in model.parameters())
     return {
         "rank": rank,
         "world_size": world,
         "steps": args.steps,
         "calibrated_compute_seconds": own_seconds,
         "injected_extra_seconds_per_step": extra,
-        "loss": {"first": losses.get(0), "last": losses.get(args.steps - 1)},
+        "loss": {"first": losses.get(0), "last": losses.get(args.steps - 1),
+                 "last_window_mean": global_mean(sum(tail) / len(tail))},
+        # what an fp32 ring all-reduce of the gradients sends per rank per step
+        "fp32_allreduce_bytes": ring_allreduce_bytes(grad_bytes, world),
         "stat_names": list(STAT_NAMES),
         "windows": [{"step": w.step, "medians": _json_floats(w.medians.tolist())}
                     for w in monitor.windows],

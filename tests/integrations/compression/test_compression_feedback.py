@@ -109,3 +109,24 @@ def test_error_feedback_keeps_the_residual_bounded(
     # without feedback the dropped error accumulates past that bound
     lost, _, _ = run(name, options, feedback=False)
     assert lost[-1] > bound * max_grad
+
+
+@pytest.mark.parametrize("name,options,message", [
+    ("topk", {"ratio": 0.0}, "ratio must be in"),
+    ("topk", {"ratio": 1.5}, "ratio must be in"),
+    ("topk", {"ratio": float("nan")}, "ratio must be in"),
+    ("powersgd", {"rank": 0}, "rank must be an integer"),
+])
+def test_out_of_range_options_are_refused_at_set_up(
+    one_rank_group: None, name: str, options: dict, message: str,
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_hook(name, **options)
+
+
+def test_top_k_ratio_one_sends_everything(one_rank_group: None) -> None:
+    net = model()
+    state, hook = make_hook("topk", ratio=1.0, model=net)
+    g = torch.randn(sum(p.numel() for p in net.parameters()))
+    sent = hook(state, FlatBucket(0, list(net.parameters()), g.clone())).wait()
+    assert torch.equal(sent, g)
