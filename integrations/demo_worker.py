@@ -198,16 +198,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def comm_hook(name: str, timer: CommTimer) -> tuple[Any, Any] | None:
+def comm_hook(name: str, timer: CommTimer) -> tuple[Any, Any]:
     """The DDP communication hook for ``--compression NAME`` and its state.
 
     Every name, ``none`` (the plain averaging all-reduce) included, comes from
     ``laggard.integrations.compression.make_hook``, so bytes are counted the same way for all:
     bytes this rank sends under the collective's algorithm, next to an fp32 all-reduce's.
-    ``builtin`` registers no hook (DDP's own all-reduce, untimed): the benchmarks' baseline.
     """
-    if name == "builtin":
-        return None
     from laggard.integrations.compression import make_hook
 
     return make_hook(name, timer=timer)
@@ -242,9 +239,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     # communication can overlap backward as in a large job with 25 MB buckets.
     ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
     timer = CommTimer()
-    hooked = comm_hook(args.compression, timer)
-    if hooked is not None:
-        ddp.register_comm_hook(*hooked)
+    state, hook = comm_hook(args.compression, timer)
+    ddp.register_comm_hook(state, hook)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     slowed = rank == args.slow_rank and args.slowdown > 1.0
     own_seconds = calibrate(ddp, batches)
@@ -278,8 +274,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             print(f"step {step:5d}/{args.steps}  loss {loss.item():6.3f}  "
                   f"step {1e3 * float(np.median(recent)):6.1f} ms", flush=True)
     monitor.close()
-    if hooked is not None and hasattr(hooked[0], "close"):
-        hooked[0].close()  # a compression hook's worker thread and second group
+    state.close()  # a two-stage hook's worker thread and second group
     tail = local_losses[-args.window:]
     grad_bytes = 4 * sum(p.numel() for p in model.parameters())
     return {

@@ -51,7 +51,7 @@ class _Matrix:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
+class BucketPlan:
     key: tuple[int, ...]
     dense: tuple[tuple[int, int, int], ...]  # (start, end, offset in the stage-1 buffer)
     matrices: tuple[_Matrix, ...]
@@ -85,10 +85,13 @@ class PowerSGDCompression(CompressionState):
         self.seed = seed
         self.residuals = ErrorFeedback()
         self._q: dict[int, torch.Tensor] = {}  # id(param) -> Q, (cols, r), warm start
-        self._plans: dict[int, _Plan] = {}
+        self._plans: dict[int, BucketPlan] = {}
         self._worker = StageTwoWorker(process_group)
 
-    def _plan(self, index: int, layout: BucketLayout) -> _Plan:
+    def plan(self, index: int, layout: BucketLayout) -> BucketPlan:
+        """Where each parameter of the bucket goes: dense in stage 1, or a matrix with its P (stage
+        1) and Q (stage 2) offsets; ``stage1`` and ``stage2`` are the two all-reduces' element
+        counts. Cached per bucket index until the layout changes."""
         plan = self._plans.get(index)
         if plan is not None and plan.key == layout.key:
             return plan
@@ -108,7 +111,7 @@ class PowerSGDCompression(CompressionState):
             placed.append(_Matrix(mat.param, mat.start, mat.end, mat.rows, mat.cols, stage1,
                                   mat.q_start))
             stage1 += mat.rows * r
-        plan = _Plan(layout.key, tuple(dense), tuple(placed), stage1, stage2)
+        plan = BucketPlan(layout.key, tuple(dense), tuple(placed), stage1, stage2)
         self._plans[index] = plan
         return plan
 
@@ -125,7 +128,7 @@ class PowerSGDCompression(CompressionState):
         self.timer.bucket_ready()
         buffer, w, r = bucket.buffer(), self.world_size, self.approximation_rank
         layout = BucketLayout.of(bucket)
-        plan = self._plan(bucket.index(), layout)
+        plan = self.plan(bucket.index(), layout)
         m_flat = self.residuals.flat(bucket.index(), layout)
         m_flat.add_(buffer)  # M = grad + e, for every parameter of the bucket
         stage1 = torch.empty(plan.stage1, dtype=torch.float32, device=m_flat.device)
