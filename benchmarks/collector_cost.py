@@ -10,8 +10,10 @@ timed as well.
 Targets (issue 3): under 1% of one core at a 1 s interval and under 10% at 0.1 s, i.e. under
 10 ms of CPU per round; a scrape under 10 ms.
 
-Scrape cost. A real ``laggard agent --fake-gpus 8`` is started and ``/metrics`` fetched over
-HTTP; the baseline, in the same run, is the same agent with the GPU collectors switched off.
+Scrape cost. In-process, the CPU time the agent's exporter takes to render ``/metrics`` after a
+round of 8 fake GPUs (load-independent). Then a real ``laggard agent --fake-gpus 8`` is started and
+``/metrics`` fetched over HTTP (wall time: includes waiting for a CPU on a loaded machine); the
+baseline, in the same run, is the same agent with the GPU collectors switched off.
 
 Usage: ``python benchmarks/collector_cost.py [--rounds 300] [--scrapes 200]``
 """
@@ -101,6 +103,29 @@ def round_cost(rounds: int) -> dict[str, float]:
             "xid": xid_round, "calls": float(len(calls))}
 
 
+def render_cost(rounds: int) -> tuple[float, float]:
+    """CPU seconds to render /metrics in-process (the agent's exporter over a sampled round of
+    8 fake GPUs), and the same without the GPU collector (baseline). Not disturbed by other
+    processes' load, unlike the HTTP timing."""
+    from laggard.agent.context import FindingLog
+    from laggard.agent.exporter import AgentExporter
+    from laggard.agent.sampler import CollectorThread
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    def registry(threads: list[CollectorThread]) -> CollectorRegistry:
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(AgentExporter(threads, None, FindingLog(), "bench"))  # type: ignore[arg-type]
+        return reg
+
+    fake = FakeNvml(GPUS)
+    fake.advance(12)
+    thread = CollectorThread(NvmlCollector(NvmlLibrary(fake)), 1.0)
+    thread.collect_once()
+    with_gpus, without = registry([thread]), registry([])
+    return (cpu_per_round(lambda: generate_latest(with_gpus), rounds),
+            cpu_per_round(lambda: generate_latest(without), rounds))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,6 +182,10 @@ def main() -> int:
               f"(target < {target:.0%}: ratio {share / target:.3f})")
     print(f"xid round, nothing new in the kernel log: {cost['xid'] * 1e3:.3f} ms CPU")
 
+    render, render_base = render_cost(args.rounds)
+    print(f"render /metrics in-process, {GPUS} fake GPUs: {render * 1e3:.3f} ms CPU "
+          f"(target < 10 ms: ratio {render / 0.010:.3f}); without GPUs (baseline): "
+          f"{render_base * 1e3:.3f} ms")
     gpu_scrape, gpu_bytes = scrape_cost(args.scrapes, "--fake-gpus", str(GPUS))
     base_scrape, base_bytes = scrape_cost(args.scrapes, "--no-collector.nvml",
                                           "--no-collector.xid", "--no-collector.infiniband")

@@ -17,7 +17,8 @@ per :meth:`FakeNvml.advance` when no clock is given). With ``i`` the GPU index:
   ``NVMLError_GpuIsLost``, until the period wraps round (a GPU reset).
 
 Fields left unsupported on purpose (they raise ``NVMLError_NotSupported``, as on many boards):
-the reliability violation counter, and NVLink on odd-numbered GPUs.
+the reliability violation counter, and NVLink on odd-numbered GPUs. Even-numbered GPUs have 18
+NVLink links, one of them down.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ PERIOD = 60
 MAX_SM_MHZ = 1980
 MAX_MEM_MHZ = 2619
 POWER_LIMIT_MW = 700_000
-NVLINKS = 4  # active links per GPU with NVLink; real H100 boards have 18
+NVLINKS_PER_GPU = 18  # as on H100 SXM
+NVLINKS_UP = 17  # one link of every NVLink GPU is down
 
 # Constants, with pynvml's names and values.
 NVML_SUCCESS = 0
@@ -59,12 +61,13 @@ NVML_AGGREGATE_ECC = 1
 NVML_PCIE_UTIL_TX_BYTES = 0
 NVML_PCIE_UTIL_RX_BYTES = 1
 NVML_NVLINK_MAX_LINKS = 36
-NVML_NVLINK_ERROR_DL_REPLAY = 0
-NVML_NVLINK_ERROR_DL_RECOVERY = 1
-NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
-NVML_NVLINK_ERROR_DL_CRC_DATA = 3
 NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
+NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = 38
+NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = 45
+NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL = 52
+NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL = 59
+NVML_FI_DEV_NVLINK_LINK_COUNT = 91
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
 NVML_PERF_POLICY_POWER = 0
@@ -378,24 +381,27 @@ class FakeNvml:
 
     def nvmlDeviceGetNvLinkState(self, handle: _Handle, link: int) -> int:  # noqa: N802
         self._nvlink(handle, link)
-        return NVML_FEATURE_ENABLED if link < NVLINKS else NVML_FEATURE_DISABLED
-
-    def nvmlDeviceGetNvLinkErrorCounter(self, handle: _Handle, link: int,  # noqa: N802
-                                        counter: int) -> int:
-        gpu = self._nvlink(handle, link)
-        return (self._seen_step // 10) if (link == 1 and counter == NVML_NVLINK_ERROR_DL_REPLAY
-                                           and gpu.index == 0) else 0
+        return NVML_FEATURE_ENABLED if link < NVLINKS_UP else NVML_FEATURE_DISABLED
 
     def nvmlDeviceGetFieldValues(self, handle: _Handle,  # noqa: N802
                                  field_ids: list[int]) -> list[SimpleNamespace]:
         gpu = self._gpu(handle)
+        fields = {
+            NVML_FI_DEV_NVLINK_LINK_COUNT: NVLINKS_PER_GPU,
+            NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: self._seen_step // 10 if gpu.index == 0
+            else 0,
+            NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: 0,
+            NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: 0,
+            NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: 0,
+            NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: gpu.nvlink_tx_kib,
+            NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: gpu.nvlink_rx_kib,
+        }
         out = []
         for field_id in field_ids:
-            value = {NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: gpu.nvlink_tx_kib,
-                     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: gpu.nvlink_rx_kib}.get(field_id)
+            value = fields.get(field_id)
             ret = NVML_SUCCESS if value is not None and gpu.index % 2 == 0 else (
                 NVML_ERROR_NOT_SUPPORTED)
-            out.append(SimpleNamespace(fieldId=field_id, nvmlReturn=ret,
+            out.append(SimpleNamespace(fieldId=field_id, nvmlReturn=ret, valueType=3,
                                        value=SimpleNamespace(ullVal=value or 0)))
         return out
 

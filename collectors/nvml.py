@@ -22,8 +22,10 @@ What it exports (NVML call, ``nvidia-smi --query-gpu`` field, conversion at the 
   GetRemappedRows.
 * ``laggard_gpu_pcie_replay_total``: GetPcieReplayCounter.
 * ``laggard_gpu_pcie_throughput_bytes_per_second{direction}``: GetPcieThroughput, KiB/s x 1024.
-* ``laggard_gpu_nvlink_active_links``, ``laggard_gpu_nvlink_errors_total{type}``:
-  GetNvLinkState, GetNvLinkErrorCounter summed over the active links.
+* ``laggard_gpu_nvlink_links``, ``laggard_gpu_nvlink_active_links``: GetFieldValues
+  (``NVML_FI_DEV_NVLINK_LINK_COUNT``), GetNvLinkState per link.
+* ``laggard_gpu_nvlink_errors_total{type}``: GetFieldValues (``..._REPLAY/RECOVERY/CRC_FLIT/
+  CRC_DATA_ERROR_COUNT_TOTAL``, all links).
 * ``laggard_gpu_nvlink_{transmitted,received}_bytes_total``: GetFieldValues
   (``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX``), KiB x 1024.
 * ``laggard_gpu_lost``: 1 when a call answers ``NVML_ERROR_GPU_IS_LOST``.
@@ -83,12 +85,19 @@ VIOLATION_POLICIES: dict[str, str] = {
     "total_base_clocks": "NVML_PERF_POLICY_TOTAL_BASE_CLOCKS",
 }
 
-NVLINK_ERRORS: dict[str, str] = {
-    "replay": "NVML_NVLINK_ERROR_DL_REPLAY",
-    "recovery": "NVML_NVLINK_ERROR_DL_RECOVERY",
-    "crc_flit": "NVML_NVLINK_ERROR_DL_CRC_FLIT",
-    "crc_data": "NVML_NVLINK_ERROR_DL_CRC_DATA",
+#: NVLink fields read in one nvmlDeviceGetFieldValues call (nvml.h ``NVML_FI_DEV_NVLINK_*``):
+#: link count, data-link error totals over all links, and data throughput in KiB.
+NVLINK_FIELDS: dict[str, str] = {
+    "links": "NVML_FI_DEV_NVLINK_LINK_COUNT",
+    "replay": "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "recovery": "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "crc_flit": "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "crc_data": "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "transmitted": "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
+    "received": "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
 }
+#: nvmlValueType_t -> member of the nvmlValue_t union
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
 
 MHZ = 1e6
 KIB = 1024
@@ -164,6 +173,10 @@ class NvmlCollector:
             self.library.reinit()  # a lost GPU needs fresh handles once it is reset
         else:
             self.library.healthy()
+        for function, count in sorted(self.library.errors.items()):
+            families.counter("laggard_nvml_errors_total",
+                             "NVML calls that failed with an unexpected error (field left out)",
+                             {"function": function}, count)
         return list(families)
 
     def _mark_lost(self, index: int) -> None:
@@ -239,7 +252,7 @@ class NvmlCollector:
                             {**gpu, "reason": reason}, status.violationTime / 1e9)
 
         self._health(get, nvml, gpu, out)
-        self._links(index, get, nvml, gpu, out)
+        self._links(get, nvml, gpu, out)
 
     def _health(self, get: Any, nvml: Any, gpu: dict[str, str], out: _Families) -> None:
         if (temp := get("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)) is not None:
@@ -287,38 +300,38 @@ class NvmlCollector:
                           "PCIe throughput over NVML's last 20 ms window",
                           {**gpu, "direction": direction}, rate * KIB)
 
-    def _links(self, index: int, get: Any, nvml: Any, gpu: dict[str, str],
-               out: _Families) -> None:
-        active = []
-        for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 0)):
-            try:
-                state = get("nvmlDeviceGetNvLinkState", link)
-            except GpuLostError:
-                raise
-            except Exception:  # noqa: BLE001 - past the last link NVML answers INVALID_ARGUMENT
-                break
-            if state is None:
-                return  # no NVLink on this GPU
-            if state == nvml.NVML_FEATURE_ENABLED:
-                active.append(link)
-        out.gauge("laggard_gpu_nvlink_active_links", "NVLink links up", gpu, len(active))
-        for kind, constant in NVLINK_ERRORS.items():
-            counts = [get("nvmlDeviceGetNvLinkErrorCounter", link, getattr(nvml, constant))
-                      for link in active]
-            known = [c for c in counts if c is not None]
-            if known:
+    def _links(self, get: Any, nvml: Any, gpu: dict[str, str], out: _Families) -> None:
+        # One nvmlDeviceGetFieldValues call gives the link count and every total (dcgm-exporter
+        # reads the same fields); per-link calls would be 4 x 18 per GPU per round.
+        fields = {name: getattr(nvml, constant, None) for name, constant in NVLINK_FIELDS.items()}
+        if None in fields.values():
+            return  # an nvidia-ml-py too old to name these fields
+        values = get("nvmlDeviceGetFieldValues", list(fields.values()))
+        answers = {name: _field_value(nvml, v) for name, v in zip(fields, values or (),
+                                                                   strict=False)}
+        links = answers.get("links")
+        if not links:
+            return  # no NVLink on this GPU
+        active = sum(get("nvmlDeviceGetNvLinkState", link) == nvml.NVML_FEATURE_ENABLED
+                     for link in range(int(links)))
+        out.gauge("laggard_gpu_nvlink_links", "NVLink links of the GPU", gpu, links)
+        out.gauge("laggard_gpu_nvlink_active_links", "NVLink links up", gpu, active)
+        for kind in ("replay", "recovery", "crc_flit", "crc_data"):
+            if (count := answers.get(kind)) is not None:
                 out.counter("laggard_gpu_nvlink_errors_total",
-                            "NVLink data-link errors, summed over active links",
-                            {**gpu, "type": kind}, sum(known))
-        fields = [getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", None),
-                  getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", None)]
-        if None in fields:
-            return
-        values = get("nvmlDeviceGetFieldValues", fields)
-        for name, value in zip(("transmitted", "received"), values or (), strict=False):
-            if value.nvmlReturn == nvml.NVML_SUCCESS:
-                out.counter(f"laggard_gpu_nvlink_{name}_bytes_total",
-                            f"NVLink data {name}", gpu, value.value.ullVal * KIB)
+                            "NVLink data-link errors, all links", {**gpu, "type": kind}, count)
+        for name in ("transmitted", "received"):
+            if (kib := answers.get(name)) is not None:
+                out.counter(f"laggard_gpu_nvlink_{name}_bytes_total", f"NVLink data {name}",
+                            gpu, kib * KIB)
+
+
+def _field_value(nvml: Any, value: Any) -> float | None:
+    """The number in one ``nvmlFieldValue_t``, None when NVML did not answer that field."""
+    if value.nvmlReturn != nvml.NVML_SUCCESS:
+        return None
+    member = _VALUE_MEMBERS.get(getattr(value, "valueType", 3), "ullVal")
+    return float(getattr(value.value, member))
 
 
 def _constant(nvml: Any, *names: str) -> int | None:

@@ -6,7 +6,7 @@ Modelled on nvitop's ``api/libnvml.py``:
 * ``nvmlShutdown`` is registered with :mod:`atexit` once NVML is up;
 * a call that raises ``NVMLError_NotSupported`` (or ``FunctionNotFound`` on an older driver,
   ``NoPermission`` without root) returns None: the field is left out for that GPU, never
-  reported as 0;
+  reported as 0; any other error does the same and is counted per function;
 * ``LibraryNotFound`` / ``DriverNotLoaded`` at init become :class:`NoDataError` ("no GPU
   here"), and init is retried with exponential backoff (1 s doubling to 5 min), so a node whose
   driver comes up later is picked up without a restart;
@@ -24,6 +24,7 @@ import atexit
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -74,6 +75,7 @@ class NvmlLibrary:
         self._reinit_wanted = False
         self._atexit_registered = False
         self.driver_version: str | None = None
+        self.errors: Counter[str] = Counter()
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -171,11 +173,12 @@ class NvmlLibrary:
             args: further arguments after the handle.
 
         Returns:
-            NVML's answer, or None when the field is not supported on this GPU or driver.
+            NVML's answer, or None when the field is not supported on this GPU or driver, or
+            when NVML answered another error (counted in :attr:`errors` by function name, so one
+            failing field never costs the others).
 
         Raises:
             GpuLostError: NVML says the GPU is lost.
-            Exception: any other ``NVMLError`` (the caller counts it as a failed field).
         """
         nvml = self.module
         fn = getattr(nvml, function, None)
@@ -186,9 +189,10 @@ class NvmlLibrary:
         except nvml.NVMLError as exc:
             if exc.value == nvml.NVML_ERROR_GPU_IS_LOST:
                 raise GpuLostError(index) from None
-            if exc.value in _UNSUPPORTED_CODES(nvml):
-                return None
-            raise
+            if exc.value not in _UNSUPPORTED_CODES(nvml):
+                with self._lock:
+                    self.errors[function] += 1
+            return None
 
     def pci_bus_ids(self) -> dict[str, int]:
         """``"dddd:bb:dd"`` (lower case, as the kernel log prints it) -> NVML index, for the GPUs

@@ -82,7 +82,8 @@ def test_unsupported_fields_are_left_out_not_zero(expose) -> None:
     collector, _ = collector_for(fake)
     text = expose(collector)
     assert 'reason="reliability"' not in text  # NotSupported violation counter
-    assert 'laggard_gpu_nvlink_active_links{gpu="0"} 4.0' in text
+    assert 'laggard_gpu_nvlink_links{gpu="0"} 18.0' in text
+    assert 'laggard_gpu_nvlink_active_links{gpu="0"} 17.0' in text  # one link down
     assert 'laggard_gpu_nvlink_active_links{gpu="1"}' not in text  # no NVLink on odd GPUs
     assert 'laggard_gpu_nvlink_errors_total{gpu="1"' not in text
 
@@ -214,3 +215,18 @@ def test_agent_without_gpu_runs_with_nvml_success_zero_and_no_traceback(agent_fa
     assert code == 0
     assert "Traceback" not in output
     assert len([line for line in output.splitlines() if "collector nvml" in line]) == 1, output
+
+
+def test_an_unexpected_field_error_costs_only_that_field(expose) -> None:
+    class FlakyNvml(FakeNvml):
+        def nvmlDeviceGetTemperature(self, handle, sensor):  # noqa: N802
+            if handle.index == 0:
+                raise self.NVMLError(self.NVML_ERROR_UNKNOWN)
+            return super().nvmlDeviceGetTemperature(handle, sensor)
+
+    collector, _ = collector_for(FlakyNvml(2))
+    text = expose(collector)
+    assert value(text, 'laggard_gpu_temperature_celsius{gpu="0"}') is None
+    assert value(text, 'laggard_gpu_temperature_celsius{gpu="1"}') == 42.0
+    assert value(text, 'laggard_gpu_power_watts{gpu="0"}') == 450.0
+    assert value(text, 'laggard_nvml_errors_total{function="nvmlDeviceGetTemperature"}') == 1.0
