@@ -230,3 +230,32 @@ def test_an_unexpected_field_error_costs_only_that_field(expose) -> None:
     assert value(text, 'laggard_gpu_temperature_celsius{gpu="1"}') == 42.0
     assert value(text, 'laggard_gpu_power_watts{gpu="0"}') == 450.0
     assert value(text, 'laggard_nvml_errors_total{function="nvmlDeviceGetTemperature"}') == 1.0
+
+
+def test_lost_gpu_triggers_reinit_with_backoff() -> None:
+    class CountingNvml(FakeNvml):
+        inits = 0
+
+        def nvmlInit(self) -> None:  # noqa: N802
+            CountingNvml.inits += 1
+            super().nvmlInit()
+
+    now = [0.0]
+    fake = CountingNvml(2)
+    library = NvmlLibrary(fake, clock=lambda: now[0])
+    collector = NvmlCollector(library)
+    fake.advance(50)  # GPU 1 lost
+    list(collector.collect())
+    assert CountingNvml.inits == 1
+    now[0] = 0.5  # inside the first 1 s backoff: keep the handles, GPU 0 goes on
+    list(collector.collect())
+    assert CountingNvml.inits == 1
+    now[0] = 1.1  # backoff over: shutdown and init again
+    list(collector.collect())
+    assert CountingNvml.inits == 2
+    now[0] = 2.2  # still lost: the next attempt waits twice as long (2 s)
+    list(collector.collect())
+    assert CountingNvml.inits == 2
+    now[0] = 3.2
+    list(collector.collect())
+    assert CountingNvml.inits == 3
