@@ -16,7 +16,8 @@ Two sources, merged:
 An Xid that both sources report (same GPU, same code, within ``merge_window`` seconds) is counted
 once: each event of one source cancels at most one of the other, so three identical lines still
 count three. NVSwitch SXids (kernel log only) go to ``laggard_gpu_sxid_errors_total{device,sxid}``
-(``device`` = the switch's PCI address). Each Xid becomes a finding with the catalog's action.
+(``device`` = the switch's PCI address). Each Xid becomes a finding with the catalog's action;
+a fatal SXid a critical finding.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from laggard.collectors.base import NoDataError
 from laggard.collectors.kernel_log import KernelLogParser, SXidEvent, XidEvent
 from laggard.collectors.nvml_library import NvmlLibrary, shared_library
+from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.xid_catalog import xid_finding
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -336,6 +338,8 @@ class XidCollector:
                 self._sxids[key] = self._sxids.get(key, 0) + 1
             else:
                 self._dropped_series += 1
+            if self.findings is not None:
+                self.findings.add(sxid_finding(event, self.node))
             return
         gpu = self._pci_to_gpu.get(event.pci_bus_id)
         if self.counter.is_new(event.pci_bus_id, event.xid, "kernel_log"):
@@ -394,6 +398,23 @@ class XidCollector:
         self._stop.set()
         if self.kernel_log is not None:
             self.kernel_log.close()
+
+
+def sxid_finding(event: SXidEvent, node: str | None) -> Finding:
+    """A finding for one NVSwitch SXid: critical when the driver calls it fatal (the fabric
+    manager then takes the link or switch out: the job's NVLink traffic is affected), else info.
+    """
+    fatal = event.severity == "fatal"
+    link = f" link {event.link}" if event.link is not None else ""
+    return Finding(
+        detector="xid", kind="sxid", severity=Severity.CRITICAL if fatal else Severity.INFO,
+        node=node,
+        message=(f"{'Fatal' if fatal else 'Non-fatal'} SXid {event.sxid} on NVSwitch "
+                 f"{event.pci_bus_id}{link}: {event.message}"
+                 + ("; drain the node and check the NVSwitch fabric" if fatal else "")),
+        evidence={"sxid": event.sxid, "pci_bus_id": event.pci_bus_id, "link": event.link,
+                  "severity": event.severity, "device": event.device},
+    )
 
 
 def from_config(config: Any, context: Any) -> XidCollector:

@@ -126,13 +126,18 @@ def test_nvml_event_and_kernel_line_of_one_xid_count_once(tmp_path, expose) -> N
 def test_sxid_counted_per_fatal_link_line(tmp_path, expose) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")
-    collector = XidCollector(kernel_log=KernelLogSource(str(log)), library=None)
+    findings = FindingLog()
+    collector = XidCollector(kernel_log=KernelLogSource(str(log)), library=None,
+                             findings=findings)
     collector.collect()
     append(log, (FIXTURES / "xid" / "xid03_xid79_then_nvswitch_sxid20034_dmesg_uptime.log")
            .read_text())
     text = expose(collector)
     assert value(text, 'laggard_gpu_sxid_errors_total{device="0000:05:00.0",sxid="20034"}') == 2
     assert value(text, 'laggard_gpu_sxid_errors_total{device="0000:06:00.0",sxid="20034"}') == 1
+    sxid = [f for f in findings.recent() if f["kind"] == "sxid"]
+    assert [(f["severity"], f["evidence"]["link"]) for f in sxid] == [
+        ("critical", 48), ("critical", 63), ("critical", 37), ("critical", 62)]
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.access("/dev/kmsg", os.W_OK),
