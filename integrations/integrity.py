@@ -1,0 +1,617 @@
+"""Gradient integrity inside the job: fingerprints of every gradient collective, a replica check
+of the parameters, and what to do when they disagree (``warn``, ``skip_step``, ``raise``).
+
+Per gradient bucket and step, the communication hook records (comparison and the floating-point
+bound: :mod:`laggard.detectors.integrity`):
+
+* before sending: a float64 sum and a float64 sum of magnitudes of the payload (for the linear
+  sum check), or the hash of its exact bytes for integer payloads (sign bits, top-k indices);
+* after the collective: the hash of the result, its float64 sum, per-chunk hashes of gathered
+  payloads;
+* NaN and Inf counts of the payload and of the result;
+* every ``replica_every`` steps, the hash of all parameters.
+
+The hash (:func:`fingerprint`) reads the bytes as int64 words (a reinterpreting view, no copy),
+sums each block of :data:`BLOCK_WORDS` words with wrapping int64 adds, and combines the block
+sums with fixed odd weights: ``h = sum_k w_k * block_k mod 2**64``. Flipping bit ``b`` of any word
+changes one block sum by ``+-2**b`` and ``h`` by ``+-w_k 2**b``, never 0 mod 2**64 as ``w_k`` is
+odd: **every single-bit flip changes the hash**, and the weights make moved blocks change it too.
+It runs at memory speed (a wrapping int64 sum is a plain vectorised add).
+
+The records of a window travel as one fixed-size int64 vector per rank in the training monitor's
+per-window ``all_gather`` (:meth:`GradientIntegrity.window_vector`), or, standalone, in a small
+``all_gather`` of this object's own every ``gather_every`` steps. Every rank runs the detector on
+the gathered matrix, so every rank reaches the same verdict and the ``skip_step`` and ``raise``
+policies act alike everywhere.
+
+Usage with the plain averaging all-reduce::
+
+    integrity = GradientIntegrity(GradientIntegrity.Config(policy="skip_step"))
+    ddp.register_comm_hook(IntegrityHookState(integrity), integrity_allreduce_hook)
+    for batch in loader:
+        loss_fn(ddp(x), y).backward()
+        if not integrity.end_step(ddp):       # False: every rank drops this update
+            opt.step()
+        opt.zero_grad()
+
+and with any other hook (a compressor): ``with_integrity(hook)`` adds the result hash and the
+NaN/Inf counts; compressors that call :meth:`GradientIntegrity.allgather_sent` and friends with
+their exact payloads get the payload checks too.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from laggard.detectors.finding import Finding
+from laggard.detectors.integrity import (
+    F_INF_RECV,
+    F_INF_SENT,
+    F_NAN_RECV,
+    F_NAN_SENT,
+    F_NUMEL,
+    F_RECV_A,
+    F_RECV_B,
+    F_RECV_C,
+    F_SENT_A,
+    F_SENT_B,
+    F_SENT_C,
+    OPS,
+    RECORD_WORDS,
+    IntegrityDetector,
+    bits_of,
+    chunk_sums,
+    encode_window,
+    to_int64,
+    window_words,
+)
+
+if TYPE_CHECKING:
+    from laggard.integrations.comm_timing import CommTimer
+    from laggard.integrations.faults import BitFlipInjector
+
+log = logging.getLogger(__name__)
+
+#: int64 words per hash block (4 KiB): long enough for the block sums to run at memory speed,
+#: short enough that the weighted combination of block sums costs nothing.
+BLOCK_WORDS = 512
+#: Elements converted to float64 at a time for the sum check (2 MiB of scratch).
+SUM_CHUNK = 1 << 18
+POLICIES = ("warn", "skip_step", "raise")
+_DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4}
+_WORD_DTYPES = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
+
+
+class IntegrityError(RuntimeError):
+    """Raised on every rank by the ``raise`` policy when a check finds corruption.
+
+    Attributes:
+        findings: the critical findings.
+    """
+
+    def __init__(self, findings: list[Finding]) -> None:
+        super().__init__("; ".join(f.message for f in findings[:3]))
+        self.findings = findings
+
+
+# ------------------------------------------------------------------------------ fingerprints
+_weights: dict[torch.device, torch.Tensor] = {}
+_weights_lock = threading.Lock()
+
+
+def _block_weights(count: int, device: torch.device) -> torch.Tensor:
+    """The first ``count`` odd int64 block weights (fixed seed: the same on every rank)."""
+    with _weights_lock:
+        w = _weights.get(device)
+        if w is None or w.numel() < count:
+            size = max(count, 2 * (w.numel() if w is not None else 1024))
+            g = torch.Generator().manual_seed(0x1A66A2D)
+            w = (torch.randint(-(1 << 62), 1 << 62, (size,), dtype=torch.int64, generator=g)
+                 * 2 + 1).to(device)
+            _weights[device] = w
+        return w[:count]
+
+
+def _words(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` (R, ...) reinterpreted, without copying when possible, as (R, m) integer words
+    of the widest size dividing a row's byte length."""
+    rows = rows.reshape(rows.shape[0], -1)
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
+    raw = rows.view(torch.uint8)
+    nbytes = raw.shape[1]
+    for size, dtype in _WORD_DTYPES:
+        if nbytes % size == 0:
+            try:
+                return raw.view(dtype)
+            except RuntimeError:  # storage offset not aligned to the word: try narrower
+                continue
+    return raw
+
+
+def row_fingerprints(rows: torch.Tensor) -> torch.Tensor:
+    """Hash of the bytes of each row of ``rows``.
+
+    Args:
+        rows: any dtype, shape ``(R, ...)``; row ``i`` is ``rows[i]``'s bytes.
+
+    Returns:
+        int64 ``(R,)`` on ``rows``' device: ``sum_k w_k * blocksum_k mod 2**64`` (module
+        docstring); every single-bit change of a row changes its value.
+    """
+    words = _words(rows)
+    r, m = words.shape
+    full = m - m % BLOCK_WORDS
+    parts = []
+    if full:
+        parts.append(words[:, :full].reshape(r, full // BLOCK_WORDS, BLOCK_WORDS).sum(
+            -1, dtype=torch.int64))
+    if m % BLOCK_WORDS or not m:
+        parts.append(words[:, full:].sum(-1, dtype=torch.int64, keepdim=True))
+    blocks = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+    weights = _block_weights(blocks.shape[1], blocks.device)
+    return (blocks * weights).sum(-1)
+
+
+def fingerprint(tensor: torch.Tensor) -> int:
+    """Hash of ``tensor``'s bytes as a Python int in int64 range (see :func:`row_fingerprints`)."""
+    return int(row_fingerprints(tensor.reshape(1, -1))[0])
+
+
+def float64_sums(tensor: torch.Tensor) -> tuple[float, float]:
+    """``(sum x, sum |x|)`` of a floating-point tensor, accumulated in float64.
+
+    The values are converted a chunk of :data:`SUM_CHUNK` at a time into one reused float64
+    buffer, which runs several times faster than ``sum(dtype=torch.float64)`` on CPU. The
+    rounding error of each sum is at most ``gamma_{n-1}(2**-53) * sum |x|`` (Higham, 2nd ed.,
+    §4.2), which :func:`laggard.detectors.integrity.sum_tolerance` accounts for.
+    """
+    flat = tensor.reshape(-1)
+    if flat.numel() <= SUM_CHUNK:
+        wide = flat.to(torch.float64)
+        return float(wide.sum()), float(wide.abs_().sum())
+    scratch = torch.empty(SUM_CHUNK, dtype=torch.float64, device=flat.device)
+    sums, magnitudes = [], []
+    for chunk in flat.split(SUM_CHUNK):
+        wide = scratch[: chunk.numel()]
+        wide.copy_(chunk)
+        sums.append(wide.sum())
+        magnitudes.append(wide.abs_().sum())
+    return float(torch.stack(sums).sum()), float(torch.stack(magnitudes).sum())
+
+
+def nonfinite_counts(tensor: torch.Tensor) -> tuple[int, int]:
+    """``(NaN count, Inf count)`` of a floating-point tensor; ``(0, 0)`` for integer ones.
+
+    A plain sum (memory speed) is finite iff there is no NaN or Inf, unless finite values
+    overflow it; only then are the exact counts taken, so the answer is always exact.
+    """
+    if not tensor.is_floating_point():
+        return 0, 0
+    if bool(torch.isfinite(tensor.sum())):
+        return 0, 0
+    return int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+
+
+# ---------------------------------------------------------------------------- the recorder
+class GradientIntegrity:
+    """Per-rank recorder of fingerprints, replica checks and the policy (module docstring).
+
+    Thread-safe: hooks record on the autograd thread and in collective callbacks. Failures of
+    the recorder itself are counted in :attr:`errors` and logged once; only the ``raise`` policy
+    raises into the training loop, and only :class:`IntegrityError`.
+
+    Args:
+        config: see :class:`GradientIntegrity.Config`.
+        process_group: the data-parallel group the gradients are reduced over (default: WORLD).
+            The replica check and the standalone gathers run on it; it must be able to
+            all-gather CPU int64 tensors (gloo, or a device-mixed group).
+        injector: a :class:`~laggard.integrations.faults.BitFlipInjector` to test the checks.
+
+    Raises:
+        ValueError: an invalid configuration.
+
+    Attributes:
+        step: the step being recorded (advanced by :meth:`end_step`).
+        findings: corruption and check-fault findings so far (newest 256).
+        skipped_steps: steps whose update was dropped by ``skip_step``.
+        errors: the recorder's own failures (a bug; never raised).
+        detector: the :class:`~laggard.detectors.integrity.IntegrityDetector`.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Configuration of :class:`GradientIntegrity`."""
+
+        policy: str = "warn"
+        """``warn`` (log findings), ``skip_step`` (every rank drops the update of a step with a
+        corrupt gradient; needs a verdict every step, so it gathers every step), ``raise``
+        (raise :class:`IntegrityError` on every rank)."""
+
+        replica_every: int = 100
+        """Steps between replica checks of all parameters; 0 turns them off."""
+
+        gather_every: int = 0
+        """Standalone: gather and check every this many steps in :meth:`end_step`. 0: the
+        training monitor carries the fingerprints in its window gather. ``skip_step`` forces 1."""
+
+        max_records: int = 256
+        """Records one window vector holds (16 int64 each); more are dropped and reported."""
+
+        sum_check: bool = True
+        """Take the float64 sums of all-reduce payloads (one extra read of each bucket)."""
+
+        def __post_init__(self) -> None:
+            if self.policy not in POLICIES:
+                raise ValueError(f"policy {self.policy!r} not in {POLICIES}")
+            if self.replica_every < 0 or self.gather_every < 0:
+                raise ValueError("replica_every and gather_every must be >= 0")
+            if self.max_records < 1:
+                raise ValueError("max_records must be >= 1")
+            if self.policy == "skip_step":
+                self.gather_every = 1
+
+    def __init__(self, config: GradientIntegrity.Config | None = None, *,
+                 process_group: dist.ProcessGroup | None = None,
+                 injector: BitFlipInjector | None = None) -> None:
+        self.config = config if config is not None else GradientIntegrity.Config()
+        self.process_group = process_group
+        initialised = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank(process_group) if initialised else 0
+        self.world_size = dist.get_world_size(process_group) if initialised else 1
+        self.injector = injector
+        self.step = 0
+        self.skipped_steps = 0
+        self.errors = 0
+        self.detector = IntegrityDetector()
+        self.findings: collections.deque[Finding] = collections.deque(maxlen=256)
+        self._records: list[list[int]] = []
+        # sent-side fields wait here, keyed (step, bucket, stage, op), until the receive side
+        # completes the record: one row per collective
+        self._sent: dict[tuple[int, int, int, str], dict[int, int]] = {}
+        self._dropped = 0
+        self._lock = threading.Lock()
+        self._logged: set[str] = set()
+
+    # ------------------------------------------------------------------ hook-side API
+    def allreduce_sent(self, bucket: int, payload: torch.Tensor, stage: int = 0) -> None:
+        """Fingerprint a payload about to be summed by an all-reduce, then apply a
+        ``before_send`` fault if one is due. Call right before launching the collective."""
+        self._guard(self._allreduce_sent, bucket, payload, stage)
+        self.inject("before_send", bucket, payload, stage)
+
+    def allreduce_received(self, bucket: int, result: torch.Tensor, stage: int = 0) -> None:
+        """Fingerprint the result of that all-reduce (call once it completed)."""
+        self._guard(self._allreduce_received, bucket, result, stage)
+
+    def allgather_sent(self, bucket: int, payload: torch.Tensor, stage: int = 0) -> None:
+        """Hash the exact bytes this rank contributes to an all-gather, then apply a
+        ``before_send`` fault if one is due."""
+        self._guard(self._gather_sent, bucket, payload, stage)
+        self.inject("before_send", bucket, payload, stage)
+
+    def allgather_received(self, bucket: int, gathered: torch.Tensor | Sequence[torch.Tensor],
+                           stage: int = 0) -> None:
+        """Hash each rank's chunk of a completed all-gather.
+
+        Args:
+            gathered: ``(W, ...)`` tensor (``all_gather_single`` output) or a list of ``W``
+                tensors (``all_gather``), chunk ``j`` from rank ``j``.
+        """
+        self._guard(self._gather_received, bucket, gathered, stage)
+
+    def alltoall_sent(self, bucket: int, payload: torch.Tensor, stage: int = 0) -> None:
+        """Hash each destination's chunk of an all-to-all input (``(W, ...)``, row ``r`` goes
+        to rank ``r``), then apply a ``before_send`` fault if one is due."""
+        self._guard(self._alltoall_sent, bucket, payload, stage)
+        self.inject("before_send", bucket, payload, stage)
+
+    def alltoall_received(self, bucket: int, received: torch.Tensor, stage: int = 0) -> None:
+        """Hash each source's chunk of a completed all-to-all output (``(W, ...)``)."""
+        self._guard(self._alltoall_received, bucket, received, stage)
+
+    def result(self, bucket: int, result: torch.Tensor,
+               local_nonfinite: tuple[int, int] = (0, 0)) -> None:
+        """Record the hook's final averaged bucket: its hash and NaN/Inf counts, with the
+        ``(NaN, Inf)`` counts of this rank's gradients taken before the hook ran."""
+        self._guard(self._result, bucket, result, local_nonfinite)
+
+    def inject(self, where: str, bucket: int, tensor: torch.Tensor, stage: int = 0) -> None:
+        """Let the injector flip its bit in ``tensor`` if this is its rank, step, bucket and
+        place (``before_send`` only at its stage). No-op without an injector."""
+        if self.injector is not None:
+            try:
+                self.injector.maybe_flip(where, self.rank, self.step, bucket, tensor, stage)
+            except Exception as exc:  # noqa: BLE001 - a broken injector is a test bug, not ours
+                self._error("inject", exc)
+
+    # --------------------------------------------------------------------- the step API
+    def end_step(self, model: torch.nn.Module | None = None) -> bool:
+        """Close this step's records; call after ``backward()``, before ``optimizer.step()``.
+
+        Applies a due ``param`` fault, takes the replica check when due, gathers and checks when
+        due (always under ``skip_step``), applies the policy, and advances :attr:`step`.
+
+        Args:
+            model: the model (or DDP wrapper) whose parameters the replica check hashes.
+
+        Returns:
+            True when the optimizer may apply this step's update; False when ``skip_step``
+            found a corrupt gradient this step (every rank returns False alike).
+
+        Raises:
+            IntegrityError: policy ``raise`` and a check found corruption (on every rank).
+        """
+        apply = True
+        if model is not None:
+            params = [p for p in model.parameters() if p.requires_grad]
+            if self.injector is not None:
+                self.inject_param(params)
+            every = self.config.replica_every
+            if every and self.step % every == 0:
+                self._guard(self._replica, params)
+        every = self.config.gather_every
+        if every and self.world_size > 1 and (self.step + 1) % every == 0:
+            apply = not self._gather_and_check()
+        self.step += 1
+        return apply
+
+    def inject_param(self, params: Sequence[torch.Tensor]) -> None:
+        """Apply a due ``param`` fault: ``element`` indexes the parameters concatenated in
+        ``model.parameters()`` order."""
+        injector = self.injector
+        if injector is None or injector.where != "param":
+            return
+        element = injector.element
+        for p in params:
+            if element < p.numel():
+                with torch.no_grad():
+                    self.inject("param", injector.bucket, p.data.view(-1)[element:element + 1])
+                return
+            element -= p.numel()
+
+    def window_vector(self) -> torch.Tensor:
+        """This window's records as the fixed-size int64 vector of
+        :func:`laggard.detectors.integrity.encode_window` (``window_words(max_records)``
+        words), and forget them. For the training monitor's per-window gather."""
+        with self._lock:
+            records, self._records = self._records, []
+            dropped, self._dropped = self._dropped, 0
+        words = encode_window(self.rank, self.world_size, records, self.config.max_records,
+                              dropped)
+        return torch.tensor(words, dtype=torch.int64)
+
+    def vector_words(self) -> int:
+        """Length of :meth:`window_vector` (fixed for the run)."""
+        return window_words(self.config.max_records)
+
+    def check_window(self, gathered: torch.Tensor | Sequence[Sequence[int]]) -> list[Finding]:
+        """Run the detector on the gathered window vectors and apply the policy.
+
+        Args:
+            gathered: ``(W, vector_words())`` int64, row ``r`` from rank ``r``.
+
+        Returns:
+            The findings (also appended to :attr:`findings` and logged).
+
+        Raises:
+            IntegrityError: policy ``raise`` and a finding of corruption.
+        """
+        rows = gathered.tolist() if isinstance(gathered, torch.Tensor) else gathered
+        findings = self.detector.update(rows)
+        for finding in findings:
+            self.findings.append(finding)
+            if self.rank == 0:
+                log.warning("laggard: integrity: %s (evidence %s)", finding.message,
+                            finding.evidence)
+        corrupt = [f for f in findings if f.severity.value == "critical"]
+        if corrupt and self.config.policy == "raise":
+            raise IntegrityError(corrupt)
+        return findings
+
+    # ------------------------------------------------------------------------ internals
+    def _gather_and_check(self) -> bool:
+        """All-gather the records so far and check them; True when corruption was found."""
+        try:
+            local = self.window_vector()
+            # gloo's all-gather wants a flat output
+            gathered = torch.empty(self.world_size * local.numel(), dtype=torch.int64)
+            dist.all_gather_single(gathered, local, group=self.process_group)
+            gathered = gathered.view(self.world_size, -1)
+        except Exception as exc:  # noqa: BLE001 - a failed gather must not stop training
+            self._error("gather", exc)
+            return False
+        findings = self.check_window(gathered)
+        corrupt = any(f.severity.value == "critical" for f in findings)
+        if corrupt and self.config.policy == "skip_step":
+            self.skipped_steps += 1
+            if self.rank == 0:
+                log.warning("laggard: integrity: step %d update dropped on every rank", self.step)
+        return corrupt
+
+    def _add(self, bucket: int, stage: int, op: str, tensor: torch.Tensor,
+             fields: dict[int, int]) -> None:
+        row = [0] * RECORD_WORDS
+        row[0], row[1], row[2], row[3] = self.step, bucket, stage, OPS[op]
+        row[4] = _DTYPE_CODES.get(tensor.dtype, 0 if tensor.is_floating_point() else 5)
+        row[F_NUMEL] = tensor.numel()
+        for index, value in fields.items():
+            row[index] = value
+        with self._lock:
+            if len(self._records) < self.config.max_records:
+                self._records.append(row)
+            else:
+                self._dropped += 1
+
+    def _allreduce_sent(self, bucket: int, payload: torch.Tensor, stage: int) -> None:
+        nan, inf = nonfinite_counts(payload)
+        fields = {F_NAN_SENT: nan, F_INF_SENT: inf}
+        if self.config.sum_check and payload.is_floating_point():
+            total, magnitude = float64_sums(payload)
+            fields[F_SENT_A], fields[F_SENT_B] = bits_of(total), bits_of(magnitude)
+        self._pending(bucket, stage, "allreduce", payload, fields)
+
+    def _allreduce_received(self, bucket: int, result: torch.Tensor, stage: int) -> None:
+        fields = self._take_pending(bucket, stage, "allreduce")
+        fields[F_RECV_A] = fingerprint(result)
+        if self.config.sum_check and result.is_floating_point():
+            fields[F_RECV_B] = bits_of(float64_sums(result)[0])
+        fields[F_NAN_RECV], fields[F_INF_RECV] = nonfinite_counts(result)
+        self._add(bucket, stage, "allreduce", result, fields)
+
+    def _gather_sent(self, bucket: int, payload: torch.Tensor, stage: int) -> None:
+        nan, inf = nonfinite_counts(payload)
+        self._pending(bucket, stage, "allgather", payload,
+                      {F_SENT_A: fingerprint(payload), F_NAN_SENT: nan, F_INF_SENT: inf})
+
+    def _gather_received(self, bucket: int, gathered: Any, stage: int) -> None:
+        rows = torch.stack(list(gathered)) if not isinstance(gathered, torch.Tensor) else gathered
+        fields = self._take_pending(bucket, stage, "allgather")
+        fields[F_RECV_A], fields[F_RECV_B], fields[F_RECV_C] = chunk_sums(
+            row_fingerprints(rows).tolist())
+        fields[F_NAN_RECV], fields[F_INF_RECV] = nonfinite_counts(rows)
+        self._add(bucket, stage, "allgather", rows[0], fields)
+
+    def _alltoall_sent(self, bucket: int, payload: torch.Tensor, stage: int) -> None:
+        hashes = row_fingerprints(payload).tolist()
+        wrap, plain, weighted = chunk_sums(hashes)
+        nan, inf = nonfinite_counts(payload)
+        self._pending(bucket, stage, "alltoall", payload,
+                      {F_SENT_A: wrap, F_SENT_B: weighted, F_SENT_C: plain,
+                       F_NAN_SENT: nan, F_INF_SENT: inf})
+
+    def _alltoall_received(self, bucket: int, received: torch.Tensor, stage: int) -> None:
+        fields = self._take_pending(bucket, stage, "alltoall")
+        fields[F_RECV_A], fields[F_RECV_B], fields[F_RECV_C] = chunk_sums(
+            row_fingerprints(received).tolist())
+        fields[F_NAN_RECV], fields[F_INF_RECV] = nonfinite_counts(received)
+        self._add(bucket, stage, "alltoall", received[0], fields)
+
+    def _result(self, bucket: int, result: torch.Tensor, local: tuple[int, int]) -> None:
+        fields = {F_RECV_A: fingerprint(result), F_NAN_SENT: local[0], F_INF_SENT: local[1]}
+        fields[F_NAN_RECV], fields[F_INF_RECV] = nonfinite_counts(result)
+        self._add(bucket, 0, "result", result, fields)
+
+    def _replica(self, params: Sequence[torch.Tensor]) -> None:
+        hashes = [fingerprint(p.detach()) for p in params]
+        # position-weighted like the blocks of one hash, so swapped parameters differ too
+        combined = to_int64(sum((2 * i + 1) * (h & ((1 << 64) - 1)) for i, h in enumerate(hashes)))
+        numel = sum(p.numel() for p in params)
+        self._add(0, 0, "replica", torch.empty(0), {F_RECV_A: combined, F_NUMEL: numel})
+
+    def _pending(self, bucket: int, stage: int, op: str, payload: torch.Tensor,
+                 fields: dict[int, int]) -> None:
+        with self._lock:
+            self._sent[(self.step, bucket, stage, op)] = fields
+
+    def _take_pending(self, bucket: int, stage: int, op: str) -> dict[int, int]:
+        with self._lock:
+            return self._sent.pop((self.step, bucket, stage, op), {})
+
+    def _guard(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - observability never breaks the job
+            self._error(fn.__name__, exc)
+
+    def _error(self, where: str, exc: BaseException) -> None:
+        self.errors += 1
+        if where not in self._logged:
+            self._logged.add(where)
+            log.warning("laggard: integrity error in %s: %r (ignored; training goes on)",
+                        where, exc)
+
+
+# ----------------------------------------------------------------------------------- hooks
+@dataclass(slots=True)
+class IntegrityHookState:
+    """State of :func:`integrity_allreduce_hook` and of hooks made by :func:`with_integrity`.
+
+    Attributes:
+        integrity: the recorder.
+        inner: the wrapped hook's own state (``with_integrity`` only).
+        timer: a CommTimer to time the plain all-reduce with (optional).
+        process_group: group of the plain all-reduce (None: WORLD).
+    """
+
+    integrity: GradientIntegrity
+    inner: Any = None
+    timer: CommTimer | None = None
+    process_group: dist.ProcessGroup | None = None
+
+
+# Hooks are left unannotated: DDP compares annotations with dist.GradBucket by identity.
+def integrity_allreduce_hook(state: IntegrityHookState, bucket):  # type: ignore[no-untyped-def]
+    """DDP communication hook: averaging all-reduce (as DDP's default) with every check.
+
+    Divides the bucket by the world size, fingerprints it (float64 sums, NaN/Inf), all-reduces
+    it, and fingerprints the result (hash, float64 sum, NaN/Inf).
+
+    Args:
+        state: :class:`IntegrityHookState`.
+        bucket: DDP's ``GradBucket``; its ``buffer()`` is reduced in place.
+
+    Returns:
+        A future of the averaged bucket buffer.
+    """
+    integrity, index = state.integrity, bucket.index()
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    buffer.div_(group.size())
+    integrity.allreduce_sent(index, buffer)
+    fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+    if state.timer is not None:
+        fut = state.timer.track(fut, buffer.numel() * buffer.element_size())
+
+    def received(done: torch.futures.Future) -> torch.Tensor:
+        value = done.value()
+        result = value[0] if isinstance(value, list) else value
+        integrity.inject("after_reduce", index, result)
+        integrity.allreduce_received(index, result)
+        return result
+
+    return fut.then(received)
+
+
+def with_integrity(hook: Callable[[Any, Any], torch.futures.Future]) -> Callable[..., Any]:
+    """Wrap any DDP communication hook with the result-hash and NaN/Inf checks.
+
+    The wrapped hook's state is :class:`IntegrityHookState` with ``inner`` = the hook's own
+    state. Before the hook, the local gradients' NaN/Inf are counted; after it, an
+    ``after_reduce`` fault is applied if due, then the result is hashed: every rank must hold
+    the same averaged bucket, whatever the compressor, so a rank whose result differs is named.
+
+    Returns:
+        A hook for ``DistributedDataParallel.register_comm_hook``.
+    """
+
+    def integrity_hook(state: IntegrityHookState, bucket):  # type: ignore[no-untyped-def]
+        integrity, index = state.integrity, bucket.index()
+        local = nonfinite_counts(bucket.buffer())
+        fut = hook(state.inner, bucket)
+
+        def finished(done: torch.futures.Future) -> torch.Tensor:
+            value = done.value()
+            result = value[0] if isinstance(value, list) else value
+            integrity.inject("after_reduce", index, result)
+            integrity.result(index, result, local)
+            return result
+
+        return fut.then(finished)
+
+    integrity_hook.__name__ = f"integrity_{getattr(hook, '__name__', 'hook')}"
+    return integrity_hook
+
+
+__all__ = [
+    "BLOCK_WORDS", "POLICIES", "GradientIntegrity", "IntegrityError", "IntegrityHookState",
+    "fingerprint", "float64_sums", "integrity_allreduce_hook", "nonfinite_counts",
+    "row_fingerprints", "with_integrity",
+]
