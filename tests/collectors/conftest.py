@@ -57,3 +57,19 @@ def golden() -> Callable[[str, str], None]:
         assert text == expected, f"exposition differs from golden file {name}"
 
     return compare
+
+
+def series_value(text: str, series: str) -> float | None:
+    """The value of one series, given as its exact name and label set as exposed
+    (``'laggard_gpu_lost{gpu="1"}'``), in an exposition text; None when absent."""
+    for line in text.splitlines():
+        name, _, number = line.rpartition(" ")
+        if name == series:
+            return float(number)
+    return None
+
+
+@pytest.fixture
+def value() -> Callable[[str, str], float | None]:
+    """:func:`series_value` as a fixture."""
+    return series_value

@@ -13,15 +13,8 @@ from support import FIXTURES
 SYSFS = FIXTURES / "infiniband" / "sys"
 
 
-def value(text: str, series: str) -> float | None:
-    for line in text.splitlines():
-        name, _, number = line.rpartition(" ")
-        if name == series:
-            return float(number)
-    return None
 
-
-def test_corpus_answers(expose) -> None:
+def test_corpus_answers(expose, value) -> None:
     text = expose(InfinibandCollector(str(SYSFS)))
     port = '{device="mlx5_0",port="1"}'
     # port_rcv_data counts 4-octet words
@@ -62,7 +55,7 @@ def test_no_infiniband_is_no_data(tmp_path) -> None:
         InfinibandCollector(str(tmp_path)).collect()
 
 
-def test_partial_and_garbled_files_are_left_out(tmp_path, expose) -> None:
+def test_partial_and_garbled_files_are_left_out(tmp_path, expose, value) -> None:
     shutil.copytree(SYSFS, tmp_path / "sys")
     port = tmp_path / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
     (port / "counters" / "port_rcv_data").unlink()

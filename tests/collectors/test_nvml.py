@@ -21,14 +21,6 @@ def collector_for(fake: FakeNvml) -> tuple[NvmlCollector, FindingLog]:
     return NvmlCollector(NvmlLibrary(fake), findings=findings, node="node01"), findings
 
 
-def value(text: str, series: str) -> float | None:
-    """The value of one series (exact name and labels) in an exposition, None when absent."""
-    for line in text.splitlines():
-        name, _, number = line.rpartition(" ")
-        if name == series:
-            return float(number)
-    return None
-
 
 def scrape_until(agent, needle: str, timeout: float = 5.0) -> str:
     """Scrape until ``needle`` appears (the collectors' first rounds run after the server is up)."""
@@ -49,7 +41,7 @@ def test_golden_exposition_two_fake_gpus_during_power_cap(expose, golden, promto
     promtool(text)
 
 
-def test_units_are_converted_at_the_edge(expose) -> None:
+def test_units_are_converted_at_the_edge(expose, value) -> None:
     fake = FakeNvml(2)
     collector, _ = collector_for(fake)
     fake.advance(12)
@@ -107,7 +99,7 @@ def test_throttle_finding_after_three_samples_and_not_for_idle() -> None:
     assert len(findings.recent()) == 1
 
 
-def test_lost_gpu_is_marked_and_the_others_go_on(expose) -> None:
+def test_lost_gpu_is_marked_and_the_others_go_on(expose, value) -> None:
     fake = FakeNvml(2)
     collector, findings = collector_for(fake)
     fake.advance(50)  # GPU 1 is lost from step 50
@@ -155,7 +147,7 @@ def test_real_pynvml_without_a_driver_is_no_data() -> None:
         assert count >= 1 and list(collector.collect())
 
 
-def test_legacy_throttle_reason_names_are_mapped(expose) -> None:
+def test_legacy_throttle_reason_names_are_mapped(expose, value) -> None:
     class LegacyNvml(FakeNvml):
         """A pre-530 binding: only nvmlClocksThrottleReason* and the old getter."""
 
@@ -217,7 +209,7 @@ def test_agent_without_gpu_runs_with_nvml_success_zero_and_no_traceback(agent_fa
     assert len([line for line in output.splitlines() if "collector nvml" in line]) == 1, output
 
 
-def test_an_unexpected_field_error_costs_only_that_field(expose) -> None:
+def test_an_unexpected_field_error_costs_only_that_field(expose, value) -> None:
     class FlakyNvml(FakeNvml):
         def nvmlDeviceGetTemperature(self, handle, sensor):  # noqa: N802
             if handle.index == 0:

@@ -19,13 +19,6 @@ LINE = "[ 12.5] NVRM: Xid (PCI:0000:18:00): 13, pid=7, name=python, Graphics SM 
 SERIES = 'laggard_gpu_xid_errors_total{gpu="",pci_bus_id="0000:18:00",xid="13"}'
 
 
-def value(text: str, series: str) -> float | None:
-    for line in text.splitlines():
-        name, _, number = line.rpartition(" ")
-        if name == series:
-            return float(number)
-    return None
-
 
 def append(path: Path, text: str) -> None:
     with open(path, "a", encoding="utf-8") as f:
@@ -66,7 +59,7 @@ def test_missing_file_waits_and_unreadable_source_is_no_data(tmp_path) -> None:
         collector.collect()
 
 
-def test_three_identical_lines_count_three_with_findings(tmp_path, expose) -> None:
+def test_three_identical_lines_count_three_with_findings(tmp_path, expose, value) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")
     findings = FindingLog()
@@ -100,7 +93,7 @@ def test_golden_exposition_of_corpus_logs(tmp_path, expose, golden, promtool) ->
     promtool(text.replace("READ_TIME", "1.7e+09") + "\n")
 
 
-def test_nvml_event_and_kernel_line_of_one_xid_count_once(tmp_path, expose) -> None:
+def test_nvml_event_and_kernel_line_of_one_xid_count_once(tmp_path, expose, value) -> None:
     fake = FakeNvml(2)  # step 20: Xid 13 on the last GPU (index 1, PCI 0000:28:00)
     log = tmp_path / "kern.log"
     log.write_text("")
@@ -123,7 +116,7 @@ def test_nvml_event_and_kernel_line_of_one_xid_count_once(tmp_path, expose) -> N
         collector.stop()
 
 
-def test_sxid_counted_per_fatal_link_line(tmp_path, expose) -> None:
+def test_sxid_counted_per_fatal_link_line(tmp_path, expose, value) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")
     findings = FindingLog()
@@ -142,7 +135,7 @@ def test_sxid_counted_per_fatal_link_line(tmp_path, expose) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.access("/dev/kmsg", os.W_OK),
                     reason="injecting a kernel-log record needs root and a writable /dev/kmsg")
-def test_dev_kmsg_record_is_counted(expose) -> None:
+def test_dev_kmsg_record_is_counted(expose, value) -> None:
     collector = XidCollector(kernel_log=KernelLogSource("/dev/kmsg"), library=None)
     collector.collect()  # opens at the end of the ring buffer
     record = "NVRM: Xid (PCI:0000:ee:00): 31, pid=1, name=laggard-test, MMU Fault (test record)"
@@ -153,7 +146,7 @@ def test_dev_kmsg_record_is_counted(expose) -> None:
                  ) == 1.0
 
 
-def test_agent_counts_appended_lines_within_two_seconds(tmp_path, agent_factory) -> None:
+def test_agent_counts_appended_lines_within_two_seconds(tmp_path, agent_factory, value) -> None:
     log = tmp_path / "syslog"
     log.write_text("Dec  2 11:38:27 node01 kernel: [  199.2] NVRM: unrelated line\n")
     agent = agent_factory("--collect-interval", "0.1", "--path.kmsg", str(log))
