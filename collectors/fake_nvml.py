@@ -197,6 +197,12 @@ class FakeNvml:
             return self._manual_step
         return int((self._clock() - self._start) / self._step_seconds)
 
+    def _to_next_step(self) -> float:
+        if self._clock is None:
+            return float("inf")
+        elapsed = self._clock() - self._start
+        return self._step_seconds - elapsed % self._step_seconds + 1e-3
+
     def _catch_up(self) -> None:
         # Accumulate counters and queue events for every step passed since the last call.
         now = self.step
@@ -437,7 +443,8 @@ class FakeNvml:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise NVMLError(NVML_ERROR_TIMEOUT)
-                self._lock.wait(min(left, 0.05))
+                # advance() notifies; with a clock, wake at the next step boundary.
+                self._lock.wait(min(left, self._to_next_step()))
 
     def nvmlEventSetFree(self, event_set: list[_Handle]) -> None:  # noqa: N802
         self.calls += 1
