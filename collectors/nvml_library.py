@@ -76,6 +76,7 @@ class NvmlLibrary:
         self._atexit_registered = False
         self.driver_version: str | None = None
         self.errors: Counter[str] = Counter()
+        self._lost_at_init: dict[int, bool] = {}
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -123,12 +124,22 @@ class NvmlLibrary:
             self._atexit_registered = True
         try:
             count = nvml.nvmlDeviceGetCount()
-            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self._handles = [self._handle_or_none(i) for i in range(count)]
             version = nvml.nvmlSystemGetDriverVersion()
             self.driver_version = version.decode() if isinstance(version, bytes) else version
         except nvml.NVMLError as exc:
             self._shutdown_locked()
             raise NoDataError(f"NVML device enumeration failed: {_describe(nvml, exc)}") from None
+
+    def _handle_or_none(self, index: int) -> Any:
+        # One lost or hidden GPU (NO_PERMISSION in a container) must not cost the others.
+        nvml = self.module
+        try:
+            return nvml.nvmlDeviceGetHandleByIndex(index)
+        except nvml.NVMLError as exc:
+            log.warning("GPU %d: no NVML handle (%s)", index, _describe(nvml, exc))
+            self._lost_at_init[index] = exc.value == nvml.NVML_ERROR_GPU_IS_LOST
+            return None
 
     def reinit(self) -> None:
         """Ask for a shutdown and fresh init at the next :meth:`start` (after a GPU was lost)."""
@@ -153,6 +164,7 @@ class NvmlLibrary:
     def _shutdown_locked(self) -> None:
         self._initialised = False
         self._handles = []
+        self._lost_at_init = {}
         try:
             self.module.nvmlShutdown()
         except Exception as exc:  # noqa: BLE001 - shutting down a broken library must not raise
@@ -182,10 +194,15 @@ class NvmlLibrary:
         """
         nvml = self.module
         fn = getattr(nvml, function, None)
+        handle = self._handles[index]
+        if handle is None:
+            if self._lost_at_init.get(index):
+                raise GpuLostError(index)
+            return None
         if fn is None:  # an older nvidia-ml-py without this binding
             return None
         try:
-            return fn(self._handles[index], *args)
+            return fn(handle, *args)
         except nvml.NVMLError as exc:
             if exc.value == nvml.NVML_ERROR_GPU_IS_LOST:
                 raise GpuLostError(index) from None

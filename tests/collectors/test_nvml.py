@@ -251,3 +251,21 @@ def test_lost_gpu_triggers_reinit_with_backoff() -> None:
     now[0] = 3.2
     list(collector.collect())
     assert CountingNvml.inits == 3
+
+
+def test_gpu_lost_before_init_costs_only_that_gpu(expose, value) -> None:
+    fake = FakeNvml(2)
+    fake.advance(50)  # GPU 1 lost already when NVML starts: no handle for it
+    original = fake.nvmlDeviceGetHandleByIndex
+
+    def handle_by_index(index: int):  # noqa: ANN202 - mirrors pynvml
+        if index == 1:
+            raise fake.NVMLError(fake.NVML_ERROR_GPU_IS_LOST)
+        return original(index)
+
+    fake.nvmlDeviceGetHandleByIndex = handle_by_index
+    collector, findings = collector_for(fake)
+    text = expose(collector)
+    assert value(text, 'laggard_gpu_lost{gpu="1"}') == 1.0
+    assert value(text, 'laggard_gpu_temperature_celsius{gpu="0"}') == 41.0
+    assert [f["kind"] for f in findings.recent()] == ["gpu_lost"]
