@@ -277,6 +277,8 @@ def nccl_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
 
 def _timeout_findings(logs: list[tuple[str, NcclLog]], locations: dict[int, str]) \
         -> list[Finding]:
+    # The default communicator spans the world: its size bounds the ranks that should report.
+    world_hint = max((i.nranks for _, log in logs for i in log.inits), default=None)
     # (pg, rank, seq) -> status, to give each timeout its process group and progress
     status: dict[tuple[int | None, int | None], Any] = {}
     for _, log in logs:
@@ -306,13 +308,13 @@ def _timeout_findings(logs: list[tuple[str, NcclLog]], locations: dict[int, str]
         if seq is not None:
             by_pg[pg].append(seq)
     for (pg, seq), items in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1)):
-        out += _one_timeout(pg, seq, items, status, by_pg, locations)
+        out += _one_timeout(pg, seq, items, status, by_pg, locations, world_hint)
     return out
 
 
 def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeout]],
-                 status: dict, by_pg: dict[str, list[int]], locations: dict[int, str]) \
-        -> list[Finding]:
+                 status: dict, by_pg: dict[str, list[int]], locations: dict[int, str],
+                 world_hint: int | None) -> list[Finding]:
     source = sources_text(s for s, _ in items)
     per_rank: dict[int, WatchdogTimeout] = {}
     for _, t in items:
@@ -341,6 +343,9 @@ def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeou
     comp = {r: status[(r, seq)].last_completed for r in ranks if (r, seq) in status}
     world = _world_size(first.op, first.numel_in, first.numel_out)
     world_note = f"{world}, from NumelIn/NumelOut" if world else None
+    # A subgroup's size is not the world's: the init hint only bounds the default group.
+    if world is None and world_hint and pg in ("?", "0") and (not ranks or max(ranks) < world_hint):
+        world, world_note = world_hint, f"{world_hint}, from NCCL's Init COMPLETE lines"
     if world is None and ranks:
         world_note = f"at least {max(ranks) + 1}, from the highest rank seen"
     silent = sorted(set(range(world)) - set(ranks)) if world else (

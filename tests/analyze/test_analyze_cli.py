@@ -314,3 +314,15 @@ def test_a_large_log_streams_in_bounded_memory(tmp_path):
     assert f["evidence"]["xid"] == 48 and f["evidence"]["count"] > 20_000
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     assert peak_mib < min(150, size_mib / 2), (peak_mib, size_mib)
+
+
+def test_init_lines_of_another_file_place_the_culprit_rank_on_its_host_and_gpu(tmp_path):
+    (tmp_path / "init.log").write_bytes(
+        (DIR / "nccl10_info_init_complete_legacy_2nodes_16ranks.log").read_bytes())
+    (tmp_path / "rank3.log").write_text(
+        "[rank3]:[E1 1:1:1.1 ProcessGroupNCCL.cpp:1] [Rank 3] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=8, NumelOut=8, "
+        "Timeout(ms)=600000) ran for 600001 milliseconds before timing out.\n")
+    _, (f,) = findings(str(tmp_path))
+    assert f["evidence"]["locations"]["15"] == "node02 GPU 0000:e7:00 (cudaDev 7)"
+    assert f["evidence"]["locations"]["2"] == "node01 GPU 0000:64:00 (cudaDev 2)"
