@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -277,10 +278,12 @@ def _resolve_variables(prom: Prometheus, dashboard: dict[str, Any]) -> dict[str,
     return values
 
 
-def _dead_queries(prom: Prometheus) -> list[str]:
-    """Every panel query of every dashboard that returns nothing now."""
+def _dead_queries(prom: Prometheus, uids: tuple[str, ...] | None = None) -> list[str]:
+    """Every panel query of every dashboard (or of those in ``uids``) that returns nothing now."""
     dead = []
     for dashboard in render_dashboards().values():
+        if uids is not None and dashboard["uid"] not in uids:
+            continue
         try:
             values = _resolve_variables(prom, dashboard)
         except AssertionError as exc:
@@ -352,6 +355,47 @@ def test_every_panel_has_data_and_the_alerts_fire(
     assert set(ratios) == {str(r) for r in range(WORLD_SIZE)}
     assert max(ratios, key=ratios.get) == str(SLOW_RANK)
     assert ratios[str(SLOW_RANK)] == pytest.approx(SLOWDOWN, rel=0.05)
+
+
+@pytest.mark.timeout(300)
+def test_demo_training_job_straggler_named_by_prometheus(
+    agent: AgentProcess, prometheus: Prometheus, tmp_path: Path
+) -> None:
+    """The real job: PyTorch's launcher, 3 gloo ranks of the demo model, rank 1 slowed 2x.
+
+    Its TrainingMonitor sends to the fixture's agent; the in-job detector's finding and the
+    cross-node recording rules must both name rank 1, and the per-rank dashboards have data.
+    """
+    pytest.importorskip("torch")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
+         "-m", "laggard.integrations.demo_worker", "--steps", "40", "--window", "5",
+         "--slow-rank", "1", "--slowdown", "2.0", "--slow-from", "0",
+         "--intake-address", f"127.0.0.1:{agent.intake_port}",
+         "--result", str(tmp_path / "result.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        per_rank = ("laggard-job-overview", "laggard-communication")
+        dead = _dead_queries(prometheus, per_rank)
+        while dead and launcher.poll() is None:
+            time.sleep(1.0)
+            dead = _dead_queries(prometheus, per_rank)
+        output, _ = launcher.communicate(timeout=240)
+        assert launcher.returncode == 0, output.decode()[-3000:]
+        dead = _dead_queries(prometheus, per_rank)
+        assert not dead, "queries without data:\n" + "\n".join(dead)
+        deadline = time.monotonic() + 15
+        for alertname in ("LaggardStragglerDetected", "LaggardStragglerRank"):
+            while not _ever_fired(prometheus, alertname, rank="1"):
+                assert time.monotonic() < deadline, f"{alertname} never fired for rank 1"
+                time.sleep(1.0)
+            for rank in ("0", "2"):
+                assert not _ever_fired(prometheus, alertname, rank=rank), (alertname, rank)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
 
 
 def test_prometheus_is_stopped_by_pid_when_the_test_fails(tmp_path: Path) -> None:
