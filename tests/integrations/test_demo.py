@@ -1,0 +1,175 @@
+"""``laggard demo`` end to end: a real agent, PyTorch's launcher, real gloo ranks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from support import free_port, scrape
+
+pytest.importorskip("torch")
+psutil = pytest.importorskip("psutil")
+
+from laggard.integrations import demo  # noqa: E402
+
+#: Short runs: 3 ranks (the fewest that can outvote one), 10-step windows.
+SHORT = ["--world-size", "3", "--window", "10", "--slow-rank", "1"]
+
+
+def _start(*flags: str, metrics_port: int | None = None) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "laggard.agent.cli", "demo", *flags]
+    if metrics_port is not None:
+        cmd += ["--metrics-address", f"127.0.0.1:{metrics_port}"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _per_rank_series(text: str, metric: str) -> set[str]:
+    """Ranks that have at least one sample of ``metric`` in an exposition."""
+    ranks = set()
+    for line in text.splitlines():
+        if line.startswith(metric + "{") and 'rank="' in line:
+            ranks.add(line.split('rank="', 1)[1].split('"', 1)[0])
+    return ranks
+
+
+@pytest.mark.slow
+def test_demo_names_the_slowed_rank_and_the_agent_exports_every_rank(tmp_path):
+    report_path = tmp_path / "report.json"
+    port = free_port()
+    proc = _start(*SHORT, "--steps", "200", "--slowdown", "2.0", "--slow-from", "20",
+                  "--report", str(report_path), metrics_port=port)
+    scrapes: list[str] = []
+
+    def scrape_during_the_run() -> None:
+        # poll until a scrape holds every rank's phase histogram, while training still runs
+        while proc.poll() is None:
+            try:
+                text = scrape(f"http://127.0.0.1:{port}/metrics", timeout=2)
+            except OSError:
+                time.sleep(0.2)
+                continue
+            if len(_per_rank_series(text, "laggard_step_phase_seconds_bucket")) == 3:
+                scrapes.append(text)
+                return
+            time.sleep(0.2)
+
+    scraper = threading.Thread(target=scrape_during_the_run)
+    scraper.start()
+    out, _ = proc.communicate(timeout=240)
+    scraper.join()
+    assert proc.returncode == 0, out[-4000:]
+
+    assert scrapes, "no scrape during the run held all three ranks"
+    text = scrapes[0]
+    for metric in ("laggard_step_phase_seconds_bucket", "laggard_steps_total",
+                   "laggard_step_seconds_count"):
+        assert _per_rank_series(text, metric) == {"0", "1", "2"}, metric
+    assert 'phase="collective_wait"' in text and 'phase="forward"' in text
+
+    report = json.loads(report_path.read_text())
+    assert set(report) >= {"world_size", "steps", "injected", "findings", "ranks", "loss",
+                           "metrics_url"}
+    assert report["injected"] == {"rank": 1, "slowdown": 2.0, "from_step": 20}
+    stragglers = [f for f in report["findings"] if f["rank"] is not None]
+    assert [f["rank"] for f in stragglers] == [1], report["findings"]
+    finding = stragglers[0]
+    assert finding["detector"] == "straggler" and finding["kind"] == "compute"
+    assert finding["step"] >= 20 and finding["message"] and finding["evidence"]
+    assert {r["rank"] for r in report["ranks"]} == {0, 1, 2}
+    slow = report["ranks"][1]
+    others = [r for r in report["ranks"] if r["rank"] != 1]
+    assert all(slow["compute_seconds_median"] > r["compute_seconds_median"] for r in others)
+    assert all(slow["collective_wait_seconds_median"] < r["collective_wait_seconds_median"]
+               for r in others)
+    assert report["loss"]["last"] < report["loss"]["first"]
+    assert report["metrics_url"] == f"http://127.0.0.1:{port}/metrics"
+    assert report["comm"]["bytes"] > 0
+    assert "straggler: rank 1" in out and "injected: rank 1 x2 from step 20: found" in out
+    assert "step   100/200" in out  # progress while it ran
+
+
+@pytest.mark.slow
+def test_demo_without_slowdown_names_no_straggler(tmp_path):
+    report_path = tmp_path / "report.json"
+    proc = _start(*SHORT, "--steps", "120", "--slowdown", "1.0", "--slow-from", "0",
+                  "--report", str(report_path))
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-4000:]
+    report = json.loads(report_path.read_text())
+    assert [f for f in report["findings"] if f["rank"] is not None] == []
+    assert "straggler: none found" in out
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_process_the_demo_started():
+    proc = _start(*SHORT, "--steps", "100000")
+    started = time.monotonic()
+    lines = []
+    for line in proc.stdout:  # wait until training is under way
+        lines.append(line)
+        if line.startswith("step "):
+            break
+        assert time.monotonic() - started < 120, "".join(lines)
+    # the agent, the launcher and its 3 ranks (each rank in a session of its own)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 5, children
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, out[-3000:]
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert alive == [], alive
+
+
+def test_bad_flags_get_a_clear_error_and_status_2():
+    proc = subprocess.run([sys.executable, "-m", "laggard.agent.cli", "demo",
+                           "--world-size", "4", "--slow-rank", "4"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--slow-rank must be in [0, 3]" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_report_from_a_worker_result():
+    args = argparse.Namespace(slow_rank=1, slowdown=1.5, slow_from=20, window=10,
+                              compression="none")
+    nan = None
+
+    def medians(compute: float, wait: float) -> list[float | None]:
+        return [compute, 0.001, wait, nan, compute + 0.011, wait + 0.005, 1e6]
+
+    result = {
+        "world_size": 3, "steps": 40,
+        "loss": {"first": 5.5, "last": 2.1},
+        "windows": [
+            {"step": 9, "medians": [medians(0.03, 0.01)] * 3},
+            {"step": 19, "medians": [medians(0.03, 0.01)] * 3},
+            {"step": 29, "medians": [medians(0.03, 0.02), medians(0.045, 0.001),
+                                     medians(0.03, 0.02)]},
+            {"step": 39, "medians": [medians(0.03, 0.02), medians(0.047, 0.002),
+                                     medians(0.03, 0.02)]},
+        ],
+        "findings": [{"detector": "straggler", "kind": "compute", "severity": "warning",
+                      "message": "rank 1 slow", "rank": 1, "node": "n", "gpu": None,
+                      "local_rank": 1, "step": 39, "evidence": {"slowdown": 0.5}}],
+    }
+    report = demo.build_report(result, args, "http://127.0.0.1:1/metrics")
+    assert set(report["findings"][0]) == {"detector", "kind", "rank", "step", "severity",
+                                          "evidence", "message"}
+    assert report["table_from_step"] == 20  # windows wholly after the slowdown started
+    assert report["ranks"][1]["compute_seconds_median"] == pytest.approx(0.046)
+    assert report["ranks"][0]["collective_wait_seconds_median"] == pytest.approx(0.02)
+    assert report["comm"]["exposed_seconds"] == pytest.approx(0.02)
+    assert report["comm"]["hidden_seconds"] == pytest.approx(0.005)
+    assert report["comm"]["bytes"] == 1e6
+    text = demo.format_report(report, [0, 1, 2])
+    assert "straggler: rank 1 (compute), first flagged at step 39" in text
+    assert "injected: rank 1 x1.5 from step 20: found" in text
+    assert "ranks 0-2" in text
