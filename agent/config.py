@@ -42,6 +42,11 @@ class AgentConfig:
     """``NCCL_INSPECTOR_DUMP_DIR`` of the jobs on this node, tailed by the ``nccl_inspector``
     collector; empty: that collector reports no data."""
 
+    flight_recorder_path: str = ""
+    """Where PyTorch writes flight-recorder dumps on this node: a directory, or the
+    ``TORCH_FR_DUMP_TEMP_FILE`` prefix (``/tmp/nccl_trace_rank_``); read by the
+    ``flight_recorder`` collector."""
+
     fake_gpus: int = 0
     """When > 0, use a fake NVML module with this many GPUs instead of the real library."""
 
