@@ -1,19 +1,17 @@
 """The dashboards and rule files laggard ships, and how they are written to disk.
 
-``dashboards/generated/`` holds the rendered copies committed to the repository (a test keeps
-them equal to what the builders produce); ``dashboards/rules/`` holds the Prometheus rule files.
+``dashboards/generated/`` holds the rendered copies committed to the repository and installed
+with the package (a test keeps them equal to what the builders produce); ``dashboards/rules/``
+holds the Prometheus rule files. The builders need grafana-foundation-sdk, which needs Python
+3.11+: without it, :func:`dashboard_files` falls back to the packaged copies.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from grafana_foundation_sdk.builders.dashboard import Dashboard
-from laggard.dashboards import communication, job_overview, network, node_gpus
-from laggard.dashboards.panels import to_json
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 GENERATED_DIR = PACKAGE_DIR / "generated"
@@ -27,22 +25,47 @@ PROMETHEUS_RULE_FILE = "laggard-prometheusrule.yaml"
 #: Where the committed provisioning file tells Grafana to look (the Debian/RPM layout).
 DEFAULT_PROVISIONING_PATH = "/var/lib/grafana/dashboards/laggard"
 
-#: uid -> builder, in the order Grafana's folder lists them.
-BUILDERS: dict[str, Callable[[], Dashboard]] = {
-    job_overview.UID: job_overview.build,
-    node_gpus.UID: node_gpus.build,
-    network.UID: network.build,
-    communication.UID: communication.build,
+#: uid -> module with the builder (``build()``), in the order Grafana's folder lists them.
+DASHBOARDS: dict[str, str] = {
+    "laggard-job-overview": "laggard.dashboards.job_overview",
+    "laggard-node-gpus": "laggard.dashboards.node_gpus",
+    "laggard-network": "laggard.dashboards.network",
+    "laggard-communication": "laggard.dashboards.communication",
 }
 
 
 def render_dashboards() -> dict[str, dict[str, Any]]:
-    """Build every dashboard.
+    """Build every dashboard with the builders.
 
     Returns:
         file name (``<uid>.json``) -> dashboard JSON model.
+
+    Raises:
+        ImportError: grafana-foundation-sdk is not installed (or this Python is older than 3.11).
     """
-    return {f"{uid}.json": to_json(build()) for uid, build in BUILDERS.items()}
+    from laggard.dashboards.panels import to_json
+
+    models = {}
+    for uid, module_name in DASHBOARDS.items():
+        module = importlib.import_module(module_name)
+        assert module.UID == uid, module_name
+        models[f"{uid}.json"] = to_json(module.build())
+    return models
+
+
+def dashboard_files() -> tuple[dict[str, str], bool]:
+    """The dashboards' file contents, and whether the builders made them.
+
+    Returns:
+        (file name -> JSON text, True) from the builders, or (the packaged copies, False) when
+        grafana-foundation-sdk cannot be imported.
+    """
+    try:
+        models = render_dashboards()
+    except ImportError:
+        names = [f"{uid}.json" for uid in DASHBOARDS]
+        return {name: (GENERATED_DIR / name).read_text(encoding="utf-8") for name in names}, False
+    return {name: dashboard_text(model) for name, model in models.items()}, True
 
 
 def dashboard_text(model: dict[str, Any]) -> str:
@@ -76,14 +99,20 @@ def provisioning_text(dashboards_path: str) -> str:
     )
 
 
-def render_files(provisioning_path: str, rules: bool = True) -> dict[str, str]:
+def render_files(provisioning_path: str, rules: bool = True,
+                 dashboards: dict[str, str] | None = None) -> dict[str, str]:
     """Every file ``laggard dashboards`` writes: relative path -> text.
 
     Args:
         provisioning_path: dashboards folder named in the provisioning file.
         rules: add the Prometheus rule files, under ``rules/``.
+        dashboards: the dashboards' files; by default those the builders make.
+
+    Raises:
+        ImportError: PyYAML missing (the PrometheusRule manifest needs it).
     """
-    files = {name: dashboard_text(model) for name, model in render_dashboards().items()}
+    files = dict(dashboards) if dashboards is not None else {
+        name: dashboard_text(model) for name, model in render_dashboards().items()}
     files[PROVISIONING_FILE] = provisioning_text(provisioning_path)
     if rules:
         for name in RULE_FILES:

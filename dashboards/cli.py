@@ -8,6 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from laggard.dashboards.catalog import dashboard_files, render_files
+
 HELP = "write Grafana dashboards and Prometheus rules"
 
 
@@ -32,12 +34,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write every file; exit status 0, or 1 with a one-line message when DIR is unwritable."""
     out = Path(args.out)
+    dashboards, built = dashboard_files()
+    if not built:
+        print("laggard dashboards: grafana-foundation-sdk not importable (pip install "
+              "'laggard[dashboards]', Python 3.11+): writing the packaged copies",
+              file=sys.stderr)
     try:
-        from laggard.dashboards.catalog import render_files
-    except ImportError as exc:  # the SDK is an extra: pip install 'laggard[dashboards]'
-        print(f"laggard dashboards: {exc}; install laggard[dashboards]", file=sys.stderr)
+        files = render_files(args.provisioning_path or str(out.absolute()),
+                             rules=not args.no_rules, dashboards=dashboards)
+    except ImportError as exc:
+        print(f"laggard dashboards: {exc}; pip install 'laggard[dashboards]'", file=sys.stderr)
         return 1
-    files = render_files(args.provisioning_path or str(out.absolute()), rules=not args.no_rules)
     try:
         for relative, text in files.items():
             _write_atomically(out / relative, text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +23,12 @@ def test_writes_dashboards_provisioning_and_rules(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert names == {
-        *(f"{uid}.json" for uid in catalog.BUILDERS),
+        *(f"{uid}.json" for uid in catalog.DASHBOARDS),
         catalog.PROVISIONING_FILE,
         *(f"rules/{name}" for name in catalog.RULE_FILES),
         f"rules/{catalog.PROMETHEUS_RULE_FILE}",
     }
-    for uid in catalog.BUILDERS:
+    for uid in catalog.DASHBOARDS:
         assert json.loads((out / f"{uid}.json").read_text())["uid"] == uid
     provisioning = yaml.safe_load((out / catalog.PROVISIONING_FILE).read_text())
     assert provisioning["apiVersion"] == 1
@@ -72,3 +73,21 @@ def test_out_is_required() -> None:
     result = _run()
     assert result.returncode == 2
     assert "--out" in result.stderr
+
+
+def test_without_the_sdk_writes_the_packaged_copies(tmp_path: Path) -> None:
+    # A grafana_foundation_sdk that cannot be imported, as on Python 3.10 or without the extra.
+    shadow = tmp_path / "shadow" / "grafana_foundation_sdk"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no grafana-foundation-sdk here')\n")
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "laggard.agent.cli", "dashboards", "--out", str(out)],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(shadow.parent), os.environ.get("PYTHONPATH", "")])})
+    assert result.returncode == 0, result.stderr
+    assert "writing the packaged copies" in result.stderr
+    for uid in catalog.DASHBOARDS:
+        name = f"{uid}.json"
+        assert (out / name).read_text() == (catalog.GENERATED_DIR / name).read_text()
