@@ -302,7 +302,8 @@ class NcclInspectorCollector:
             NoDataError: no directory configured, or it does not exist.
         """
         if not self._dir or not os.path.isdir(self._dir):
-            raise NoDataError(f"NCCL Inspector directory {self._dir!r} does not exist")
+            raise NoDataError(f"NCCL Inspector directory {self._dir!r} does not exist "
+                              "(AgentConfig.nccl_inspector_dir)")
         with self._lock:
             paths = sorted(glob.glob(os.path.join(self._dir, "*.log"))
                            + glob.glob(os.path.join(self._dir, "*.jsonl")))[:MAX_FILES]
