@@ -93,4 +93,34 @@ def build() -> Dashboard:
             "rank {{rank}}",
         ),
     )
+    board.row("Collectives")
+    board.add(
+        series_panel(
+            "Collective time by op (median and p99)",
+            "s",
+            "Launch-to-completion time of each collective call, per op, across the selected "
+            "ranks: the median, and the 99th percentile where stalls show.",
+        ),
+        Query(
+            f"histogram_quantile(0.5, sum by (le, op) "
+            f"(rate(laggard_collective_seconds_bucket{{{_SEL}}}[{RATE}])))",
+            "{{op}} median",
+        ),
+        Query(
+            f"histogram_quantile(0.99, sum by (le, op) "
+            f"(rate(laggard_collective_seconds_bucket{{{_SEL}}}[{RATE}])))",
+            "{{op}} p99",
+        ),
+    )
+    board.add(
+        series_panel(
+            "Collective bytes per second by rank and op",
+            "Bps",
+            "Bytes each rank sends in collectives, per second and op.",
+        ),
+        Query(
+            f"sum by (rank, op) (rate(laggard_collective_bytes_total{{{_SEL}}}[{RATE}]))",
+            "rank {{rank}} {{op}}",
+        ),
+    )
     return board.build()
