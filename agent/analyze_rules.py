@@ -281,10 +281,15 @@ def _timeout_findings(logs: list[tuple[str, NcclLog]], locations: dict[int, str]
     world_hint = max((i.nranks for _, log in logs for i in log.inits), default=None)
     # (pg, rank, seq) -> status, to give each timeout its process group and progress
     status: dict[tuple[int | None, int | None], Any] = {}
+    # Ranks that did not time out themselves still print their group's progress when told to
+    # dump ("Received a dump signal ...") or periodically: the latest per (group, rank).
+    bystanders: dict[str, dict[int, Any]] = defaultdict(dict)
     for _, log in logs:
         for p in log.progress:
             if p.work_seq is not None:
                 status[(p.rank, p.work_seq)] = p
+            elif p.pg is not None and p.rank is not None:
+                bystanders[p.pg][p.rank] = p
     # Group by (seq, op) first: a rank whose progress line is missing (a cut excerpt) still
     # joins its peers; split by process group only when ranks name different groups.
     by_collective: dict[tuple, list[tuple[str, WatchdogTimeout]]] = defaultdict(list)
@@ -308,13 +313,14 @@ def _timeout_findings(logs: list[tuple[str, NcclLog]], locations: dict[int, str]
         if seq is not None:
             by_pg[pg].append(seq)
     for (pg, seq), items in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1)):
-        out += _one_timeout(pg, seq, items, status, by_pg, locations, world_hint)
+        out += _one_timeout(pg, seq, items, status, by_pg, locations, world_hint,
+                            bystanders.get(pg, {}))
     return out
 
 
 def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeout]],
                  status: dict, by_pg: dict[str, list[int]], locations: dict[int, str],
-                 world_hint: int | None) -> list[Finding]:
+                 world_hint: int | None, bystanders: dict[int, Any]) -> list[Finding]:
     source = sources_text(s for s, _ in items)
     per_rank: dict[int, WatchdogTimeout] = {}
     for _, t in items:
@@ -341,6 +347,9 @@ def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeou
     elapsed = {r: per_rank[r].elapsed_ms for r in ranks}
     enq = {r: status[(r, seq)].last_enqueued for r in ranks if (r, seq) in status}
     comp = {r: status[(r, seq)].last_completed for r in ranks if (r, seq) in status}
+    progress_only = sorted(r for r in bystanders if r not in per_rank)
+    for r in progress_only:
+        enq[r], comp[r] = bystanders[r].last_enqueued, bystanders[r].last_completed
     world = _world_size(first.op, first.numel_in, first.numel_out)
     world_note = f"{world}, from NumelIn/NumelOut" if world else None
     # A subgroup's size is not the world's: the init hint only bounds the default group.
@@ -348,8 +357,9 @@ def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeou
         world, world_note = world_hint, f"{world_hint}, from NCCL's Init COMPLETE lines"
     if world is None and ranks:
         world_note = f"at least {max(ranks) + 1}, from the highest rank seen"
-    silent = sorted(set(range(world)) - set(ranks)) if world else (
-        sorted(set(range(max(ranks) + 1)) - set(ranks)) if ranks else [])
+    heard = set(ranks) | set(progress_only)
+    silent = sorted(set(range(world)) - heard) if world else (
+        sorted(set(range(max(heard) + 1)) - heard) if heard else [])
     behind = ahead = []
     if enq and len(set(enq.values())) > 1:
         low, high = min(enq.values()), max(enq.values())
@@ -364,6 +374,7 @@ def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeou
         "last_enqueued": {str(r): v for r, v in enq.items()},
         "last_completed": {str(r): v for r, v in comp.items()},
         "ahead": ahead, "behind": behind, "not_reporting": silent, "world_size": world,
+        "progress_only_ranks": progress_only,
         "bring_up": bool(bring_up),
     }
     if locations:

@@ -326,3 +326,25 @@ def test_init_lines_of_another_file_place_the_culprit_rank_on_its_host_and_gpu(t
     _, (f,) = findings(str(tmp_path))
     assert f["evidence"]["locations"]["15"] == "node02 GPU 0000:e7:00 (cudaDev 7)"
     assert f["evidence"]["locations"]["2"] == "node01 GPU 0000:64:00 (cudaDev 2)"
+
+
+def test_ranks_that_only_received_the_dump_signal_still_show_who_is_behind(tmp_path):
+    prefix = ("[rank{r}]:[E703 15:37:17.1 ProcessGroupNCCL.cpp:1987] "
+              "[PG ID 0 PG GUID 0(default_pg) Rank {r}] ")
+    lines = [
+        prefix.format(r=0) + "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=100, "
+        "OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=600000) ran for 600010 "
+        "milliseconds before timing out.",
+        prefix.format(r=0) + "Exception (either an error or timeout) detected by watchdog at "
+        "work: 100, last enqueued NCCL work: 102, last completed NCCL work: 99.",
+    ] + [
+        prefix.format(r=r) + "Received a dump signal due to a collective timeout from  rank 0 "
+        f"and we will try our best to dump the debug info. Last enqueued NCCL work: {e}, last "
+        "completed NCCL work: 99.This is most likely caused by incorrect usages of collectives"
+        for r, e in ((1, 102), (2, 102), (3, 99))
+    ]
+    (tmp_path / "job.log").write_text("\n".join(lines) + "\n")
+    _, (f,) = findings(str(tmp_path))
+    ev = f["evidence"]
+    assert ev["progress_only_ranks"] == [1, 2, 3] and ev["behind"] == [3]
+    assert f["subject"] == "ranks 3" and ev["not_reporting"] == []
