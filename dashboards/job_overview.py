@@ -8,7 +8,7 @@ compute time (the work before the synchronisation point) and the collective wait
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import heatmap, table
+from grafana_foundation_sdk.builders import heatmap
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import HeatmapCellLayout
 from laggard.dashboards.panels import (
@@ -20,6 +20,7 @@ from laggard.dashboards.panels import (
     label_variable,
     node_variable,
     series_panel,
+    table_panel,
 )
 
 UID = "laggard-job-overview"
@@ -69,9 +70,10 @@ def build() -> Dashboard:
         width=16,
     )
     board.add(
-        table.Panel()
-        .title("Findings in the time range")
-        .description("Findings raised by laggard's detectors, counted by detector and kind."),
+        table_panel(
+            "Findings in the time range",
+            "Findings raised by laggard's detectors, counted by detector and kind.",
+        ),
         Query(
             # A counter series appears with its first finding, where increase() sees no rise:
             # a series born within the range counts whole, an older one by its increase.
@@ -83,9 +85,10 @@ def build() -> Dashboard:
         width=8,
     )
     board.add(
-        table.Panel()
-        .title("Ranks and where they run")
-        .description("Each rank's node, local rank and world size, as the ranks report them."),
+        table_panel(
+            "Ranks and where they run",
+            "Each rank's node, local rank and world size, as the ranks report them.",
+        ),
         Query(
             f"max by (rank, node, local_rank, world_size) (laggard_rank_info{{{_SEL}}})",
             table=True,

@@ -17,7 +17,7 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
-from grafana_foundation_sdk.builders import common, prometheus, timeseries
+from grafana_foundation_sdk.builders import common, prometheus, table, timeseries
 from grafana_foundation_sdk.builders.dashboard import (
     Dashboard,
     DatasourceVariable,
@@ -30,6 +30,7 @@ from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacem
 from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
     DataSourceRef,
+    DataTransformerConfig,
     VariableRefresh,
     VariableSort,
 )
@@ -186,6 +187,13 @@ def series_panel(title: str, unit: str, description: str) -> timeseries.Panel:
             .calcs(["lastNotNull", "max"])
         )
     )
+
+
+def table_panel(title: str, description: str) -> table.Panel:
+    """A table of an instant query, without the evaluation-time column Prometheus adds."""
+    hide_time = DataTransformerConfig(id_val="organize",
+                                      options={"excludeByName": {"Time": True}})
+    return table.Panel().title(title).description(description).with_transformation(hide_time)
 
 
 def to_json(dashboard: Dashboard) -> dict[str, Any]:
