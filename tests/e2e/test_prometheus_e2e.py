@@ -120,12 +120,10 @@ def kernel_log(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def agent(kernel_log: Path) -> Iterator[AgentProcess]:
-    flags = ["--fake-gpus", "2", "--collect-interval", "0.5", "--node", "e2e-node",
-             "--path.kmsg", str(kernel_log)]
-    ib_sysfs = FIXTURES / "infiniband" / "sys"
-    if ib_sysfs.is_dir():
-        flags += ["--path.sysfs", str(ib_sysfs)]
-    agent = start_agent(*flags)
+    # InfiniBand ports from the fixture tree of a real H100 node's sysfs (this host has none).
+    agent = start_agent("--fake-gpus", "2", "--collect-interval", "0.5", "--node", "e2e-node",
+                        "--path.kmsg", str(kernel_log),
+                        "--path.sysfs", str(FIXTURES / "infiniband" / "sys"))
     try:
         yield agent
     finally:
