@@ -119,40 +119,19 @@ def _read_log(path: str, kind: str, inputs: _Inputs) -> None:
     nccl = NcclLogParser() if kind == "mixed_log" else None
     evidence = rules.KernelEvidence()
     log = NcclLog()
-    sort = _NcclCollector(log)
     for line in filetype.iter_lines(path):
         if "NVRM" in line or "Xid" in line:
             for event in kernel.feed(line):
                 evidence.add(event)
             evidence.add_line(line)
         if nccl is not None:
-            sort.add(nccl.feed(line))
+            for nccl_event in nccl.feed(line):
+                log.add(nccl_event)
     for event in kernel.flush():
         evidence.add(event)
     inputs.findings += rules.kernel_findings(path, evidence)
     if nccl is not None:
         inputs.nccl_logs.append((path, log))
-
-
-class _NcclCollector:
-    """Sort a mixed log's NCCL events into an :class:`NcclLog` (bounded like parse_nccl_log)."""
-
-    def __init__(self, log: NcclLog) -> None:
-        self._log = log
-
-    def add(self, events: list) -> None:
-        from laggard.collectors import nccl_log as n
-
-        buckets = {
-            n.WatchdogTimeout: self._log.timeouts, n.ProgressStatus: self._log.progress,
-            n.CollectiveMismatch: self._log.mismatches, n.DesyncReport: self._log.desync,
-            n.InitComplete: self._log.inits, n.InitTimings: self._log.init_timings,
-            n.NcclWarning: self._log.warnings,
-        }
-        for event in events:
-            bucket = buckets[type(event)]
-            if len(bucket) < n.MAX_EVENTS_PER_TYPE:
-                bucket.append(event)
 
 
 def _fr_group(path: str) -> str:

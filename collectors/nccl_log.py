@@ -45,6 +45,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "CollectiveMismatch",
@@ -488,9 +489,17 @@ def _desync(line: str) -> DesyncReport | None:
     return None
 
 
+#: Most events of one type kept in an :class:`NcclLog`; a flood beyond it is counted only.
+MAX_EVENTS_PER_TYPE = 100_000
+
+
 @dataclass(slots=True)
 class NcclLog:
-    """Everything :func:`parse_nccl_log` found, by type."""
+    """Everything parsed from one log, by type (at most :data:`MAX_EVENTS_PER_TYPE` each).
+
+    Attributes:
+        dropped: events not kept because their type's list was full.
+    """
 
     timeouts: list[WatchdogTimeout] = field(default_factory=list)
     progress: list[ProgressStatus] = field(default_factory=list)
@@ -500,10 +509,21 @@ class NcclLog:
     init_timings: list[InitTimings] = field(default_factory=list)
     warnings: list[NcclWarning] = field(default_factory=list)
     lines: int = 0
+    dropped: int = 0
 
-
-#: Most events of one type kept by :func:`parse_nccl_log`; a flood beyond it is counted only.
-MAX_EVENTS_PER_TYPE = 100_000
+    def add(self, event: NcclLogEvent) -> None:
+        """File one parser event under its type."""
+        buckets: dict[type, list[Any]] = {
+            WatchdogTimeout: self.timeouts, ProgressStatus: self.progress,
+            CollectiveMismatch: self.mismatches, DesyncReport: self.desync,
+            InitComplete: self.inits, InitTimings: self.init_timings,
+            NcclWarning: self.warnings,
+        }
+        bucket = buckets[type(event)]
+        if len(bucket) < MAX_EVENTS_PER_TYPE:
+            bucket.append(event)
+        else:
+            self.dropped += 1
 
 
 def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
@@ -513,16 +533,9 @@ def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
     """
     parser = NcclLogParser()
     out = NcclLog()
-    buckets: dict[type, list] = {
-        WatchdogTimeout: out.timeouts, ProgressStatus: out.progress,
-        CollectiveMismatch: out.mismatches, DesyncReport: out.desync, InitComplete: out.inits,
-        InitTimings: out.init_timings, NcclWarning: out.warnings,
-    }
     for line in lines:
         for event in parser.feed(line):
-            bucket = buckets[type(event)]
-            if len(bucket) < MAX_EVENTS_PER_TYPE:
-                bucket.append(event)
+            out.add(event)
     parser.flush()
     out.lines = parser.lines
     return out

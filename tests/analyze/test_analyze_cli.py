@@ -348,3 +348,11 @@ def test_ranks_that_only_received_the_dump_signal_still_show_who_is_behind(tmp_p
     ev = f["evidence"]
     assert ev["progress_only_ranks"] == [1, 2, 3] and ev["behind"] == [3]
     assert f["subject"] == "ranks 3" and ev["not_reporting"] == []
+
+
+def test_a_log_with_both_kernel_and_nccl_lines_runs_both_parsers(tmp_path):
+    xid = (DIR / "xid12_xid48_dbe_xid64_syslog_with_uptime.log").read_text()
+    nccl = (DIR / "nccl14_warn_ib_completion_status12_vendor129_ib_plugin.log").read_text()
+    (tmp_path / "node01-all.log").write_text(xid + nccl)
+    _, items = findings(str(tmp_path / "node01-all.log"))
+    assert {f["kind"] for f in items} == {"xid", "gpu_lost", "nccl_network_error"}

@@ -99,3 +99,20 @@ def test_dcgm_xid_and_clock_reasons_bitmask_and_bad_lines():
 def test_bitmask_decoding_follows_nvml_bits():
     assert [r for r, on in reasons_from_bitmask(0x1 | 0x80).items() if on] == [
         "gpu_idle", "hw_power_brake"]
+
+
+def test_two_gpu_blocks_each_with_its_own_reasons():
+    text = (DIR / "smi01_nvidia_smi_q_h100_clocks_event_reasons_swpowercap_swthermal_active.txt"
+            ).read_text()
+    block = text[text.index("GPU 00000000:75:00.0"):]
+    second = (block.replace("00000000:75:00.0", "00000000:86:00.0")
+              .replace("SW Power Cap                      : Active",
+                       "SW Power Cap                      : Not Active")
+              .replace("HW Power Brake Slowdown       : Active",
+                       "HW Power Brake Slowdown       : Not Active")
+              .replace("SW Thermal Slowdown               : Active",
+                       "SW Thermal Slowdown               : Not Active"))
+    gpus = parse_nvidia_smi_q((text + second).splitlines())
+    assert [g.pci_bus_id for g in gpus] == ["00000000:75:00.0", "00000000:86:00.0"]
+    assert gpus[1].active_reasons == [] and len(gpus[0].active_reasons) == 3
+    assert [f.subject for f in clock_event_findings("x", gpus)] == ["GPU 00000000:75:00.0"]
