@@ -73,7 +73,6 @@ class _Inputs:
     fr_dumps: dict[str, list[FlightRecorderDump]] = field(default_factory=lambda: defaultdict(list))
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    kinds: dict[str, str] = field(default_factory=dict)
 
 
 def _walk(paths: list[str], inputs: _Inputs) -> Iterator[tuple[str, bool]]:
@@ -105,12 +104,6 @@ def _small_text(path: str) -> list[str]:
         return f.read().splitlines()
 
 
-#: Substrings of every line the kernel-log rules use (``NVRM: Xid``, ``SXid``, the "fallen off
-#: the bus" lines, ``RmInitAdapter``): other lines skip the regex parser. This screen is what
-#: lets a busy kernel log stream at hundreds of thousands of lines per second.
-_KERNEL_SCREEN = ("NVRM", "Xid")
-
-
 def _read_log(path: str, kind: str, inputs: _Inputs) -> None:
     if kind == "nccl_log":
         inputs.nccl_logs.append((path, parse_nccl_log(filetype.iter_lines(path))))
@@ -120,6 +113,9 @@ def _read_log(path: str, kind: str, inputs: _Inputs) -> None:
     evidence = rules.KernelEvidence()
     log = NcclLog()
     for line in filetype.iter_lines(path):
+        # Every line the kernel-log rules use (Xid, SXid, "fallen off the bus", RmInitAdapter)
+        # has one of these; the rest skip the regex parser, which is what lets a busy kernel
+        # log stream at hundreds of thousands of lines per second.
         if "NVRM" in line or "Xid" in line:
             for event in kernel.feed(line):
                 evidence.add(event)
@@ -214,7 +210,6 @@ def analyze_paths(paths: list[str], kind: str | None = None) -> tuple[list[Findi
         except OSError as exc:
             inputs.errors.append(f"{path}: {exc.strerror or exc}")
             continue
-        inputs.kinds[path] = file_kind
         try:
             _read_one(path, file_kind, inputs)
         except DumpError as exc:
