@@ -343,6 +343,7 @@ def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeou
                  "ranks": sorted(r)} for s, r in signatures.items()]},
             f"collective #{seq} of {pg_text} differs across ranks ({parts}): the ranks are "
             f"desynchronised (different code paths or shapes), not slow"))
+        return out  # a desync: no rank is "behind", naming a straggler would mislead
     ranks = sorted(per_rank)
     elapsed = {r: per_rank[r].elapsed_ms for r in ranks}
     enq = {r: status[(r, seq)].last_enqueued for r in ranks if (r, seq) in status}
