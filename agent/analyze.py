@@ -39,7 +39,12 @@ from laggard.collectors.infiniband_listing import (
 )
 from laggard.collectors.kernel_log import KernelLogParser
 from laggard.collectors.nccl_inspector import InspectorRecord, InspectorStream
-from laggard.collectors.nccl_log import NcclLog, NcclLogParser, parse_nccl_log
+from laggard.collectors.nccl_log import (
+    MAX_EVENTS_PER_TYPE,
+    NcclLog,
+    NcclLogParser,
+    parse_nccl_log,
+)
 from laggard.collectors.nccl_tests import parse_nccl_tests
 from laggard.collectors.netdev import parse_proc_net_dev
 from laggard.collectors.nvidia_smi import parse_nvidia_smi_csv, parse_nvidia_smi_q
@@ -106,7 +111,11 @@ def _small_text(path: str) -> list[str]:
 
 def _read_log(path: str, kind: str, inputs: _Inputs) -> None:
     if kind == "nccl_log":
-        inputs.nccl_logs.append((path, parse_nccl_log(filetype.iter_lines(path))))
+        log = parse_nccl_log(filetype.iter_lines(path))
+        if log.dropped:
+            inputs.notes.append(f"{path}: {log.dropped} NCCL events beyond the first "
+                                f"{MAX_EVENTS_PER_TYPE} of their type were counted, not kept")
+        inputs.nccl_logs.append((path, log))
         return
     kernel = KernelLogParser()
     nccl = NcclLogParser() if kind == "mixed_log" else None

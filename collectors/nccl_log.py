@@ -490,7 +490,7 @@ def _desync(line: str) -> DesyncReport | None:
 
 
 #: Most events of one type kept in an :class:`NcclLog`; a flood beyond it is counted only.
-MAX_EVENTS_PER_TYPE = 100_000
+MAX_EVENTS_PER_TYPE = 20_000
 
 
 @dataclass(slots=True)
