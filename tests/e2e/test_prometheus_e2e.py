@@ -346,6 +346,11 @@ def test_every_panel_has_data_and_the_alerts_fire(
             assert time.monotonic() < deadline, f"{alertname} never fired for {labels}"
             time.sleep(1.0)
     assert not _ever_fired(prometheus, "LaggardGpuXidCritical", xid="13")
+    # Healthy parts stay quiet: every collector works, the fixture's ports are ACTIVE and its
+    # old link_downed count of 255 does not rise.
+    for alertname in ("LaggardAgentDown", "LaggardCollectorFailing", "LaggardInfinibandLinkDown",
+                      "LaggardInfinibandPortNotActive"):
+        assert not _ever_fired(prometheus, alertname), alertname
 
     # The cross-node recording rules name the same rank with the expected ratio.
     ratios = {s["metric"]["rank"]: float(s["value"][1]) for s in prometheus.query(
