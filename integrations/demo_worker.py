@@ -195,6 +195,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--result", default="")
     p.add_argument("--print-every", type=int, default=20)
     p.add_argument("--compression", default="none")
+    p.add_argument("--inject-bitflip", default="")
     return p.parse_args(argv)
 
 
@@ -208,6 +209,29 @@ def comm_hook(name: str, timer: CommTimer) -> tuple[Any, Any]:
     from laggard.integrations.compression import make_hook
 
     return make_hook(name, timer=timer)
+
+
+def integrity_hook(ddp: DistributedDataParallel, name: str, timer: CommTimer,
+                   flip: str) -> tuple[Any, Any]:
+    """With ``--inject-bitflip``: the compressor's hook with every gradient-integrity check
+    (its payloads fingerprinted by the compressor, its result by ``with_integrity``), registered;
+    returns ``(hook state, GradientIntegrity)``. Without: ``(None, None)``, nothing registered.
+    """
+    if not flip:
+        return None, None
+    from laggard.integrations.compression import make_hook
+    from laggard.integrations.faults import BitFlipInjector
+    from laggard.integrations.integrity import (
+        GradientIntegrity,
+        IntegrityHookState,
+        with_integrity,
+    )
+
+    integrity = GradientIntegrity(GradientIntegrity.Config(replica_every=10),
+                                  injector=BitFlipInjector.parse(flip))
+    state, hook = make_hook(name, timer=timer, integrity=integrity)
+    ddp.register_comm_hook(IntegrityHookState(integrity, state), with_integrity(hook))
+    return state, integrity
 
 
 def calibrate(model: DistributedDataParallel, batches: ByteBatches) -> float:
@@ -239,14 +263,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     # communication can overlap backward as in a large job with 25 MB buckets.
     ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
     timer = CommTimer()
-    state, hook = comm_hook(args.compression, timer)
-    ddp.register_comm_hook(state, hook)
+    state, integrity = integrity_hook(ddp, args.compression, timer, args.inject_bitflip)
+    if integrity is None:
+        state, hook = comm_hook(args.compression, timer)
+        ddp.register_comm_hook(state, hook)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     slowed = rank == args.slow_rank and args.slowdown > 1.0
     own_seconds = calibrate(ddp, batches)
     extra = (args.slowdown - 1.0) * own_seconds if slowed else 0.0
     monitor = TrainingMonitor(
-        TrainingMonitor.Config(agent_address=args.intake_address, window_steps=args.window),
+        TrainingMonitor.Config(agent_address=args.intake_address, window_steps=args.window,
+                               integrity=integrity),
         comm_timer=timer,
     )
     losses: dict[int, float] = {}
@@ -263,7 +290,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             with monitor.phase("backward"):
                 loss.backward()
             with monitor.phase("optimizer"):
-                optimizer.step()
+                if integrity is None or integrity.end_step(ddp):
+                    optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
         step_times.append(time.perf_counter() - start)
         local_losses.append(loss.item())
@@ -290,7 +318,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "stat_names": list(STAT_NAMES),
         "windows": [{"step": w.step, "medians": _json_floats(w.medians.tolist())}
                     for w in monitor.windows],
-        "findings": [f.to_dict() for f in monitor.findings],
+        "findings": [f.to_dict() for f in monitor.findings]
+        + ([f.to_dict() for f in integrity.findings] if integrity is not None else []),
         "cleared": [f.to_dict() for f in monitor.cleared],
         "monitor": {
             "records_sent": monitor.stats.records_sent,

@@ -163,6 +163,11 @@ class TrainingMonitor:
         node: str = ""
         """``node`` of the StepRecords; defaults to the host name."""
 
+        integrity: Any = None
+        """A ``laggard.integrations.integrity.GradientIntegrity`` whose window fingerprints ride
+        in this gather (its int64 vector as float64 words after the statistics), checked on every
+        rank so its policy acts alike everywhere; None: no integrity check."""
+
         def __post_init__(self) -> None:
             if self.agent_address:
                 parse_address(self.agent_address)
@@ -334,6 +339,7 @@ class TrainingMonitor:
 
     # ----------------------------------------------------------------------- per window
     def _gather_window(self, step: int) -> None:
+        integrity = self.config.integrity
         try:
             import torch
             import torch.distributed as dist
@@ -346,6 +352,8 @@ class TrainingMonitor:
             # Per-rank medians over the window: a fixed len(STAT_NAMES) float64 per rank,
             # whatever K, robust to one slow step (a garbage-collection pause).
             local = torch.from_numpy(window_medians(self._window))
+            if integrity is not None:
+                local = torch.cat([local, integrity.window_vector().view(torch.float64)])
             gathered = [torch.empty_like(local) for _ in range(self.world_size)]
             dist.all_gather(gathered, local, group=self._group)
             self.stats.windows += 1
@@ -355,9 +363,12 @@ class TrainingMonitor:
             self._log_once("gather", "laggard: window gather failed at step %d (%s); "
                            "straggler detection off", step, exc)
             return
+        matrix = torch.stack(gathered)
+        if integrity is not None:  # IntegrityError (policy "raise") goes to the training loop
+            integrity.check_window(matrix[:, len(STAT_NAMES):].contiguous().view(torch.int64))
         if self.rank == 0:
             try:
-                self.analyse_window(step, torch.stack(gathered).numpy())
+                self.analyse_window(step, matrix[:, :len(STAT_NAMES)].numpy())
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("detector", exc)
 

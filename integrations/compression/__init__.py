@@ -51,7 +51,7 @@ COMPRESSORS: dict[str, type[CompressionState]] = {
                 PowerSGDCompression)
 }
 
-_COMMON_OPTIONS = {"model", "timer"}
+_COMMON_OPTIONS = {"model", "timer", "integrity"}
 _OPTIONS = {"topk": {"ratio", "seed"}, "powersgd": {"rank", "seed"}}
 
 

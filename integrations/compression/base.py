@@ -54,6 +54,8 @@ class CompressionState:
         model: the module DDP wraps (or the DDP wrapper); only needed to name residuals in
             :meth:`state_dict`.
         timer: CommTimer to record into; a fresh one when None.
+        integrity: a ``GradientIntegrity`` the hooks hand their exact payloads to before
+            sending and after receiving (gradient-integrity checks); None for none.
 
     Attributes:
         process_group, world_size, rank: the group and this rank's place in it.
@@ -68,8 +70,11 @@ class CompressionState:
         *,
         model: torch.nn.Module | None = None,
         timer: CommTimer | None = None,
+        integrity: Any = None,
     ) -> None:
         self.process_group = process_group
+        # laggard.integrations.integrity.GradientIntegrity: fingerprints each exact payload
+        self.integrity = integrity
         self.world_size = process_group.size()
         self.rank = dist.get_rank(process_group)
         self.timer = timer if timer is not None else CommTimer(process_group)

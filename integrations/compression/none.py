@@ -20,8 +20,19 @@ class NoCompression(CompressionState):
         self.timer.bucket_ready()
         buffer = bucket.buffer()
         buffer.div_(self.world_size)
+        if self.integrity is not None:
+            self.integrity.allreduce_sent(bucket.index(), buffer)
         fut = dist.all_reduce(buffer, group=self.process_group, async_op=True).get_future()
         nbytes = ring_allreduce_bytes(tensor_bytes(buffer), self.world_size)
         fut = self.timer.track(fut, nbytes, "allreduce", raw_bytes=self.raw_bytes(buffer),
                                bucket_ready=False)
-        return fut.then(first_tensor)
+        if self.integrity is None:
+            return fut.then(first_tensor)
+        integrity, index = self.integrity, bucket.index()
+
+        def checked(done: torch.futures.Future) -> torch.Tensor:
+            result = first_tensor(done)
+            integrity.allreduce_received(index, result)
+            return result
+
+        return fut.then(checked)

@@ -140,11 +140,15 @@ class PowerSGDCompression(CompressionState):
               for mat in plan.matrices]
         for mat, m, p in zip(plan.matrices, matrices, ps, strict=True):
             torch.mm(m, self._warm_q(mat), out=p)
+        if self.integrity is not None:
+            self.integrity.allreduce_sent(bucket.index(), stage1)
         first = dist.all_reduce(stage1, group=self.process_group, async_op=True).get_future()
         first = self.timer.track(first, ring_allreduce_bytes(stage1.numel() * 4, w), "allreduce",
                          raw_bytes=self.raw_bytes(buffer), bucket_ready=False)
 
         def finish() -> torch.Tensor:
+            if self.integrity is not None:
+                self.integrity.allreduce_received(bucket.index(), stage1)
             stage1.div_(w)
             for start, end, at in plan.dense:
                 buffer[start:end].copy_(stage1[at : at + end - start])
@@ -155,11 +159,15 @@ class PowerSGDCompression(CompressionState):
                 p.copy_(torch.linalg.qr(p).Q)
                 torch.mm(m.t(), p, out=q)
             if plan.stage2:
+                if self.integrity is not None:
+                    self.integrity.allreduce_sent(bucket.index(), stage2, stage=1)
                 second = dist.all_reduce(stage2, group=self._worker.group, async_op=True)
                 # wait on the tracked future: its completion is recorded before DDP takes the step
                 self.timer.track(second.get_future(),
                                  ring_allreduce_bytes(stage2.numel() * 4, w), "allreduce",
                                  raw_bytes=0, bucket_ready=False).wait()
+                if self.integrity is not None:
+                    self.integrity.allreduce_received(bucket.index(), stage2, stage=1)
                 stage2.div_(w)
             for mat, m, p, q in zip(plan.matrices, matrices, ps, qs, strict=True):
                 self._q[id(mat.param)] = q.clone()

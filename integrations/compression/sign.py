@@ -111,6 +111,8 @@ class SignCompression(CompressionState):
         payload = compress_rows(work.view(w, c), lengths)
         work[n:].zero_()  # padding carries no residual
         received = torch.empty_like(payload)
+        if self.integrity is not None:
+            self.integrity.alltoall_sent(index, payload)
         first = dist.all_to_all_single(received, payload, group=self.process_group,
                                        async_op=True).get_future()
         first = self.timer.track(first, alltoall_bytes(payload[0].numel(), w), "alltoall",
@@ -121,15 +123,21 @@ class SignCompression(CompressionState):
         real = max(0, min(c, n - self.rank * c))
 
         def finish() -> torch.Tensor:
+            if self.integrity is not None:
+                self.integrity.alltoall_received(index, received)
             server.add_(decompress_rows(received).mean(0))
             server[real:].zero_()  # padding: what the workers sent there is sign(0)
             reply = compress_rows(server.view(1, c), my_length).view(-1)
             gathered = torch.empty(w * reply.numel(), dtype=torch.uint8, device=reply.device)
+            if self.integrity is not None:
+                self.integrity.allgather_sent(index, reply, stage=1)
             second = dist.all_gather_single(gathered, reply, group=self._worker.group,
                                             async_op=True)
             # wait on the tracked future: its completion is recorded before DDP can take the step
             self.timer.track(second.get_future(), allgather_bytes(reply.numel(), w), "allgather",
                              raw_bytes=0, bucket_ready=False).wait()
+            if self.integrity is not None:
+                self.integrity.allgather_received(index, gathered.view(w, -1), stage=1)
             buffer.copy_(decompress_rows(gathered.view(w, -1)).view(-1)[:n])
             return buffer
 

@@ -96,6 +96,8 @@ class TopKCompression(CompressionState):
         payload[:k] = p[chosen].view(torch.int32)
         payload[k:] = chosen
         p[chosen] = 0
+        if self.integrity is not None:
+            self.integrity.allgather_sent(bucket.index(), payload)
         gathered = torch.empty(w * 2 * k, dtype=torch.int32, device=p.device)
         fut = dist.all_gather_single(gathered, payload, group=self.process_group,
                                      async_op=True).get_future()
@@ -104,6 +106,8 @@ class TopKCompression(CompressionState):
 
         def decompress(_: torch.futures.Future) -> torch.Tensor:
             rows = gathered.view(w, 2 * k)
+            if self.integrity is not None:
+                self.integrity.allgather_received(bucket.index(), rows)
             values = rows[:, :k].contiguous().view(torch.float32).reshape(-1)
             indices = rows[:, k:].reshape(-1).to(torch.int64)
             buffer.zero_()

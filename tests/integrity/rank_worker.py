@@ -101,7 +101,8 @@ def run(scenario: str, rank: int, world: int) -> dict:
     if hook_name.startswith("compress-"):
         from laggard.integrations.compression import make_hook
 
-        inner, compressor = make_hook(hook_name.removeprefix("compress-"), None, model=ddp)
+        inner, compressor = make_hook(hook_name.removeprefix("compress-"), None, model=ddp,
+                                      integrity=integrity)
         ddp.register_comm_hook(IntegrityHookState(integrity, inner), with_integrity(compressor))
     else:
         hook = {"allgather": gather_hook, "alltoall": alltoall_hook}.get(

@@ -123,3 +123,34 @@ def test_two_ranks_name_the_corrupt_one_through_the_sum_check(tmp_path: Path) ->
     assert kinds(two, "allreduce:warn:none:0") == set()
     found = kinds(two, "allreduce:warn:after_reduce:30")
     assert ("result_mismatch", FLIP_RANK % 2, FLIP_STEP) in found
+
+
+COMPRESSORS = ("none", "fp16", "sign", "topk", "powersgd")
+SCENARIOS_3 = [f"compress-{c}:warn:{where}:{bit}" for c in COMPRESSORS
+               for where, bit in (("none", 0), ("after_reduce", 0))] + [
+    "compress-none:warn:before_send:30", "compress-powersgd:warn:before_send:30",
+    "compress-topk:warn:before_send:5", "compress-sign:warn:before_send:5"]
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return spawn(3, SCENARIOS_3, tmp_path_factory.mktemp("ranks3"))
+
+
+@pytest.mark.parametrize("compressor", COMPRESSORS)
+def test_every_compressor_clean_and_after_reduce(three: list[dict], compressor: str) -> None:
+    clean = f"compress-{compressor}:warn:none:0"
+    assert kinds(three, clean) == set()
+    assert len({r[clean]["param_hash"] for r in three}) == 1
+    assert all(r[clean]["errors"] == 0 for r in three)
+    found = kinds(three, f"compress-{compressor}:warn:after_reduce:0")
+    assert ("result_mismatch", FLIP_RANK, FLIP_STEP) in found
+
+
+@pytest.mark.parametrize("compressor, kind, rank", [
+    ("none", "sum_mismatch", None), ("powersgd", "sum_mismatch", None),
+    ("topk", "payload_mismatch", FLIP_RANK), ("sign", "payload_mismatch", FLIP_RANK)])
+def test_compressed_payload_flips(three: list[dict], compressor: str, kind: str,
+                                  rank: int | None) -> None:
+    found = kinds(three, f"compress-{compressor}:warn:before_send:{30 if rank is None else 5}")
+    assert (kind, rank, FLIP_STEP) in found
