@@ -52,6 +52,7 @@ from prometheus_client.metrics_core import Metric
 __all__ = [
     "InspectorRecord",
     "InspectorStream",
+    "ProxyRecord",
     "NcclInspectorCollector",
     "from_config",
     "COLLECTIVE_BUCKETS_SECONDS",
@@ -111,6 +112,56 @@ class InspectorRecord:
     version: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class ProxyRecord:
+    """A completed ProxyOp or ProxyStep (network progress of one channel to one peer).
+
+    Attributes:
+        record_type: ``proxy_op`` or ``proxy_step``.
+        parent_type / parent_sn: the collective (``coll``) or p2p operation it served.
+        proxy_op_sn, proxy_step_sn: its numbers within the communicator / ProxyOp.
+        rank, peer, channel_id, direction (``send``/``recv``).
+        trans_size_bytes: bytes observed (not necessarily all transferred; see the README).
+        duration_us: stop minus start of its CPU proxy timestamps (µs), None if not printed;
+            not comparable with GPU kernel timing.
+        n_steps, n_steps_completed, n_steps_dropped: ProxyOp counters (None on a step).
+    """
+
+    record_type: str
+    parent_type: str | None
+    parent_sn: int | None
+    proxy_op_sn: int | None
+    proxy_step_sn: int | None
+    rank: int | None
+    peer: int | None
+    channel_id: int | None
+    direction: str | None
+    trans_size_bytes: int | None
+    duration_us: float | None
+    n_steps: int | None
+    n_steps_completed: int | None
+    n_steps_dropped: int | None
+
+
+def _proxy(body: dict[str, Any]) -> ProxyRecord:
+    kind = str(body.get("record_type", ""))
+    trace = body.get("event_trace_ts")
+    ts: dict[str, Any] = trace if isinstance(trace, dict) else {}
+    prefix = "proxy_step" if kind == "proxy_step" else "proxy_op"
+    start, stop = _num(ts.get(f"{prefix}_start_ts")), _num(ts.get(f"{prefix}_stop_ts"))
+    return ProxyRecord(
+        record_type=kind, parent_type=body.get("parent_type"),
+        parent_sn=_integer(body.get("parent_sn")), proxy_op_sn=_integer(body.get("proxy_op_sn")),
+        proxy_step_sn=_integer(body.get("proxy_step_sn")), rank=_integer(body.get("rank")),
+        peer=_integer(body.get("peer")), channel_id=_integer(body.get("channel_id")),
+        direction=body.get("direction"), trans_size_bytes=_integer(body.get("trans_size_bytes")),
+        duration_us=stop - start if start is not None and stop is not None else None,
+        n_steps=_integer(body.get("n_steps")),
+        n_steps_completed=_integer(body.get("n_steps_completed")),
+        n_steps_dropped=_integer(body.get("n_steps_dropped")),
+    )
+
+
 @dataclass(slots=True)
 class DumpStats:
     """A v4.3 ``dump_stats`` marker (counts as dumped) with its context."""
@@ -158,8 +209,8 @@ class InspectorStream:
     _metadata: dict[str, Any] | None = None
     _remaining: dict[str, int] = field(default_factory=dict)
 
-    def feed(self, line: str | bytes) -> InspectorRecord | DumpStats | None:
-        """Parse one line; return the operation record or marker it holds, else None."""
+    def feed(self, line: str | bytes) -> InspectorRecord | ProxyRecord | DumpStats | None:
+        """Parse one line; return the operation record, proxy record or marker it holds."""
         try:
             obj = json.loads(line)
         except (ValueError, UnicodeDecodeError, RecursionError):
@@ -174,7 +225,8 @@ class InspectorStream:
         if "proxy_trace" in obj or "record_type" in obj:
             self.proxy += 1
             self._consume("proxy_trace")
-            return None
+            body = obj.get("proxy_trace", obj)
+            return _proxy(body) if isinstance(body, dict) else None
         for kind in ("coll_perf", "p2p_perf"):
             body = obj.get(kind)
             if isinstance(body, dict):

@@ -61,12 +61,23 @@ def test_v43_marker_gives_context_and_its_count_mismatch_is_flagged():
     assert stream.dropped == 512
 
 
-def test_v43_proxy_records_are_counted_not_taken_for_collectives():
+def test_v43_proxy_step_and_op_are_read_not_taken_for_collectives():
     records, stream = records_of("inspector05_doc_v4.3_proxy_step_and_op_inner_objects.jsonl")
     assert records == [] and stream.proxy == 2 and stream.malformed == 0
+    with open(DIR / "inspector05_doc_v4.3_proxy_step_and_op_inner_objects.jsonl") as f:
+        s = InspectorStream()
+        step, op = (s.feed(line) for line in f)
+    for r in (step, op):
+        assert (r.parent_type, r.parent_sn, r.proxy_op_sn, r.rank, r.peer, r.direction,
+                r.channel_id) == ("coll", 1407, 12, 2, 3, "send", 0)
+    assert (step.record_type, step.trans_size_bytes, step.duration_us) == (
+        "proxy_step", 1048576, 40)
+    assert (op.record_type, op.n_steps, op.n_steps_completed, op.n_steps_dropped,
+            op.duration_us) == ("proxy_op", 1, 1, 0, 70)
+    # real lines wrap the same object under a top-level "proxy_trace" field
     wrapped = json.dumps({"proxy_trace": {"record_type": "proxy_op", "parent_sn": 1407}})
     s = InspectorStream()
-    assert s.feed(wrapped) is None and s.proxy == 1
+    assert s.feed(wrapped).parent_sn == 1407 and s.proxy == 1
 
 
 def test_real_payload_with_float_exec_time_reads_rank_from_header():
