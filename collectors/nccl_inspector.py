@@ -89,6 +89,10 @@ class InspectorRecord:
         peer: p2p peer rank.
         comm_id, comm_name, rank, n_ranks, nnodes: from the header (own or marker's).
         hostname, pid, version: from the metadata.
+        kernel_span_us: verbose output only: first kernel start to last kernel stop over the
+            channels (GPU timing, µs), else None.
+        cpu_span_us: verbose output only: the collective's start to stop CPU callbacks (µs;
+            enqueue time, not execution), else None.
     """
 
     kind: str
@@ -110,6 +114,8 @@ class InspectorRecord:
     hostname: str | None
     pid: int | None
     version: str | None
+    kernel_span_us: float | None = None
+    cpu_span_us: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +306,21 @@ def _record(kind: str, body: dict[str, Any], header: dict[str, Any],
         nnodes=_integer(header.get("nnodes")), hostname=metadata.get("hostname"),
         pid=_integer(metadata.get("pid")),
         version=metadata.get("inspector_output_format_version"),
+        **_spans(kind, body.get("event_trace_ts")),
     )
+
+
+def _spans(kind: str, trace: Any) -> dict[str, float | None]:
+    if not isinstance(trace, dict):
+        return {}
+    start, stop = _num(trace.get(f"{kind}_start_ts")), _num(trace.get(f"{kind}_stop_ts"))
+    kernels = [k for k in trace.get("kernel_events") or () if isinstance(k, dict)]
+    starts = [v for k in kernels if (v := _num(k.get("kernel_start_ts"))) is not None]
+    stops = [v for k in kernels if (v := _num(k.get("kernel_stop_ts"))) is not None]
+    return {
+        "kernel_span_us": max(stops) - min(starts) if starts and stops else None,
+        "cpu_span_us": stop - start if start is not None and stop is not None else None,
+    }
 
 
 def parse_inspector_lines(lines: Iterable[str | bytes]) -> tuple[list[InspectorRecord],

@@ -44,6 +44,8 @@ def test_v40_verbose_reduce_scatter():
     assert r.algbw_gbs == pytest.approx(r.msg_size_bytes * 8 / r.exec_time_us / 1e3, rel=1e-6)
     assert r.busbw_gbs == pytest.approx(r.algbw_gbs * 7 / 8, rel=1e-6)
     assert r.timing_source == "kernel_gpu"
+    assert r.kernel_span_us == 1752867229275811 - 1752867229235181 == 40630
+    assert r.cpu_span_us == 5  # the CPU start->stop callbacks, not the execution
 
 
 def test_v42_comm_name_algo_proto():
