@@ -115,6 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bound on the whole run, s (default 600)")
     parser.add_argument("--json", dest="json_path", default="",
                         help="also write the report as JSON to this file")
+    parser.add_argument("--keep-logs", default="", metavar="DIR",
+                        help="copy the agents', job's and Prometheus' logs and the job's result "
+                             "to DIR at the end")
 
 
 @dataclass(slots=True)
@@ -413,7 +416,12 @@ def run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="laggard-cluster-") as tmp:
             link = LinkShape(rate_bps=args.rate, delay_s=args.delay_ms / 1e3)
             with EmulatedCluster(args.nodes, link) as cluster:
-                report = _run_demo(args, cluster, Path(tmp), deadline)
+                try:
+                    report = _run_demo(args, cluster, Path(tmp), deadline)
+                finally:
+                    if args.keep_logs:
+                        shutil.copytree(tmp, args.keep_logs, dirs_exist_ok=True,
+                                        ignore=shutil.ignore_patterns("tsdb"))
     except KeyboardInterrupt:
         print("\nlaggard cluster-demo: interrupted; every namespace, link and process it "
               "created is removed", file=sys.stderr)

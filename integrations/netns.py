@@ -345,6 +345,7 @@ class EmulatedCluster:
         self._closed = False
         self._old_handlers: dict[int, Any] = {}
         self._netem: bool | None = None
+        self._deferred_signal: int | None = None
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -408,6 +409,7 @@ class EmulatedCluster:
             if self._closed:
                 return
             self._closed = True
+        self._defer_signals()  # a second Ctrl-C must not cut the teardown short
         try:
             self._stop_processes()
             for node in self.nodes:
@@ -447,12 +449,27 @@ class EmulatedCluster:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             self._old_handlers[sig] = signal.signal(sig, on_signal)
 
+    def _defer_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def note(signum: int, frame: FrameType | None) -> None:
+            self._deferred_signal = signum
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous = signal.signal(sig, note)
+            self._old_handlers.setdefault(sig, previous)
+
     def _restore_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
         for sig, handler in self._old_handlers.items():
             signal.signal(sig, handler)
         self._old_handlers.clear()
+        if self._deferred_signal is not None:
+            # Re-deliver what arrived during the teardown, now that it is done.
+            signum, self._deferred_signal = self._deferred_signal, None
+            signal.raise_signal(signum)
 
     # -- use --------------------------------------------------------------------------------
 
