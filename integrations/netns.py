@@ -363,8 +363,12 @@ class EmulatedCluster:
         self._install_signal_handlers()
         atexit.register(self.close)
         try:
-            LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
-            with open(LOCK_PATH, "w") as lock:
+            try:
+                LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
+                lock = open(LOCK_PATH, "w")  # noqa: SIM115 - closed by the with below
+            except OSError as exc:
+                raise NamespaceError(f"cannot open the set-up lock {LOCK_PATH}: {exc}") from exc
+            with lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 sweep_stale()
                 self.subnet = _pick_subnet(self._owner)

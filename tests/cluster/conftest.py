@@ -12,7 +12,11 @@ from laggard.integrations.netns import EmulatedCluster, LinkShape, NamespaceErro
 def _namespaces_unavailable() -> str | None:
     """None when a 1-node cluster can be created and removed here, else why not."""
     try:
-        with EmulatedCluster(1, LinkShape(rate_bps=0, delay_s=0), handle_signals=False):
+        with EmulatedCluster(1, LinkShape(rate_bps=0, delay_s=0),
+                             handle_signals=False) as cluster:
+            done = cluster.run(cluster.nodes[0], ["true"], timeout=10)
+            if done.returncode != 0:
+                return f"`ip netns exec` fails here: {done.stderr.strip()}"
             return None
     except NamespaceError as exc:
         return f"network namespaces cannot be made here: {exc}"

@@ -4,14 +4,25 @@ without root."""
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from laggard.integrations.cluster_demo import (
+    DEMO_ALERT_FOR,
+    demo_rules,
+    measure_links,
+    parse_rate,
+    slow_links,
+)
+from laggard.integrations.netns import EmulatedCluster, LinkShape
 
 pytestmark = pytest.mark.slow
 
@@ -77,3 +88,34 @@ def test_without_privileges_it_says_so_and_creates_nothing() -> None:
     after = set(subprocess.run(["ip", "netns", "list"], capture_output=True,
                                text=True).stdout.split())
     assert after <= before
+
+
+@pytest.mark.usefixtures("need_namespaces")
+def test_link_check_names_the_one_degraded_link() -> None:
+    with EmulatedCluster(3, LinkShape(rate_bps=1e9, delay_s=0)) as cluster:
+        cluster.shape(cluster.nodes[1], LinkShape(rate_bps=100e6, delay_s=0))
+        measured = measure_links(cluster, deadline=time.monotonic() + 60)
+    assert [m["node"] for m in measured] == ["node0", "node1", "node2"]
+    degraded = measured[1]
+    assert 0.8 * 100e6 < degraded["up_bps"] < 1.02 * 100e6
+    assert 0.8 * 100e6 < degraded["down_bps"] < 1.02 * 100e6
+    assert [m["node"] for m in slow_links(measured)] == ["node1"]
+
+
+def test_rates_parse_in_tc_notation() -> None:
+    assert parse_rate("1gbit") == 1e9
+    assert parse_rate("100mbit") == 100e6
+    assert parse_rate("10G") == 10e9
+    assert parse_rate("2.5gbit") == 2.5e9
+    for bad in ("fast", "0mbit", "1 parsec", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_rate(bad)
+
+
+def test_demo_rules_are_laggards_with_for_cut_short() -> None:
+    rules = demo_rules()
+    assert "laggard-alerts.yml" in rules
+    alerts = rules["laggard-alerts.yml"]
+    assert "LaggardStragglerDetected" in alerts
+    durations = re.findall(r"^\s*for:\s*(\S+)", alerts, flags=re.MULTILINE)
+    assert durations and set(durations) == {DEMO_ALERT_FOR}
