@@ -230,8 +230,9 @@ def analyze_paths(paths: list[str], kind: str | None = None) -> tuple[list[Findi
     findings = inputs.findings
     if inputs.nccl_logs:
         findings += rules.nccl_findings(inputs.nccl_logs)
-    locations = rules.rank_locations(i for _, log in inputs.nccl_logs for i in log.inits)
     for group, dumps in sorted(inputs.fr_dumps.items()):
+        locations = rules.rank_locations(
+            rules.job_inits(inputs.nccl_logs, {os.path.dirname(group)}))
         source = (dumps[0].source if len(dumps) == 1
                   else f"{os.path.dirname(group) or '.'} ({len(dumps)} dumps)")
         findings += rules.fr_findings(source, analyze_dumps(dumps), locations)

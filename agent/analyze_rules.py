@@ -7,6 +7,7 @@ file of that kind produced, so ranks are compared across files) and returns :cla
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -238,6 +239,23 @@ def rank_locations(inits: Iterable[InitComplete]) -> dict[int, str]:
     return where
 
 
+def job_inits(logs: list[tuple[str, NcclLog]], directories: Iterable[str]) \
+        -> list[InitComplete]:
+    """``Init COMPLETE`` lines that may describe the job of files in ``directories``.
+
+    Logs are joined across files by directory (one job's rank logs live together), and only
+    where that directory's watchdog timeouts are all about one collective: a directory mixing
+    several jobs' logs would otherwise lend one job's world size and hosts to another.
+    """
+    wanted = set(directories)
+    collectives: dict[str, set] = defaultdict(set)
+    for source, log in logs:
+        collectives[os.path.dirname(source)].update((t.seq, t.op) for t in log.timeouts)
+    if any(len(collectives[d]) > 1 for d in wanted):
+        return []
+    return [i for source, log in logs if os.path.dirname(source) in wanted for i in log.inits]
+
+
 def _world_size(op: str | None, numel_in: int | None, numel_out: int | None) -> int | None:
     if not op or not numel_in or not numel_out:
         return None
@@ -252,8 +270,7 @@ def _world_size(op: str | None, numel_in: int | None, numel_out: int | None) -> 
 def nccl_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
     """Watchdog timeouts compared across ranks and files, desyncs, network errors."""
     out: list[Finding] = []
-    locations = rank_locations(i for _, log in logs for i in log.inits)
-    out += _timeout_findings(logs, locations)
+    out += _timeout_findings(logs)
     for source, log in logs:
         for m in log.mismatches:
             out.append(Finding(
@@ -275,10 +292,7 @@ def nccl_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
     return out
 
 
-def _timeout_findings(logs: list[tuple[str, NcclLog]], locations: dict[int, str]) \
-        -> list[Finding]:
-    # The default communicator spans the world: its size bounds the ranks that should report.
-    world_hint = max((i.nranks for _, log in logs for i in log.inits), default=None)
+def _timeout_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
     # (pg, rank, seq) -> status, to give each timeout its process group and progress
     status: dict[tuple[int | None, int | None], Any] = {}
     # Ranks that did not time out themselves still print their group's progress when told to
@@ -313,7 +327,10 @@ def _timeout_findings(logs: list[tuple[str, NcclLog]], locations: dict[int, str]
         if seq is not None:
             by_pg[pg].append(seq)
     for (pg, seq), items in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1)):
-        out += _one_timeout(pg, seq, items, status, by_pg, locations, world_hint,
+        inits = job_inits(logs, {os.path.dirname(source) for source, _ in items})
+        # The default communicator spans the world: its size bounds the ranks to hear from.
+        world_hint = max((i.nranks for i in inits), default=None)
+        out += _one_timeout(pg, seq, items, status, by_pg, rank_locations(inits), world_hint,
                             bystanders.get(pg, {}))
     return out
 

@@ -357,3 +357,13 @@ def test_a_log_with_both_kernel_and_nccl_lines_runs_both_parsers(tmp_path):
     (tmp_path / "node01-all.log").write_text(xid + nccl)
     _, items = findings(str(tmp_path / "node01-all.log"))
     assert {f["kind"] for f in items} == {"xid", "gpu_lost", "nccl_network_error"}
+
+
+def test_a_directory_of_several_jobs_does_not_lend_one_jobs_world_to_another():
+    # the corpus holds 16-rank Init COMPLETE lines and three unrelated jobs' timeouts
+    _, items = findings(str(DIR))
+    timeouts = {f["evidence"].get("seq"): f["evidence"] for f in items
+                if f["kind"] == "collective_timeout" and "not_reporting" in f["evidence"]}
+    assert timeouts[469508]["not_reporting"] == [0, 4, 5]
+    assert timeouts[808]["not_reporting"] == [] and "locations" not in timeouts[808]
+    assert timeouts[7753]["world_size"] == 8
