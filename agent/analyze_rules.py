@@ -73,8 +73,10 @@ def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
-    """``[0, 3, 4]`` -> ``"0, 3, 4"``; long runs are kept whole (they are the point)."""
-    return ", ".join(str(r) for r in sorted(set(ranks)))
+    """``[0, 3, 4]`` -> ``"ranks 0, 3, 4"``, ``[3]`` -> ``"rank 3"``; long runs are kept whole
+    (they are the point)."""
+    unique = sorted(set(ranks))
+    return ("rank " if len(unique) == 1 else "ranks ") + ", ".join(map(str, unique))
 
 
 def sources_text(sources: Iterable[str]) -> str:
@@ -284,10 +286,26 @@ def nccl_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
                     f"joined but did not finish collective #{d.seq}" if d.joined_not_finished
                     else f"finished #{d.seq} but did not join #{(d.seq or 0) + 1}")
             out.append(Finding(
-                source, "collective_timeout", Severity.CRITICAL, f"ranks {ranks_text(ranks)}",
+                source, "collective_timeout", Severity.CRITICAL, f"{ranks_text(ranks)}",
                 {"ranks": list(ranks), "seq": d.seq, "report": "TORCH_NCCL_DESYNC_DEBUG",
                  "never_joined": list(d.never_joined)},
-                f"PyTorch's desync report: ranks {ranks_text(ranks)} {what}"))
+                f"PyTorch's desync report: {ranks_text(ranks)} {what}"))
+    stuck: dict[str, list] = defaultdict(list)
+    for source, log in logs:
+        stuck[source] += log.stuck
+    for source, events in sorted(stuck.items()):
+        if not events:
+            continue
+        ranks = sorted({e.rank for e in events if e.rank is not None})
+        seconds = max((e.seconds for e in events if e.seconds is not None), default=None)
+        subject = ranks_text(ranks) if ranks else "watchdog"
+        out.append(Finding(
+            source, "collective_timeout", Severity.CRITICAL, subject,
+            {"ranks": ranks, "watchdog_stuck_seconds": seconds, "count": len(events)},
+            f"the NCCL watchdog of {subject} got stuck"
+            + (f" for {seconds} s" if seconds else "")
+            + ": a CUDA/NCCL call blocked it, most often a GPU fault (look for Xids on that "
+              "node) or a thread holding the GIL in a CUDA call; the process was killed"))
     out += _network_findings(logs)
     return out
 
@@ -351,7 +369,7 @@ def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeou
     pg_text = f"PG {pg}" if pg != "?" else "its process group"
     out = []
     if len(signatures) > 1:
-        parts = "; ".join(f"ranks {ranks_text(r)}: {s[0]} NumelIn={s[1]} NumelOut={s[2]}"
+        parts = "; ".join(f"{ranks_text(r)}: {s[0]} NumelIn={s[1]} NumelOut={s[2]}"
                           for s, r in signatures.items())
         out.append(Finding(
             source, "collective_mismatch", Severity.CRITICAL, f"{pg_text} seq {seq}",
@@ -399,7 +417,7 @@ def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeou
         ev["locations"] = {str(r): locations[r] for r in sorted(set(ranks) | set(silent))
                            if r in locations}
     span = (f"{min(elapsed.values())}-{max(elapsed.values())} ms" if elapsed else "?")
-    head = (f"{first.op} #{seq} of {pg_text} timed out ({first.timeout_ms} ms) on ranks "
+    head = (f"{first.op} #{seq} of {pg_text} timed out ({first.timeout_ms} ms) on "
             f"{ranks_text(ranks)} after {span}")
     if bring_up:
         culprit = "bring-up failure"
@@ -407,21 +425,21 @@ def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeou
                 "the ranks: check the network interfaces, firewalls and that every rank "
                 "started), not a slow rank")
     elif behind:
-        culprit = f"ranks {ranks_text(behind)}"
-        tail = (f"ranks {ranks_text(behind)} are behind (last enqueued {min(enq.values())} vs "
-                f"{max(enq.values())} on ranks {ranks_text(ahead)}): they are the stragglers")
+        culprit = f"{ranks_text(behind)}"
+        tail = (f"{ranks_text(behind)} are behind (last enqueued {min(enq.values())} vs "
+                f"{max(enq.values())} on {ranks_text(ahead)}): they are the stragglers")
     elif lower_seq_in_pg:
-        culprit = f"ranks {ranks_text(ranks)}"
+        culprit = f"{ranks_text(ranks)}"
         tail = "other ranks of this group timed out on an earlier collective"
     else:
-        culprit = f"ranks {ranks_text(silent)}" if silent else f"{pg_text} seq {seq}"
+        culprit = f"{ranks_text(silent)}" if silent else f"{pg_text} seq {seq}"
         stuck = (f" (last completed {min(comp.values())})" if comp and
                  len(set(comp.values())) == 1 else "")
         tail = (f"every reporting rank is stuck on it{stuck}, so the straggler is not among "
-                f"them" + (f": look at ranks {ranks_text(silent)}, which did not report "
+                f"them" + (f": look at {ranks_text(silent)}, which did not report "
                            f"(world size {world_note})" if silent else ""))
     if seq is None:
-        culprit = f"ranks {ranks_text(ranks)}"
+        culprit = f"{ranks_text(ranks)}"
     ev["culprit"] = culprit
     out.append(Finding(source, "collective_timeout", Severity.CRITICAL, culprit, ev,
                        f"{head}; {tail}"))
@@ -515,18 +533,18 @@ def fr_findings(source: str, analysis: FrAnalysis, locations: dict[int, str]) ->
             f"rank {r} enq {lag.status[r][0]}/comp {lag.status[r][1]}"
             for r in lag.missing if r in lag.status)
         msg = (f"{lag.op} #{lag.seq} ({shape} {dtype}) of PG {lag.pg} ({lag.pg_desc}) was "
-               f"issued by ranks {ranks_text(lag.present)} but never by "
+               f"issued by {ranks_text(lag.present)} but never by "
                f"{ranks_text(lag.missing)}" + (f" ({missing_status})" if missing_status else "")
                + (f"; no dump from {ranks_text(lag.no_dump)}" if lag.no_dump else ""))
         if primary and stragglers:
-            msg += (f". Ranks {ranks_text(stragglers)} lag in {len(analysis.lagging)} process "
-                    f"group(s) ({', '.join(x.pg for x in analysis.lagging)}): they are the "
+            msg += (f". {ranks_text(stragglers).capitalize()} lag in {len(analysis.lagging)} "
+                    f"process group(s) ({', '.join(x.pg for x in analysis.lagging)}): they are the "
                     f"likely stragglers; look at their GPUs and hosts first")
         out.append(Finding(source, "collective_timeout",
                            Severity.CRITICAL if primary else Severity.WARNING,
-                           f"ranks {ranks_text(lag.missing)}", ev, msg))
+                           f"{ranks_text(lag.missing)}", ev, msg))
     for mm in analysis.mismatches:
-        parts = "; ".join(f"ranks {ranks_text(r)}: {s[0]} {s[1:] if len(s) > 1 else ''}"
+        parts = "; ".join(f"{ranks_text(r)}: {s[0]} {s[1:] if len(s) > 1 else ''}"
                           for s, r in mm.signatures.items())
         out.append(Finding(
             source, "collective_mismatch", Severity.CRITICAL, f"PG {mm.pg} seq {mm.seq}",
@@ -545,14 +563,15 @@ def fr_report_findings(source: str, issues: list[FrTraceIssue]) -> list[Finding]
         if issue.kind == "not_all_joined":
             missing = ranks_text(issue.missing_ranks)
             out.append(Finding(
-                source, "collective_timeout", Severity.CRITICAL, f"ranks {missing}",
+                source, "collective_timeout", Severity.CRITICAL, f"{missing}",
                 {"collective": issue.collective, "entry": issue.entry, "group": issue.group,
                  "op": issue.op, "missing_ranks": list(issue.missing_ranks),
                  "expected_ranks": issue.expected_ranks, "input_sizes": issue.input_sizes,
                  "state": issue.state},
                 f"collective {issue.collective} ({issue.op}, group {issue.group}) was not "
-                f"joined by ranks {missing} of {issue.expected_ranks}: rank(s) {missing} never "
-                f"reached it (state {issue.state}); they are the culprits"))
+                f"joined by {missing} of {issue.expected_ranks}: {missing} never "
+                f"reached it (state {issue.state}); "
+                f"{'it is' if len(issue.missing_ranks) == 1 else 'they are'} the culprit"))
         else:
             out.append(Finding(source, "collective_mismatch", Severity.CRITICAL,
                                "collective", {"detail": issue.detail},
@@ -638,8 +657,8 @@ def inspector_findings(source: str, records: list[InspectorRecord],
               "hosts": sorted({r.hostname for r in rs if r.hostname})}
         out.append(Finding(
             source, "busbw", Severity.INFO, f"{op} on {comm}", ev,
-            f"NCCL Inspector: {len(rs)} {op} on communicator {comm} (rank(s) "
-            f"{ranks_text(ranks)} of {n_ranks}): busbw median "
+            f"NCCL Inspector: {len(rs)} {op} on communicator {comm} ({ranks_text(ranks)} of "
+            f"{n_ranks}): busbw median "
             f"{ev['busbw_gbps_median']} GB/s (min {ev['busbw_gbps_min']}, max "
             f"{ev['busbw_gbps_max']})"))
     return out

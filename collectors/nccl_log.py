@@ -25,6 +25,8 @@ ProcessGroupNCCL.cpp`` and ``TraceUtils.h``, NCCL ``src/debug.cc`` and ``src/tra
       Received a dump signal due to a collective timeout from rank X ... Last enqueued NCCL
       work: E, last completed NCCL work: C.
 
+* the heartbeat monitor: ``ProcessGroupNCCL's watchdog got stuck for N seconds`` and
+  ``Heartbeat monitor timed out!``.
 * ``TORCH_DISTRIBUTED_DEBUG=DETAIL``'s fingerprint check: ``Detected mismatch between
   collectives on ranks. Rank A is running collective: ..., but Rank B is running collective: ...``
 * ``TORCH_NCCL_DESYNC_DEBUG``'s report: ``ranks [..] are the lagging ranks that caused this
@@ -55,6 +57,7 @@ __all__ = [
     "NcclLogParser",
     "NcclWarning",
     "ProgressStatus",
+    "WatchdogStuck",
     "WatchdogTimeout",
     "parse_nccl_log",
     "NCCL_RESULTS",
@@ -140,6 +143,23 @@ class ProgressStatus:
     last_enqueued: int
     last_completed: int
     reason: str
+    raw: str
+
+
+@dataclass(frozen=True, slots=True)
+class WatchdogStuck:
+    """The watchdog itself stopped making progress (heartbeat monitor).
+
+    ``ProcessGroupNCCL's watchdog got stuck for N seconds without making progress`` or
+    ``Heartbeat monitor timed out!``: a CUDA or NCCL call blocked the watchdog thread, most often
+    behind a GPU fault or a GIL deadlock; the process is then killed.
+
+    Attributes:
+        rank: from the log prefix or launcher prefix; ``seconds``: N when printed.
+    """
+
+    rank: int | None
+    seconds: int | None
     raw: str
 
 
@@ -250,8 +270,8 @@ class NcclWarning:
     hca: str | None = None
 
 
-NcclLogEvent = (WatchdogTimeout | ProgressStatus | CollectiveMismatch | DesyncReport
-                | InitComplete | InitTimings | NcclWarning)
+NcclLogEvent = (WatchdogTimeout | ProgressStatus | WatchdogStuck | CollectiveMismatch
+                | DesyncReport | InitComplete | InitTimings | NcclWarning)
 
 _INT = r"-?\d+"
 _LAUNCHER_RANK = re.compile(r"\[rank(\d+)\]:?")
@@ -281,6 +301,7 @@ _PROGRESS_REASON = {
     "failure detected by watchdog at work sequence id": "failure",
     "received a dump signal": "dump_signal", "nccl work update periodically": "periodic",
 }
+_STUCK = re.compile(r"watchdog got stuck for (\d+) seconds|Heartbeat monitor timed out")
 _MISMATCH = re.compile(
     r"Detected mismatch between collectives on ranks\. Rank (?P<a>\d+) is running collective: "
     r"(?P<this>.*?), but Rank (?P<b>\d+) is running collective: (?P<other>.*?)\.?\s*$"
@@ -382,6 +403,12 @@ class NcclLogParser:
             m = _PROGRESS.search(line)
             if m:
                 return _progress(m, line)
+        if "stuck for" in line or "Heartbeat monitor timed out" in line:
+            m = _STUCK.search(line)
+            if m:
+                prefix = _LOG_PREFIX.search(line, 0, m.start())
+                rank, _ = _rank_of(line[: m.start()], prefix)
+                return WatchdogStuck(rank, _int_or_none(m.group(1)), line)
         if "mismatch between collectives" in line:
             m = _MISMATCH.search(line)
             if m:
@@ -503,6 +530,7 @@ class NcclLog:
 
     timeouts: list[WatchdogTimeout] = field(default_factory=list)
     progress: list[ProgressStatus] = field(default_factory=list)
+    stuck: list[WatchdogStuck] = field(default_factory=list)
     mismatches: list[CollectiveMismatch] = field(default_factory=list)
     desync: list[DesyncReport] = field(default_factory=list)
     inits: list[InitComplete] = field(default_factory=list)
@@ -515,9 +543,9 @@ class NcclLog:
         """File one parser event under its type."""
         buckets: dict[type, list[Any]] = {
             WatchdogTimeout: self.timeouts, ProgressStatus: self.progress,
-            CollectiveMismatch: self.mismatches, DesyncReport: self.desync,
-            InitComplete: self.inits, InitTimings: self.init_timings,
-            NcclWarning: self.warnings,
+            WatchdogStuck: self.stuck, CollectiveMismatch: self.mismatches,
+            DesyncReport: self.desync, InitComplete: self.inits,
+            InitTimings: self.init_timings, NcclWarning: self.warnings,
         }
         bucket = buckets[type(event)]
         if len(bucket) < MAX_EVENTS_PER_TYPE:

@@ -193,7 +193,7 @@ def test_smi01_clock_events():
 def test_fr02_torchfrtrace_names_rank_1():
     _, (f,) = one("fr02")
     assert f["kind"] == "collective_timeout" and f["evidence"]["missing_ranks"] == [1]
-    assert f["evidence"]["collective"] == 5 and f["subject"] == "ranks 1"
+    assert f["evidence"]["collective"] == 5 and f["subject"] == "rank 1"
 
 
 def test_flight_recorder_directory_names_ranks_9_and_14():
@@ -248,7 +248,7 @@ def test_watchdog_logs_of_different_ranks_are_compared_across_files(tmp_path):
     _, (f,) = findings(str(tmp_path))
     ev = f["evidence"]
     assert ev["ranks"] == [0, 1, 2] and ev["behind"] == [1] and ev["ahead"] == [0, 2]
-    assert f["subject"] == "ranks 1" and "stragglers" in f["message"]
+    assert f["subject"] == "rank 1" and "stragglers" in f["message"]
 
 
 def test_first_collective_hang_is_a_bring_up_failure(tmp_path):
@@ -348,7 +348,7 @@ def test_ranks_that_only_received_the_dump_signal_still_show_who_is_behind(tmp_p
     _, (f,) = findings(str(tmp_path))
     ev = f["evidence"]
     assert ev["progress_only_ranks"] == [1, 2, 3] and ev["behind"] == [3]
-    assert f["subject"] == "ranks 3" and ev["not_reporting"] == []
+    assert f["subject"] == "rank 3" and ev["not_reporting"] == []
 
 
 def test_a_log_with_both_kernel_and_nccl_lines_runs_both_parsers(tmp_path):

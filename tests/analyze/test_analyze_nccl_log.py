@@ -187,3 +187,14 @@ def test_binary_junk_and_huge_lines_are_ignored():
     assert parser.feed("\x00\xff" * 50_000) == []
     assert parser.feed("WorkNCCL(" * 10_000) == []
     assert parser.lines == 2
+
+
+def test_heartbeat_monitor_stuck_watchdog():
+    parser = NcclLogParser()
+    (a,) = parser.feed(
+        "[rank0]:[E1120 10:00:00.1 ProcessGroupNCCL.cpp:1536] [PG ID 0 PG GUID 0(default_pg) "
+        "Rank 0] ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress "
+        "in monitoring enqueued collectives.")
+    (b,) = parser.feed("[rank5]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 5] Heartbeat monitor "
+                       "timed out! Process will be terminated after dumping debug info.")
+    assert (a.rank, a.seconds) == (0, 480) and (b.rank, b.seconds) == (5, None)
