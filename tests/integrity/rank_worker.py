@@ -4,7 +4,8 @@ Spawned with ``torch.multiprocessing`` (one process per rank, a TCP store on 127
 scenario trains a small two-bucket MLP under DDP for a few steps with the chosen hook, policy and
 bit flip, and rank r writes what it saw to ``OUT.json.r``. Scenarios are named
 ``hook:policy:where:bit`` (``where`` = ``none`` for a clean run); the hooks are ``allreduce``
-(laggard's integrity all-reduce), ``allgather`` and ``alltoall`` (test hooks exchanging the exact
+(laggard's integrity all-reduce), ``monitor`` (the same, checked through TrainingMonitor's window
+gather), ``allgather`` and ``alltoall`` (test hooks exchanging the exact
 payload through those collectives), ``nan`` (a NaN planted in rank 1's gradient), ``garbage``
 (rank 1 sends an unreadable window vector) and ``compress-NAME`` (a compressor of
 ``laggard.integrations.compression`` wrapped by ``with_integrity``).
@@ -92,9 +93,18 @@ def run(scenario: str, rank: int, world: int) -> dict:
     if where != "none":
         injector = BitFlipInjector(rank=FLIP_RANK % world, step=FLIP_STEP, bucket=FLIP_BUCKET,
                                    element=FLIP_ELEMENT, bit=int(bit), where=where)
+    # "monitor": the fingerprints ride in TrainingMonitor's window gather (every 2 steps)
+    via_monitor = hook_name == "monitor"
     integrity = GradientIntegrity(
-        GradientIntegrity.Config(policy=policy, replica_every=1, gather_every=1),
+        GradientIntegrity.Config(policy=policy, replica_every=1,
+                                 gather_every=0 if via_monitor else 1),
         injector=injector)
+    monitor = None
+    if via_monitor:
+        from laggard.integrations.monitor import TrainingMonitor
+
+        monitor = TrainingMonitor(TrainingMonitor.Config(agent_address="", window_steps=2,
+                                                         integrity=integrity))
     net = model()
     ddp = DDP(net, bucket_cap_mb=0.01)  # two or more buckets
     inner = None
@@ -111,13 +121,13 @@ def run(scenario: str, rank: int, world: int) -> dict:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     applied, raised = [], None
     for step in range(STEPS):
+        if monitor is not None:
+            monitor._begin_step()
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(16, 32, generator=g)
         y = torch.randn(16, 8, generator=g)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         loss.backward()
-        if hook_name == "nan" and step == FLIP_STEP and rank == 1:
-            pass  # the NaN is planted through the loss below instead
         try:
             if hook_name == "garbage" and step == FLIP_STEP:
                 ok = _garbage_step(integrity, rank)
@@ -130,12 +140,16 @@ def run(scenario: str, rank: int, world: int) -> dict:
         if ok:
             opt.step()
         opt.zero_grad()
+        if monitor is not None:
+            monitor._end_step()  # what ``with monitor.step():`` runs on exit
         if hook_name == "nan" and step + 1 == FLIP_STEP and rank == 1:
             # a NaN in one rank's gradient next step: poison one weight's input path
             with torch.no_grad():
                 net[0].weight[0, 0] = float("nan")
     if inner is not None and hasattr(inner, "close"):
         inner.close()
+    if monitor is not None:
+        monitor.close()
     return {
         "findings": [f.to_dict() for f in integrity.findings],
         "applied": applied,

@@ -21,6 +21,7 @@ SCENARIOS_4 = [
     "allreduce:warn:param:0", "allgather:warn:before_send:5", "allgather:warn:after_reduce:0",
     "alltoall:warn:before_send:5", "nan:warn:none:0", "garbage:warn:none:0",
     "allreduce:skip_step:after_reduce:10", "allreduce:raise:before_send:30",
+    "monitor:warn:after_reduce:7",
 ]
 SCENARIOS_2 = ["allreduce:warn:none:0", "allreduce:warn:after_reduce:30"]
 
@@ -116,6 +117,11 @@ def test_raise_stops_every_rank_at_the_same_step(four: list[dict]) -> None:
     raised = [r["allreduce:raise:before_send:30"]["raised"] for r in four]
     assert all(x is not None and x["step"] == FLIP_STEP for x in raised)
     assert "rounding bound" in raised[0]["message"]
+
+
+def test_fingerprints_ride_in_the_monitor_window_gather(four: list[dict]) -> None:
+    found = kinds(four, "monitor:warn:after_reduce:7")
+    assert ("result_mismatch", FLIP_RANK, FLIP_STEP) in found
 
 
 def test_two_ranks_name_the_corrupt_one_through_the_sum_check(tmp_path: Path) -> None:
