@@ -227,6 +227,9 @@ def analyze_paths(paths: list[str], kind: str | None = None) -> tuple[list[Findi
             inputs.errors.append(f"{path}: cannot read: {exc}")
         except (ValueError, UnicodeError) as exc:
             inputs.errors.append(f"{path}: not a valid {file_kind}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one odd file must not cost the others' report
+            inputs.errors.append(f"{path}: could not be analysed as {file_kind} "
+                                 f"({type(exc).__name__}: {exc})")
     findings = inputs.findings
     if inputs.nccl_logs:
         findings += rules.nccl_findings(inputs.nccl_logs)

@@ -116,10 +116,10 @@ class FrEntry:
     p2p_seq: int
     is_p2p: bool
     op: str
-    input_sizes: tuple
-    output_sizes: tuple
-    input_dtypes: tuple
-    output_dtypes: tuple
+    input_sizes: tuple[tuple[int, ...], ...]
+    output_sizes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    output_dtypes: tuple[str, ...]
     state: str
     time_created_ns: int | None
     timeout_ms: int | None
@@ -165,10 +165,16 @@ class FlightRecorderDump:
     nccl_version: str | None = None
 
 
-def _tuple(value: Any) -> tuple:
-    if isinstance(value, (list, tuple)):
-        return tuple(_tuple(v) for v in value)
-    return value
+def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
+    """``[[3, 4], [5]]`` -> ``((3, 4), (5,))``; anything else -> ``()``."""
+    if not isinstance(value, (list, tuple)):
+        return ()
+    return tuple(tuple(int(d) for d in shape if isinstance(d, int))
+                 for shape in value if isinstance(shape, (list, tuple)))
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, (list, tuple)) else ()
 
 
 def _int(value: Any, default: int | None = None) -> int | None:
@@ -209,8 +215,10 @@ def parse_dump(raw: dict[str, Any], rank: int | None = None, source: str = "") -
     """
     if not isinstance(raw, dict) or not isinstance(raw.get("entries", None), list):
         raise DumpError("not a flight-recorder dump: no 'entries' list")
+    pg_config: dict[Any, Any] = raw["pg_config"] if isinstance(raw.get("pg_config"), dict) else {}
+    pg_status: dict[Any, Any] = raw["pg_status"] if isinstance(raw.get("pg_status"), dict) else {}
     groups: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for name, cfg in (raw.get("pg_config") or {}).items():
+    for name, cfg in pg_config.items():
         if isinstance(cfg, dict):
             groups[str(name)] = (str(cfg.get("desc", "")), _ranks(cfg.get("ranks")))
     entries = []
@@ -218,8 +226,11 @@ def parse_dump(raw: dict[str, Any], rank: int | None = None, source: str = "") -
     for e in raw["entries"]:
         if not isinstance(e, dict):
             continue
-        pg = e.get("process_group") or ("?", "")
-        pg_name, pg_desc = (str(pg[0]), str(pg[1])) if len(pg) >= 2 else (str(pg), "")
+        pg = e.get("process_group")
+        if isinstance(pg, (list, tuple)) and pg:
+            pg_name, pg_desc = str(pg[0]), str(pg[1]) if len(pg) >= 2 else ""
+        else:
+            pg_name, pg_desc = str(pg if pg is not None else "?"), ""
         pg_id = str(e["pg_id"]) if e.get("pg_id") is not None else None
         if pg_id is not None:
             pg_id_to_name[pg_id] = pg_name
@@ -228,15 +239,15 @@ def parse_dump(raw: dict[str, Any], rank: int | None = None, source: str = "") -
             rank=rank, pg=pg_name, pg_desc=pg_desc, pg_id=pg_id,
             seq=_count(e.get("collective_seq_id"), -1), p2p_seq=_count(e.get("p2p_seq_id"), 0),
             is_p2p=bool(e.get("is_p2p", False)), op=op.split(":", 1)[-1],
-            input_sizes=_tuple(e.get("input_sizes") or ()),
-            output_sizes=_tuple(e.get("output_sizes") or ()),
-            input_dtypes=_tuple(e.get("input_dtypes") or ()),
-            output_dtypes=_tuple(e.get("output_dtypes") or ()),
+            input_sizes=_shapes(e.get("input_sizes")),
+            output_sizes=_shapes(e.get("output_sizes")),
+            input_dtypes=_names(e.get("input_dtypes")),
+            output_dtypes=_names(e.get("output_dtypes")),
             state=str(e.get("state", "")), time_created_ns=_int(e.get("time_created_ns")),
             timeout_ms=_int(e.get("timeout_ms")), record_id=_int(e.get("record_id")),
         ))
     status_by_id = {}
-    for key, st in (raw.get("pg_status") or {}).items():
+    for key, st in pg_status.items():
         if isinstance(st, dict):
             status_by_id[str(key)] = PgStatus(
                 _count(st.get("last_enqueued_collective"), -1),
@@ -333,8 +344,8 @@ class LaggingCollective:
     members: tuple[int, ...]
     seq: int
     op: str
-    input_sizes: tuple
-    input_dtypes: tuple
+    input_sizes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
     state: tuple[str, ...]
     present: tuple[int, ...]
     not_enqueued: tuple[int, ...]

@@ -148,3 +148,19 @@ def test_text_that_is_neither_json_nor_a_printed_dump(tmp_path):
     path.write_text('{"pg_config": {}, "entries": [__import__("os")]}')
     with pytest.raises(DumpError, match="neither JSON nor a printed dump"):
         load_dump(str(path))
+
+
+@pytest.mark.parametrize("doc", [
+    {"entries": [{"process_group": 5, "collective_seq_id": "x", "input_sizes": 3}],
+     "pg_config": [], "pg_status": 5},
+    {"entries": [None, 5, "x"], "pg_config": {"0": "zz"},
+     "pg_status": {"0": {"last_enqueued_collective": "abc"}}},
+    {"entries": [{"process_group": [None], "pg_id": [1], "profiling_name": 7,
+                  "input_dtypes": 5, "input_sizes": [[1, [2]]]}], "version": None},
+])
+def test_dumps_with_wrong_types_load_without_surprises(tmp_path, doc):
+    path = tmp_path / "trace_0"
+    path.write_bytes(pickle.dumps(doc))
+    dump = load_dump(str(path))
+    analyze_dumps([dump])  # nothing to match, and nothing raised
+    assert all(isinstance(e.input_sizes, tuple) for e in dump.entries)
