@@ -76,6 +76,8 @@ def ranks_text(ranks: Iterable[int]) -> str:
     """``[0, 3, 4]`` -> ``"ranks 0, 3, 4"``, ``[3]`` -> ``"rank 3"``; long runs are kept whole
     (they are the point)."""
     unique = sorted(set(ranks))
+    if not unique:
+        return "no rank"
     return ("rank " if len(unique) == 1 else "ranks ") + ", ".join(map(str, unique))
 
 
@@ -658,7 +660,7 @@ def inspector_findings(source: str, records: list[InspectorRecord],
         out.append(Finding(
             source, "busbw", Severity.INFO, f"{op} on {comm}", ev,
             f"NCCL Inspector: {len(rs)} {op} on communicator {comm} ({ranks_text(ranks)} of "
-            f"{n_ranks}): busbw median "
+            f"{n_ranks or '?'}): busbw median "
             f"{ev['busbw_gbps_median']} GB/s (min {ev['busbw_gbps_min']}, max "
             f"{ev['busbw_gbps_max']})"))
     return out

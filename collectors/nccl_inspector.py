@@ -156,11 +156,12 @@ def _proxy(body: dict[str, Any]) -> ProxyRecord:
     prefix = "proxy_step" if kind == "proxy_step" else "proxy_op"
     start, stop = _num(ts.get(f"{prefix}_start_ts")), _num(ts.get(f"{prefix}_stop_ts"))
     return ProxyRecord(
-        record_type=kind, parent_type=body.get("parent_type"),
+        record_type=kind, parent_type=_text(body.get("parent_type")),
         parent_sn=_integer(body.get("parent_sn")), proxy_op_sn=_integer(body.get("proxy_op_sn")),
         proxy_step_sn=_integer(body.get("proxy_step_sn")), rank=_integer(body.get("rank")),
         peer=_integer(body.get("peer")), channel_id=_integer(body.get("channel_id")),
-        direction=body.get("direction"), trans_size_bytes=_integer(body.get("trans_size_bytes")),
+        direction=_text(body.get("direction")),
+        trans_size_bytes=_integer(body.get("trans_size_bytes")),
         duration_us=stop - start if start is not None and stop is not None else None,
         n_steps=_integer(body.get("n_steps")),
         n_steps_completed=_integer(body.get("n_steps_completed")),
@@ -288,6 +289,10 @@ class InspectorStream:
             self._remaining[kind] = left - 1
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _record(kind: str, body: dict[str, Any], header: dict[str, Any],
             metadata: dict[str, Any]) -> InspectorRecord | None:
     op = body.get(kind)
@@ -299,13 +304,14 @@ def _record(kind: str, body: dict[str, Any], header: dict[str, Any],
         kind=kind, op=op, sn=_integer(body.get(f"{kind}_sn")), msg_size_bytes=size,
         exec_time_us=time_us, algbw_gbs=_num(body.get(f"{kind}_algobw_gbs")),
         busbw_gbs=_num(body.get(f"{kind}_busbw_gbs")),
-        timing_source=body.get(f"{kind}_timing_source"), algo=body.get(f"{kind}_algo"),
-        proto=body.get(f"{kind}_proto"), peer=_integer(body.get("p2p_peer")),
-        comm_id=header.get("id"), comm_name=header.get("comm_name"),
+        timing_source=_text(body.get(f"{kind}_timing_source")),
+        algo=_text(body.get(f"{kind}_algo")),
+        proto=_text(body.get(f"{kind}_proto")), peer=_integer(body.get("p2p_peer")),
+        comm_id=_text(header.get("id")), comm_name=_text(header.get("comm_name")),
         rank=_integer(header.get("rank")), n_ranks=_integer(header.get("n_ranks")),
-        nnodes=_integer(header.get("nnodes")), hostname=metadata.get("hostname"),
+        nnodes=_integer(header.get("nnodes")), hostname=_text(metadata.get("hostname")),
         pid=_integer(metadata.get("pid")),
-        version=metadata.get("inspector_output_format_version"),
+        version=_text(metadata.get("inspector_output_format_version")),
         **_spans(kind, body.get("event_trace_ts")),
     )
 
