@@ -39,3 +39,16 @@ def test_collector_exposition_on_a_fixture_tree():
 def test_missing_procfs_is_no_data(tmp_path):
     with pytest.raises(NoDataError):
         list(NetdevCollector(proc_root=str(tmp_path)).collect())
+
+
+def test_carrier_changes_and_operstate_from_sysfs_where_present():
+    registry = CollectorRegistry()
+    registry.register(NetdevCollector(proc_root=str(FIXTURES / "netdev" / "proc"),
+                                      sysfs_root=str(FIXTURES / "netdev" / "sys")))
+    assert registry.get_sample_value("laggard_network_carrier_changes_total",
+                                     {"device": "eth0"}) == 7
+    assert registry.get_sample_value("laggard_network_up", {"device": "eth0"}) == 1
+    assert registry.get_sample_value("laggard_network_up", {"device": "lo"}) == 0
+    # lo has no carrier_changes file: left out, not exported as 0.
+    assert registry.get_sample_value("laggard_network_carrier_changes_total",
+                                     {"device": "lo"}) is None
