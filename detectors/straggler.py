@@ -10,8 +10,8 @@ Every window the detector compares ranks with each other (median and MAD across 
 slow rank cannot move the reference) and raises a finding only when a rank's excess is both
 statistically clear (a z-score against the job's measured noise) and large enough to matter (a
 relative floor), in M of the last N windows. A slowdown of the whole job moves the cross-rank
-median with it, so it is never blamed on a rank; it is reported on its own, against each rank's
-best history.
+median with it, so it is never blamed on a rank; it is reported on its own, against the best
+the job has shown (each rank's history first, then the median rank).
 
 Only durations are compared, never timestamps: clocks of different hosts are not synchronised.
 

@@ -7,6 +7,7 @@ realistic noise for the false-positive checks.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -331,3 +332,26 @@ def test_row_nanmedian_matches_numpy() -> None:
 def test_config_validation(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         StragglerDetector.Config(**kwargs)
+
+
+def test_real_demo_windows_name_the_slowed_rank_only_after_onset() -> None:
+    """Replays rank 0's gathered windows from a real 4-rank gloo run (x1.25 on rank 2)."""
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "straggler" / (
+        "demo_4ranks_x1.25_window5.json")
+    recorded = json.loads(fixture.read_text())
+    columns = [recorded["stat_names"].index(name) for name in SUMMARY_FIELDS]
+    detector = StragglerDetector()
+    found = []
+    for window in recorded["windows"]:
+        medians = np.array(window["medians"], dtype=np.float64)  # None -> NaN
+        found += [(window["step"], f) for f in detector.update(RankWindow.from_summaries(
+            step=window["step"], ranks=np.arange(4), summaries=medians[:, columns],
+            world_size=4))]
+    ranked = [(step, f) for step, f in found if f.rank is not None]
+    injected = recorded["injected"]
+    assert ranked, "the slowed rank was never named"
+    first_step, first = ranked[0]
+    assert (first.rank, first.kind) == (injected["rank"], injected["kind"])
+    assert first_step >= injected["from_step"]
+    assert {f.rank for _, f in ranked} == {injected["rank"]}
+    assert detector.stats["invalid_durations"] == 0
