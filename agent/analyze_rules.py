@@ -97,6 +97,10 @@ _RM_INIT = re.compile(
     r"RmInitAdapter failed! \((?P<code>[^)]*)\)")
 
 
+_GPU_UUID = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}): "
+                       r"(?P<uuid>GPU-[0-9a-fA-F-]+)")
+
+
 @dataclass(slots=True)
 class _XidGroup:
     count: int = 0
@@ -116,6 +120,7 @@ class KernelEvidence:
     xids: dict[tuple[int, str], _XidGroup] = field(default_factory=dict)
     sxids: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
     rm_init_failures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    uuids: dict[str, str] = field(default_factory=dict)  # pci -> GPU UUID, when the log says
 
     def add(self, event: XidEvent | SXidEvent) -> None:
         """Count one parser event."""
@@ -145,7 +150,11 @@ class KernelEvidence:
         sx["severity"] = sx["severity"] or event.severity
 
     def add_line(self, line: str) -> None:
-        """Look at one raw line for what the Xid parser does not report (RmInitAdapter)."""
+        """Look at one raw line for what the Xid parser does not report: RmInitAdapter
+        failures, and the ``NVRM: GPU at PCI:... GPU-<uuid>`` line printed before an Xid."""
+        if "GPU at PCI:" in line and (u := _GPU_UUID.search(line)):
+            if len(self.uuids) < 1024:
+                self.uuids[u["pci"].lower()] = u["uuid"]
         if "RmInitAdapter" in line and (m := _RM_INIT.search(line)):
             entry = self.rm_init_failures.setdefault(m["pci"].lower(),
                                                      {"count": 0, "codes": []})
@@ -175,6 +184,8 @@ def kernel_findings(source: str, evidence: KernelEvidence) -> list[Finding]:
             "first_uptime_seconds": g.first_uptime, "last_uptime_seconds": g.last_uptime,
             "messages": g.messages,
         }
+        if pci in evidence.uuids:
+            ev["uuid"] = evidence.uuids[pci]
         if known:
             ev["pid"] = known[0]["pid"]
             ev["process"] = known[0]["process"]

@@ -59,6 +59,7 @@ def test_xid01_gsp_timeouts_grouped_with_processes():
         (2024380, "nvidia-smi", 3), (1263500, "cache_mgr_main", 1), (1240590, "gpud", 1)]
     assert (ev["pid"], ev["process"]) == (2024380, "nvidia-smi")
     assert any("103 (GSP_RM_ALLOC)" in m for m in ev["messages"])
+    assert ev["uuid"] == "GPU-00000000-0000-0000-0000-000000000001"
 
 
 def test_xid02_flood_of_13_then_43_application_fault():
