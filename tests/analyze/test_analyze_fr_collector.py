@@ -70,3 +70,23 @@ def test_no_directory_is_no_data(tmp_path):
         list(FlightRecorderCollector(str(tmp_path / "nope" / "trace_")).collect())
     with pytest.raises(NoDataError):
         list(FlightRecorderCollector("").collect())
+
+
+def test_exposition_passes_promtool(tmp_path):
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (make test installs it)")
+    shutil.copy(NVRX / "_dump_9", tmp_path / "nccl_trace_rank_9")
+    collector = FlightRecorderCollector(str(tmp_path))
+    registry = CollectorRegistry()
+
+    class Adapter:
+        def collect(self):
+            return list(collector.collect())
+
+    registry.register(Adapter())
+    result = subprocess.run([promtool, "check", "metrics"], input=generate_latest(registry),
+                            capture_output=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
