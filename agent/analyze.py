@@ -65,8 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "CSV, dcgm-exporter output, /proc/net/dev, IB listings")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON list of findings instead of a table")
-    parser.add_argument("--kind", choices=filetype.KINDS,
-                        help="treat every file as this kind instead of detecting it")
+    parser.add_argument("--kind", choices=filetype.KINDS, metavar="KIND",
+                        help="treat every file as this kind instead of detecting it: "
+                             + ", ".join(filetype.KINDS))
+    parser.epilog = ("exit status: 0 nothing found, 1 findings, 2 an input could not be read. "
+                     "Finding kinds: " + ", ".join(rules.KINDS) + ".")
 
 
 @dataclass(slots=True)
