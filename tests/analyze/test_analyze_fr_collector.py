@@ -90,3 +90,18 @@ def test_exposition_passes_promtool(tmp_path):
     result = subprocess.run([promtool, "check", "metrics"], input=generate_latest(registry),
                             capture_output=True, timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_golden_exposition_for_node02(tmp_path):
+    for rank in range(8, 16):
+        shutil.copy(NVRX / f"_dump_{rank}", tmp_path / f"nccl_trace_rank_{rank}")
+    collector = FlightRecorderCollector(str(tmp_path))
+    registry = CollectorRegistry()
+
+    class Adapter:
+        def collect(self):
+            return list(collector.collect())
+
+    registry.register(Adapter())
+    golden = (FIXTURES / "analyze_golden" / "flight_recorder.prom").read_text()
+    assert generate_latest(registry).decode() == golden

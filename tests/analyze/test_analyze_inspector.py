@@ -168,3 +168,10 @@ def test_collector_without_directory_reports_no_data(tmp_path):
         list(NcclInspectorCollector(str(tmp_path / "absent")).collect())
     with pytest.raises(NoDataError):
         list(NcclInspectorCollector("").collect())
+
+
+def test_golden_exposition_of_every_jsonl_sample(tmp_path):
+    for sample in DIR.glob("*.jsonl"):
+        shutil.copy(sample, tmp_path)
+    golden = (FIXTURES / "analyze_golden" / "nccl_inspector.prom").read_text()
+    assert scrape(NcclInspectorCollector(str(tmp_path))) == golden
