@@ -325,7 +325,7 @@ class StragglerDetector:
         # Columns: compute, data and transfer excess and wait deficit (fractions of the median
         # rank's work), then compute + data seconds (for the job baseline).
         self._ring = np.full((n, 0, s + 2), np.nan)
-        self._threshold = np.full((n, s), np.inf)  # per window, to count windows over
+        self._threshold = np.full(s, np.inf)  # latest threshold per signal
         self._noise = np.full((c.noise_history_windows, s), np.nan)
         self._job_baseline = math.inf  # best typical work seconds of the median rank
         self._job_over = np.zeros(n, dtype=bool)
@@ -474,7 +474,7 @@ class StragglerDetector:
             sigma[i] = np.fmax(_robust_sigma(finite), pooled)
         threshold = np.fmax(c.min_slowdown, center + c.z_threshold * sigma)  # (S,), NaN-free
         threshold[np.isnan(threshold)] = np.inf  # a signal nobody measured is never over
-        self._threshold[slot] = threshold
+        self._threshold = threshold
 
         warmed_up = self._windows_seen >= n
         with np.errstate(invalid="ignore"):
@@ -521,9 +521,9 @@ class StragglerDetector:
         return findings
 
     def _windows_over(self, rank: int, signal: int) -> int:
-        """In how many of the last N windows the rank's excess reached that window's threshold."""
+        """In how many of the last N windows the rank's excess reached the latest threshold."""
         with np.errstate(invalid="ignore"):
-            return int(np.sum(self._ring[:, rank, signal] >= self._threshold[:, signal]))
+            return int(np.sum(self._ring[:, rank, signal] >= self._threshold[signal]))
 
     def _clear_ranks(self, step: int) -> list[Finding]:
         """Clear findings whose signal was under threshold in each of the last N windows."""
@@ -720,10 +720,11 @@ class _RankContext:
         if not self._rows:
             raw = np.asarray(self.window.ranks).ravel().tolist()
             self._rows = {}
-            for row, global_rank in enumerate(raw):
-                self._rows.setdefault(int(global_rank), row)  # the first row of a duplicate
+            for index, global_rank in enumerate(raw):
+                self._rows.setdefault(int(global_rank), index)  # the first row of a duplicate
         row = self._rows.get(rank)
-        node = local = None
+        node: str | None = None
+        local: int | None = None
         if row is not None:
             nodes = self.window.nodes
             if nodes is not None and row < len(nodes):
