@@ -303,6 +303,7 @@ def nccl_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
                 {"ranks": list(ranks), "seq": d.seq, "report": "TORCH_NCCL_DESYNC_DEBUG",
                  "never_joined": list(d.never_joined)},
                 f"PyTorch's desync report: {ranks_text(ranks)} {what}"))
+    out += _bring_up_findings(logs)
     stuck: dict[str, list] = defaultdict(list)
     for source, log in logs:
         stuck[source] += log.stuck
@@ -459,6 +460,33 @@ def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeou
     return out
 
 
+def _bring_up_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
+    out = []
+    waiting: dict[int | None, list[tuple[str, Any]]] = defaultdict(list)
+    for source, log in logs:
+        for b in log.bring_up:
+            if b.expected is not None:
+                out.append(Finding(
+                    source, "collective_timeout", Severity.CRITICAL, "bring-up failure",
+                    {"bring_up": True, "joined": b.joined, "expected": b.expected},
+                    f"bring-up failure: only {b.joined} of {b.expected} ranks reached the "
+                    f"rendezvous store; the others never started or cannot reach MASTER_ADDR"))
+            else:
+                waiting[b.root].append((source, b))
+    for root, items in sorted(waiting.items(), key=lambda kv: kv[0] if kv[0] is not None else -1):
+        ranks = sorted({b.rank for _, b in items if b.rank is not None})
+        errors = sorted({b.error for _, b in items if b.error})
+        out.append(Finding(
+            sources_text(s for s, _ in items), "collective_timeout", Severity.CRITICAL,
+            f"rank {root}",
+            {"bring_up": True, "root": root, "waiting_ranks": ranks, "errors": errors},
+            f"bring-up failure: {ranks_text(ranks)} could not fetch NCCL's unique id from rank "
+            f"{root} through the c10d store ({'; '.join(errors) or 'no error text'}): rank "
+            f"{root} crashed or hung before creating the communicator, or the store at "
+            f"MASTER_ADDR is unreachable; read rank {root}'s log first"))
+    return out
+
+
 _WC_MEANING = {
     12: "transport retry counter exceeded: the peer stopped acknowledging (link, switch or "
         "remote HCA down or flapping)",
@@ -503,6 +531,22 @@ def _network_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
             f"{status_name} ({meaning}), vendor err {vendor}"
             f"{'; NCCL returned ' + result_text if result_text else ''}; suspect the link "
             f"between {host}'s NIC{' ' + ', '.join(hcas) if hcas else ''} and {peer}"))
+    errors: dict[str, list[tuple[str, Any]]] = defaultdict(list)
+    for source, log in logs:
+        for e in log.errors:
+            if "network" in e.what or "system error" in e.what or e.result == "ncclRemoteError":
+                errors[e.what].append((source, e))
+    for what, items in sorted(errors.items()):
+        ranks = sorted({e.rank for _, e in items if e.rank is not None})
+        versions = sorted({e.nccl_version for _, e in items if e.nccl_version})
+        out.append(Finding(
+            sources_text(s for s, _ in items), "nccl_network_error", Severity.CRITICAL,
+            ranks_text(ranks) if ranks else "NCCL",
+            {"error": what, "ranks": ranks, "count": len(items), "nccl_version": versions,
+             "where": items[0][1].where},
+            f"NCCL error on {ranks_text(ranks) if ranks else 'a rank'}: {what} (NCCL "
+            f"{', '.join(versions) or '?'}); a peer died or the network failed: the first rank "
+            f"to fail, or an NCCL WARN NET line, names the link"))
     for (host, dev, _template), items in sorted(other.items(), key=lambda kv: str(kv[0])):
         w = items[0][1]
         out.append(Finding(

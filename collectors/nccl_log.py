@@ -25,6 +25,9 @@ ProcessGroupNCCL.cpp`` and ``TraceUtils.h``, NCCL ``src/debug.cc`` and ``src/tra
       Received a dump signal due to a collective timeout from rank X ... Last enqueued NCCL
       work: E, last completed NCCL work: C.
 
+* bring-up: ``[R] is setting up NCCL communicator and retrieving ncclUniqueId from [0] ...
+  got error: ...`` and the TCPStore's ``J/W clients joined``; ``NCCL error in: file:line,
+  <reason>, NCCL version X`` raised into Python.
 * the heartbeat monitor: ``ProcessGroupNCCL's watchdog got stuck for N seconds`` and
   ``Heartbeat monitor timed out!``.
 * ``TORCH_DISTRIBUTED_DEBUG=DETAIL``'s fingerprint check: ``Detected mismatch between
@@ -50,10 +53,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "BringUpFailure",
     "CollectiveMismatch",
     "DesyncReport",
     "InitComplete",
     "InitTimings",
+    "NcclError",
     "NcclLogParser",
     "NcclWarning",
     "ProgressStatus",
@@ -164,6 +169,48 @@ class WatchdogStuck:
 
 
 @dataclass(frozen=True, slots=True)
+class BringUpFailure:
+    """A rank that could not build its NCCL communicator or join the job.
+
+    ``[R] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d
+    key-value store by key '0', but store->get('0') got error: ...`` (PyTorch
+    ``ProcessGroupNCCL::broadcastUniqueNCCLID``), or the TCPStore's ``Timed out after N seconds
+    waiting for clients. J/W clients joined.``
+
+    Attributes:
+        rank: the rank waiting (None for the store's message).
+        root: the rank it waited for (the one that creates the unique id).
+        error: the store error as printed.
+        joined / expected: clients joined and expected, from the store's message.
+    """
+
+    rank: int | None
+    root: int | None
+    error: str | None
+    joined: int | None
+    expected: int | None
+    raw: str
+
+
+@dataclass(frozen=True, slots=True)
+class NcclError:
+    """``NCCL error in: file:line, <ncclGetErrorString>, NCCL version X`` raised into Python.
+
+    Attributes:
+        rank: from the launcher prefix; ``where``: file:line; ``what``: NCCL's error string;
+        ``result``: the ``ncclResult_t`` name when printed (``ncclRemoteError``...);
+        ``nccl_version``.
+    """
+
+    rank: int | None
+    where: str
+    what: str
+    result: str | None
+    nccl_version: str | None
+    raw: str
+
+
+@dataclass(frozen=True, slots=True)
 class CollectiveMismatch:
     """``Detected mismatch between collectives on ranks`` (``TORCH_DISTRIBUTED_DEBUG=DETAIL``).
 
@@ -270,8 +317,8 @@ class NcclWarning:
     hca: str | None = None
 
 
-NcclLogEvent = (WatchdogTimeout | ProgressStatus | WatchdogStuck | CollectiveMismatch
-                | DesyncReport | InitComplete | InitTimings | NcclWarning)
+NcclLogEvent = (WatchdogTimeout | ProgressStatus | WatchdogStuck | BringUpFailure | NcclError
+                | CollectiveMismatch | DesyncReport | InitComplete | InitTimings | NcclWarning)
 
 _INT = r"-?\d+"
 _LAUNCHER_RANK = re.compile(r"\[rank(\d+)\]:?")
@@ -301,6 +348,13 @@ _PROGRESS_REASON = {
     "failure detected by watchdog at work sequence id": "failure",
     "received a dump signal": "dump_signal", "nccl work update periodically": "periodic",
 }
+_UNIQUE_ID = re.compile(
+    r"\[(?P<rank>\d+)\] is setting up NCCL communicator and retrieving ncclUniqueId from "
+    r"\[(?P<root>\d+)\](?:.*?got error: (?P<err>.*?)\s*$)?")
+_STORE_JOIN = re.compile(r"waiting for clients\. (?P<joined>\d+)/(?P<expected>\d+) clients joined")
+_NCCL_ERROR = re.compile(
+    r"NCCL error in: (?P<where>[^,]+), (?P<what>.*?)(?:, NCCL version (?P<ver>[\w.+-]+))?"
+    r"(?:\s+(?P<result>nccl[A-Z]\w+Error))?(?::|\s*$)")
 _STUCK = re.compile(r"watchdog got stuck for (\d+) seconds|Heartbeat monitor timed out")
 _MISMATCH = re.compile(
     r"Detected mismatch between collectives on ranks\. Rank (?P<a>\d+) is running collective: "
@@ -403,6 +457,14 @@ class NcclLogParser:
             m = _PROGRESS.search(line)
             if m:
                 return _progress(m, line)
+        if "ncclUniqueId" in line or "clients joined" in line:
+            event = _bring_up(line)
+            if event is not None:
+                return event
+        if "NCCL error in:" in line and (m := _NCCL_ERROR.search(line)):
+            launcher = _LAUNCHER_RANK.search(line, 0, m.start())
+            return NcclError(int(launcher.group(1)) if launcher else None, m["where"].strip(),
+                             m["what"].strip(), m["result"], m["ver"], line)
         if "stuck for" in line or "Heartbeat monitor timed out" in line:
             m = _STUCK.search(line)
             if m:
@@ -502,6 +564,16 @@ def _progress(m: re.Match[str], line: str) -> ProgressStatus:
     )
 
 
+def _bring_up(line: str) -> BringUpFailure | None:
+    m = _UNIQUE_ID.search(line)
+    if m:
+        return BringUpFailure(int(m["rank"]), int(m["root"]), m["err"], None, None, line)
+    m = _STORE_JOIN.search(line)
+    if m:
+        return BringUpFailure(None, None, None, int(m["joined"]), int(m["expected"]), line)
+    return None
+
+
 def _desync(line: str) -> DesyncReport | None:
     m = _NEVER_JOINED.search(line)
     if m:
@@ -531,6 +603,8 @@ class NcclLog:
     timeouts: list[WatchdogTimeout] = field(default_factory=list)
     progress: list[ProgressStatus] = field(default_factory=list)
     stuck: list[WatchdogStuck] = field(default_factory=list)
+    bring_up: list[BringUpFailure] = field(default_factory=list)
+    errors: list[NcclError] = field(default_factory=list)
     mismatches: list[CollectiveMismatch] = field(default_factory=list)
     desync: list[DesyncReport] = field(default_factory=list)
     inits: list[InitComplete] = field(default_factory=list)
@@ -543,7 +617,8 @@ class NcclLog:
         """File one parser event under its type."""
         buckets: dict[type, list[Any]] = {
             WatchdogTimeout: self.timeouts, ProgressStatus: self.progress,
-            WatchdogStuck: self.stuck, CollectiveMismatch: self.mismatches,
+            WatchdogStuck: self.stuck, BringUpFailure: self.bring_up, NcclError: self.errors,
+            CollectiveMismatch: self.mismatches,
             DesyncReport: self.desync, InitComplete: self.inits,
             InitTimings: self.init_timings, NcclWarning: self.warnings,
         }

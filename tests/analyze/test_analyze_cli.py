@@ -368,3 +368,27 @@ def test_a_directory_of_several_jobs_does_not_lend_one_jobs_world_to_another():
     assert timeouts[469508]["not_reporting"] == [0, 4, 5]
     assert timeouts[808]["not_reporting"] == [] and "locations" not in timeouts[808]
     assert timeouts[7753]["world_size"] == 8
+
+
+def test_bring_up_failures_point_at_the_root_rank_and_nccl_errors_at_the_network(tmp_path):
+    (tmp_path / "job.log").write_text("\n".join([
+        "[rank3]: torch.distributed.DistBackendError: [3] is setting up NCCL communicator and "
+        "retrieving ncclUniqueId from [0] via c10d key-value store by key '0', but "
+        "store->get('0') got error: Socket Timeout",
+        "[rank5]: torch.distributed.DistBackendError: [5] is setting up NCCL communicator and "
+        "retrieving ncclUniqueId from [0] via c10d key-value store by key '0', but "
+        "store->get('0') got error: Socket Timeout",
+        "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 "
+        "clients joined.",
+        "[rank2]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/"
+        "c10d/ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error, "
+        "NCCL version 2.19.3",
+    ]) + "\n")
+    _, items = findings(str(tmp_path))
+    subjects = {f["subject"]: f for f in items}
+    root = subjects["rank 0"]["evidence"]
+    assert root["bring_up"] and root["waiting_ranks"] == [3, 5] and root["errors"] == [
+        "Socket Timeout"]
+    assert subjects["bring-up failure"]["evidence"]["joined"] == 1
+    net = subjects["rank 2"]
+    assert net["kind"] == "nccl_network_error" and net["evidence"]["nccl_version"] == ["2.19.3"]

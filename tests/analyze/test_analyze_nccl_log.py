@@ -198,3 +198,18 @@ def test_heartbeat_monitor_stuck_watchdog():
     (b,) = parser.feed("[rank5]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 5] Heartbeat monitor "
                        "timed out! Process will be terminated after dumping debug info.")
     assert (a.rank, a.seconds) == (0, 480) and (b.rank, b.seconds) == (5, None)
+
+
+def test_bring_up_and_nccl_error_lines():
+    parser = NcclLogParser()
+    (b,) = parser.feed("[5] is setting up NCCL communicator and retrieving ncclUniqueId from [0] "
+                       "via c10d key-value store by key '0', but store->get('0') got error: wait "
+                       "timeout after 300000ms")
+    assert (b.rank, b.root, b.error) == (5, 0, "wait timeout after 300000ms")
+    (store,) = parser.feed("torch.distributed.DistStoreError: Timed out after 901 seconds "
+                           "waiting for clients. 1/2 clients joined.")
+    assert (store.joined, store.expected) == (1, 2)
+    (e,) = parser.feed("RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/"
+                       "NCCLUtils.hpp:219, unhandled cuda error, NCCL version 2.14.3")
+    assert (e.where, e.what, e.nccl_version) == (
+        "../torch/csrc/distributed/c10d/NCCLUtils.hpp:219", "unhandled cuda error", "2.14.3")
