@@ -21,7 +21,8 @@ infiniband_listing   ``.../infiniband/<dev>/ports/<n>/...:value`` lines
 ibstat               ``CA '<dev>'`` followed by ``Port N:``
 perfquery            ``# Port counters: Lid``
 kernel_log           ``NVRM:`` or an ``SXid``/``Xid`` line
-nccl_log             ``ProcessGroupNCCL``, ``WorkNCCL``, ``NCCL INFO``/``NCCL WARN``
+nccl_log             ``ProcessGroupNCCL``, ``WorkNCCL``, ``NCCL INFO``/``NCCL WARN``,
+                     ``NCCL error in:``, ``ncclUniqueId``, the store's ``clients joined``
 mixed_log            both kernel and NCCL markers (both parsers run)
 ==================== ===================================================================
 """
@@ -56,8 +57,9 @@ _QUERY_FIELD = re.compile(r"\b(?:pci\.bus_id|clocks_(?:event|throttle)_reasons\.
                           r"temperature\.gpu|power\.draw|utilization\.gpu|memory\.used)\b")
 _IB_PATH = re.compile(r"infiniband/[^/\s]+/ports/\d+/\S+:")
 _XID = re.compile(r"\bS?Xid\b.*\d|NVRM:")
-_NCCL = re.compile(r"ProcessGroupNCCL|WorkNCCL|NCCL (?:INFO|WARN|ABORT)|"
-                   r"Watchdog caught collective|mismatch between collectives")
+_NCCL = re.compile(r"ProcessGroupNCCL|WorkNCCL|NCCL (?:INFO|WARN|ABORT)|NCCL error in:|"
+                   r"Watchdog caught collective|mismatch between collectives|ncclUniqueId|"
+                   r"clients joined|watchdog got stuck|Heartbeat monitor timed out")
 
 
 class FileKindError(ValueError):

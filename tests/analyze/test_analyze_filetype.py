@@ -73,3 +73,18 @@ def test_unknown_content_is_refused_with_a_reason(tmp_path, content, reason):
     path.write_bytes(content)
     with pytest.raises(FileKindError, match=reason):
         detect(str(path))
+
+
+@pytest.mark.parametrize("line", [
+    "torch.distributed.DistBackendError: [3] is setting up NCCL communicator and retrieving "
+    "ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got error: "
+    "Socket Timeout",
+    "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:219, unhandled "
+    "cuda error, NCCL version 2.14.3",
+    "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 "
+    "clients joined.",
+])
+def test_python_side_nccl_failures_are_nccl_logs(tmp_path, line):
+    path = tmp_path / "train.err"
+    path.write_text("Traceback (most recent call last):\n" + line + "\n")
+    assert detect(str(path)) == "nccl_log"
