@@ -1,5 +1,5 @@
 """Gradient-integrity benchmark: detection matrix, false positives, fingerprint throughput, step
-overhead. ``python benchmarks/integrity.py [--trials 1000] [--clean-steps 10000]``.
+overhead. ``python benchmarks/integrity.py [--trials 1000] [--clean-steps 10000] [--parts ...]``.
 
 Everything runs on **real gradients of the demo model** (``laggard demo``'s ByteLM on standard-
 library bytes), computed for ``W = 4`` simulated ranks (each its own batches, the model trained a
@@ -16,6 +16,8 @@ order per element (gloo and NCCL rings reduce each chunk starting from a differe
    signs and float64 scales through the all-to-all: bits 0-7 of each byte). A trial counts as
    detected when the detector reports corruption *and* names the flipped rank where the target
    requires it. bfloat16 is not used by the demo model, so it has no row.
+   A second cell forces the flips that turn a float32 into Inf or NaN (bit 30 of a value in
+   [1, 2)), which real gradients of the demo almost never offer at random.
 2. **False positives**: ``--clean-steps`` steps of every bucket's records, reduction orders
    redrawn each step, through the detector; any finding is a false positive.
 3. **Throughput**: :func:`fingerprint` and the full per-bucket record (hash, float64 sums, NaN/Inf)
@@ -409,35 +411,74 @@ def step_overhead(steps: int, blocks: int) -> tuple[float, float]:
     return statistics.median(base), statistics.median(checked)
 
 
+def pct(hit: int, n: int) -> str:
+    return f"{100 * hit / n:.1f}%" if n else "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--clean-steps", type=int, default=10_000)
     parser.add_argument("--sets", type=int, default=8, help="real gradient sets (steps)")
     parser.add_argument("--overhead-steps", type=int, default=20)
-    parser.add_argument("--costs-only", action="store_true",
-                        help="only the throughput and step-overhead parts")
+    parser.add_argument("--parts", default="matrix,nonfinite,clean,costs",
+                        help="comma-separated subset of matrix,nonfinite,clean,costs")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     torch.set_num_threads(1)
-    if args.costs_only:
-        costs(args.overhead_steps)
-        return
     rng, gen = random.Random(0), torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
     sets, model = gradient_sets(args.sets)
     buckets = len(sets[0].payloads)
     print(f"# {args.sets} real gradient sets of the demo model, W={W}, {buckets} buckets of "
           f"<= {BUCKET_ELEMENTS} float32 ({time.perf_counter() - t0:.0f} s)")
+    if "matrix" in parts:
+        print_matrix(sets, model, args.trials, rng, gen)
+    if "nonfinite" in parts:
+        hit, n = nonfinite_flips(sets, args.trials, rng, gen)
+        print(f"\n## Flips that make Inf or NaN (before_send, all-reduce): {hit}/{n} detected")
+    if "clean" in parts:
+        t1 = time.perf_counter()
+        alarms, records, sum_checks = false_positives(sets, args.clean_steps, gen)
+        print(f"\n## False positives: {alarms} findings over {args.clean_steps} clean steps "
+              f"({records} bucket records, {sum_checks} sum checks; "
+              f"{time.perf_counter() - t1:.0f} s)")
+    if "costs" in parts:
+        costs(args.overhead_steps)
 
-    def pct(hit: int, n: int) -> str:
-        return f"{100 * hit / n:.1f}%" if n else "-"
 
-    after = matrix_after_reduce(sets, args.trials, rng, gen)
-    param = matrix_param(model, args.trials, rng)
-    topk = matrix_topk(sets, args.trials, rng)
-    before = matrix_before_send(sets, args.trials, rng, gen)
-    sign = matrix_sign(sets, args.trials, rng)
-    print("\n## Detection (rank named), per float32 bit; trials per cell:", args.trials)
+def nonfinite_flips(sets: list[GradientSet], trials: int, rng: random.Random,
+                    gen: torch.Generator) -> tuple[int, int]:
+    """Bit 30 of a float32 in [1, 2) (exponent 0x7F) makes the exponent 0xFF: Inf or NaN.
+    Real gradients of the demo (divided by W) hold almost no such values, so each trial first
+    scales one real element into [1, 2) on the victim rank, before the sums are taken."""
+    hit = 0
+    for _ in range(trials):
+        gs = rng.choice(sets)
+        b = rng.randrange(len(gs.payloads))
+        payloads = gs.payloads[b].clone()
+        victim, element = rng.randrange(W), rng.randrange(payloads.shape[1])
+        payloads[victim, element] = math.copysign(1 + rng.random(),
+                                                  float(payloads[victim, element]) or 1.0)
+        sent = [float64_sums(payloads[r]) for r in range(W)]
+        flip_bit(payloads[victim], element, 30)
+        reduced = reduce_random_order(payloads, gen)
+        findings = check(allreduce_rows(GradientSet([payloads], [sent]), 0,
+                                        [reduced] * W))
+        hit += any(f.kind == "nonfinite" and f.evidence["check"] == "nonfinite_received"
+                   for f in findings)
+    return hit, trials
+
+
+def print_matrix(sets: list[GradientSet], model: torch.nn.Module, trials: int,
+                 rng: random.Random, gen: torch.Generator) -> None:
+
+    after = matrix_after_reduce(sets, trials, rng, gen)
+    param = matrix_param(model, trials, rng)
+    topk = matrix_topk(sets, trials, rng)
+    before = matrix_before_send(sets, trials, rng, gen)
+    sign = matrix_sign(sets, trials, rng)
+    print("\n## Detection (rank named), per float32 bit; trials per cell:", trials)
     print("| bit | field | after_reduce | param | before_send topk | before_send all-reduce "
           "| flips > tau | detected of > tau | flips > 2 tau | detected of > 2 tau "
           "| Inf/NaN flips detected |")
@@ -456,11 +497,6 @@ def main() -> None:
     print("| bit of byte | detected |\n|---|---|")
     for bit in range(7, -1, -1):
         print(f"| {bit} | {pct(*sign[bit])} |")
-    t1 = time.perf_counter()
-    alarms, records, sum_checks = false_positives(sets, args.clean_steps, gen)
-    print(f"\n## False positives: {alarms} findings over {args.clean_steps} clean steps "
-          f"({records} bucket records, {sum_checks} sum checks; {time.perf_counter() - t1:.0f} s)")
-    costs(args.overhead_steps)
 
 
 def costs(overhead_steps: int) -> None:

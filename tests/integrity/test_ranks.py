@@ -32,7 +32,7 @@ def spawn(world: int, scenarios: list[str], tmp_path: Path) -> list[dict]:
     out = tmp_path / f"w{world}.json"
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(world), str(out), str(free_port()), *scenarios],
-        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
 
