@@ -105,6 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss-percent", type=float, default=2.0,
                         help="loss: packets dropped on the faulty link, %% (default 2)")
     parser.add_argument("--steps", type=int, default=240, help="training steps (default 240)")
+    parser.add_argument("--fault-at-step", type=int, default=-1, metavar="S",
+                        help="inject the fault when rank 0 reaches step S, so the detectors "
+                             "see the job before it (default: a third of --steps)")
     parser.add_argument("--window", type=int, default=10,
                         help="steps per in-job detection window (default 10)")
     parser.add_argument("--compression", default="none",
@@ -367,6 +370,59 @@ def slow_links(link_check: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return named
 
 
+def fault_step(args: argparse.Namespace) -> int:
+    """The step at which the fault starts."""
+    return args.fault_at_step if args.fault_at_step >= 0 else args.steps // 3
+
+
+def _last_step(url: str) -> int:
+    """Rank 0's last reported step, from its agent's ``laggard_rank_last_step`` (-1 if none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return -1
+    for family in text_string_to_metric_families(text):
+        if family.name == "laggard_rank_last_step":
+            for sample in family.samples:
+                if sample.labels.get("rank") == "0":
+                    return int(sample.value)
+    return -1
+
+
+class LinkFaultInjector(threading.Thread):
+    """Degrades one node's link when rank 0 reaches a step (polling its agent every 0.5 s).
+
+    Args:
+        cluster: the cluster. node: whose link. shape: the degraded shape. at_step: when.
+    """
+
+    def __init__(self, cluster: EmulatedCluster, node: Node, shape: LinkShape,
+                 at_step: int) -> None:
+        super().__init__(name="laggard-fault", daemon=True)
+        self.cluster, self.node, self.shape, self.at_step = cluster, node, shape, at_step
+        self.stop = threading.Event()
+        self.applied_at_step: int | None = None
+        self.error: str | None = None
+        self._metrics = f"http://{cluster.nodes[0].address}:{AGENT_PORT}/metrics"
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            step = _last_step(self._metrics)
+            if step >= self.at_step:
+                try:
+                    self.cluster.shape(self.node, self.shape)
+                except NamespaceError as exc:
+                    self.error = str(exc)
+                    return
+                self.applied_at_step = step
+                print(f"  fault: at step {step}, {self.node.name}'s link degraded to "
+                      f"{self.shape.describe()}", flush=True)
+                return
+
+
 def _worker_command(args: argparse.Namespace, cluster: EmulatedCluster, node: Node,
                     result_path: Path, slow_rank: int) -> list[str]:
     master = cluster.nodes[0]
@@ -381,7 +437,8 @@ def _worker_command(args: argparse.Namespace, cluster: EmulatedCluster, node: No
            "--compression", args.compression,
            "--print-every", str(max(1, args.steps // 8))]
     if slow_rank >= 0:
-        cmd += ["--slow-rank", str(slow_rank), "--slowdown", str(args.slowdown)]
+        cmd += ["--slow-rank", str(slow_rank), "--slowdown", str(args.slowdown),
+                "--slow-from", str(fault_step(args))]
     if node.index == 0:
         cmd += ["--result", str(result_path)]
     return cmd
@@ -399,6 +456,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise DemoError(f"--fault-node must be 0 to {args.nodes - 1}")
     if args.slowdown < 1.0 or args.steps < 2 * args.window or args.window < 2:
         raise DemoError("need --slowdown >= 1, --window >= 2 and --steps >= 2 windows")
+    if args.fault_at_step >= args.steps:
+        raise DemoError("--fault-at-step must be below --steps")
     if not 0 < args.loss_percent < 100 or args.timeout <= 0:
         raise DemoError("need 0 < --loss-percent < 100 and --timeout > 0")
 
@@ -477,17 +536,35 @@ def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
         prometheus.start()
         print(f"  prometheus: {prometheus.url} (alert 'for:' cut to {DEMO_ALERT_FOR} for the "
               "demo)")
+        injector = None
         if fault_node is not None and args.fault in ("link", "loss"):
             degraded = LinkShape(
                 rate_bps=args.fault_rate if args.fault == "link" else args.rate,
                 delay_s=args.delay_ms / 1e3,
                 loss_ratio=args.loss_percent / 100 if args.fault == "loss" else 0.0)
-            cluster.shape(fault_node, degraded)
-            print(f"  fault: {fault_node.name}'s link degraded to {degraded.describe()}")
+            if degraded.loss_ratio and not cluster.netem_available():
+                raise NamespaceError("--fault loss needs the kernel's netem qdisc "
+                                     "(CONFIG_NET_SCH_NETEM), which this kernel lacks")
+            injector = LinkFaultInjector(cluster, fault_node, degraded, fault_step(args))
+            print(f"  fault: from step {fault_step(args)}, {fault_node.name}'s link will be "
+                  f"degraded to {degraded.describe()}")
+            injector.start()
         elif slow_rank >= 0:
-            print(f"  fault: rank {slow_rank} on {nodes[args.fault_node].name} computes "
-                  f"{args.slowdown:g}x its own time per step")
-        _train(args, cluster, workdir, slow_rank, deadline, report)
+            print(f"  fault: from step {fault_step(args)}, rank {slow_rank} on "
+                  f"{nodes[args.fault_node].name} computes {args.slowdown:g}x its own time "
+                  "per step")
+        try:
+            _train(args, cluster, workdir, slow_rank, deadline, report)
+        finally:
+            if injector is not None:
+                injector.stop.set()
+                injector.join(5)
+        if injector is not None:
+            if injector.error:
+                raise DemoError(f"could not degrade the link: {injector.error}")
+            report.fault["at_step"] = injector.applied_at_step
+        elif slow_rank >= 0:
+            report.fault["at_step"] = fault_step(args)
         _collect_alerts(prometheus, report, deadline, args)
     finally:
         prometheus.stop()
@@ -572,13 +649,19 @@ def _judge(report: Report, args: argparse.Namespace) -> None:
                        cause="compute" if first["kind"] in ("compute", "data") else "link",
                        source=f"in-job straggler detector: {first.get('message')}")
     else:
+        # No rank computes or loads data slower than the others. In a ring all-reduce a slow
+        # link slows every rank alike (the in-job detector sees, at most, the whole job slow
+        # down), so the link check says which link it is.
         slow = slow_links(report.link_check)
         if len(slow) == 1:
             node = slow[0]["node"]
             ranks = sorted(int(r) for r, n in report.ranks.items() if n == node)
+            source = "link check: uplink {:.0f} Mbit/s, downlink {:.0f} Mbit/s".format(
+                slow[0]["up_bps"] / 1e6, slow[0]["down_bps"] / 1e6)
+            if any(f.get("kind") == "job_slowdown" for f in report.findings):
+                source += "; the in-job detector saw the whole job slow down, no rank alone"
             verdict.update(node=node, rank=ranks[0] if len(ranks) == 1 else ranks, cause="link",
-                           source="link check: uplink {:.0f} Mbit/s, downlink {:.0f} Mbit/s"
-                           .format(slow[0]["up_bps"] / 1e6, slow[0]["down_bps"] / 1e6))
+                           source=source)
     firing = [a for a in report.alerts if a["state"] == "firing"
               and a["alertname"].startswith("LaggardStraggler")]
     verdict["alerts_firing"] = sorted({a["alertname"] for a in firing})
@@ -602,6 +685,8 @@ def print_report(report: Report) -> None:
     what = fault["kind"] if fault["node"] is None else f"{fault['kind']} on {fault['node']}"
     if fault.get("rank") is not None:
         what += f" (rank {fault['rank']})"
+    if fault.get("at_step") is not None:
+        what += f" from step {fault['at_step']}"
     print(f"injected:  {what}")
     if report.job:
         loss = report.job["loss"]
@@ -612,6 +697,9 @@ def print_report(report: Report) -> None:
         print(f"           {v['source']}")
     else:
         print("found:     no rank and no link stands out")
+    for f in report.findings:
+        if not (f.get("evidence") or {}).get("cleared"):
+            print(f"in-job:    step {f.get('step')}: {f.get('message')}")
     for a in report.alerts:
         print(f"alert:     {a['alertname']} {a['state']}: {a['summary']}")
     if not report.alerts:

@@ -43,7 +43,8 @@ def test_two_nodes_slowed_rank_is_named_with_node_cause_and_alert(tmp_path: Path
     proc = subprocess.Popen(
         [sys.executable, "-m", "laggard.agent.cli", "cluster-demo", "--nodes", "2",
          "--ranks-per-node", "2", "--rate", "1gbit", "--fault", "slow-rank", "--fault-node", "1",
-         "--slowdown", "2.0", "--steps", "80", "--window", "8", "--timeout", "240",
+         "--slowdown", "2.0", "--steps", "80", "--window", "8", "--fault-at-step", "16",
+         "--timeout", "240",
          "--json", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
