@@ -55,7 +55,7 @@ _CSV_QUERY = re.compile(r"^\s*(?:index|name|uuid|pci\.bus_id|timestamp)?[\w.]*(?
                         r"(?:\s*,\s*[\w.]+(?: \[[^\]]+\])?)+\s*$")
 _QUERY_FIELD = re.compile(r"\b(?:pci\.bus_id|clocks_(?:event|throttle)_reasons\.\w+|clocks\.\w+|"
                           r"temperature\.gpu|power\.draw|utilization\.gpu|memory\.used)\b")
-_IB_PATH = re.compile(r"infiniband/[^/\s]+/ports/\d+/\S+:")
+_IB_PATH = re.compile(r"infiniband/[^/\s]+/ports/\d+/[\w/]+(?::|\s)")
 _XID = re.compile(r"\bS?Xid\b.*\d|NVRM:")
 _NCCL = re.compile(r"ProcessGroupNCCL|WorkNCCL|NCCL (?:INFO|WARN|ABORT)|NCCL error in:|"
                    r"Watchdog caught collective|mismatch between collectives|ncclUniqueId|"

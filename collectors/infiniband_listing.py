@@ -2,8 +2,9 @@
 
 Three shapes, all reduced to :class:`IbPort`:
 
-* a ``path:value`` listing of ``/sys/class/infiniband`` (``grep -r . /sys/class/infiniband/*/
-  ports/*/{counters,hw_counters,state,...}``): ``.../<device>/ports/<port>/counters/<name>:N``,
+* a listing of ``/sys/class/infiniband`` as ``grep -r .`` (``path:value``), ``head`` (``==> path
+  <==`` then the value) or a shell loop (``path value``) print it:
+  ``.../<device>/ports/<port>/counters/<name>:N``,
   ``.../state:4: ACTIVE``, ``.../phys_state:5: LinkUp``, ``.../rate:400 Gb/sec (4X NDR)``,
   ``.../link_layer:InfiniBand`` (kernel ``Documentation/ABI/stable/sysfs-class-infiniband``);
 * ``ibstat`` (``CA 'mlx5_0'`` / ``Port 1:`` / ``State: Active`` ...);
@@ -89,7 +90,9 @@ class IbPort:
 
 
 _SYSFS = re.compile(
-    r"(?:^|/)infiniband/(?P<dev>[^/]+)/ports/(?P<port>\d+)/(?P<rest>[\w/]+?):\s*(?P<value>.*)$")
+    r"(?:^|/)infiniband/(?P<dev>[^/\s]+)/ports/(?P<port>\d+)/(?P<rest>[\w/]+?)(?::|\s)\s*"
+    r"(?P<value>.*)$")
+_HEAD_BANNER = re.compile(r"^==> (?P<path>\S+) <==$")  # `head` / `tail` of several files
 
 
 def _state_name(value: str) -> str:
@@ -100,8 +103,15 @@ def _state_name(value: str) -> str:
 def parse_ib_listing(lines: Iterable[str]) -> list[IbPort]:
     """Parse a ``path:value`` listing of ``/sys/class/infiniband``."""
     ports: dict[tuple[str, int], IbPort] = {}
+    banner: str | None = None
     for line in lines:
-        m = _SYSFS.search(line.strip())
+        text = line.strip()
+        if b := _HEAD_BANNER.match(text):
+            banner = b["path"]
+            continue
+        if banner is not None and text:
+            text, banner = f"{banner}:{text}", None
+        m = _SYSFS.search(text)
         if not m:
             continue
         key = (m["dev"], int(m["port"]))

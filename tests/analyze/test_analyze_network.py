@@ -63,3 +63,12 @@ def test_net01_bridge_drops_with_echoed_command_and_date():
     (f,) = netdev_findings("x", devices, "Tue Nov 13 18:12:01 GMT 2018")
     assert f.subject == "br0" and f.evidence["receive_drop"] == 17015
     assert f.severity.value == "info"  # drops, no errors
+
+
+def test_head_banners_and_space_separated_listings():
+    lines = ["==> /sys/class/infiniband/mlx5_4/ports/1/counters/link_downed <==", "3", "",
+             "==> /sys/class/infiniband/mlx5_4/ports/1/state <==", "1: DOWN",
+             "/sys/class/infiniband/mlx5_5/ports/1/counters/symbol_error 9"]
+    ports = {p.device: p for p in parse_ib_listing(lines)}
+    assert ports["mlx5_4"].counters["link_downed"] == 3 and ports["mlx5_4"].state == "DOWN"
+    assert ports["mlx5_5"].errors == {"symbol_error": 9}
