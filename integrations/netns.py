@@ -53,7 +53,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 #: The only addresses this module hands out (RFC 2544 §C.2.2, RFC 6815: benchmarking range).
-BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
+BENCHMARK_NET = ipaddress.IPv4Network("198.18.0.0/15")
 #: Every interface and namespace name starts with this, then the owning process id.
 PREFIX = "lgd"
 #: Name of a node's interface inside its namespace.
@@ -266,9 +266,9 @@ def _used_subnets() -> set[ipaddress.IPv4Network]:
     used = set()
     for link in json.loads(_run(["ip", "-j", "-4", "addr", "show"]) or "[]"):
         for info in link.get("addr_info", []):
-            addr = ipaddress.ip_address(info["local"])
+            addr = ipaddress.IPv4Address(info["local"])
             if addr in BENCHMARK_NET:
-                used.add(ipaddress.ip_network(f"{addr}/24", strict=False))
+                used.add(ipaddress.IPv4Network(f"{addr}/24", strict=False))
     return used
 
 
@@ -408,7 +408,8 @@ class EmulatedCluster:
             _run(["ip", "link", "set", stem, "up"])
 
     def close(self) -> None:
-        """Remove every process, namespace, link and the bridge (idempotent, never raises)."""
+        """Remove every process, namespace, link and the bridge (idempotent; raises nothing of
+        its own: a signal that arrived during the teardown is re-delivered once it is done)."""
         with self._lock:
             if self._closed:
                 return
