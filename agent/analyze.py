@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from laggard.agent import analyze_rules as rules
-from laggard.agent.analyze_rules import Finding
+from laggard.agent.analyze_rules import IncidentFinding
 from laggard.collectors import filetype
 from laggard.collectors.dcgm_exposition import dcgm_gpus, parse_exposition
 from laggard.collectors.flight_recorder import (
@@ -69,14 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="treat every file as this kind instead of detecting it: "
                              + ", ".join(filetype.KINDS))
     parser.epilog = ("exit status: 0 nothing found, 1 findings, 2 an input could not be read. "
-                     "Finding kinds: " + ", ".join(rules.KINDS) + ".")
+                     "IncidentFinding kinds: " + ", ".join(rules.KINDS) + ".")
 
 
 @dataclass(slots=True)
 class _Inputs:
     """What was read, by kind, before the cross-file rules run."""
 
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[IncidentFinding] = field(default_factory=list)
     nccl_logs: list[tuple[str, NcclLog]] = field(default_factory=list)
     fr_dumps: dict[str, list[FlightRecorderDump]] = field(default_factory=lambda: defaultdict(list))
     errors: list[str] = field(default_factory=list)
@@ -204,7 +204,8 @@ def _read_one(path: str, kind: str, inputs: _Inputs) -> None:
     readers[kind]()
 
 
-def analyze_paths(paths: list[str], kind: str | None = None) -> tuple[list[Finding], _Inputs]:
+def analyze_paths(paths: list[str],
+                  kind: str | None = None) -> tuple[list[IncidentFinding], _Inputs]:
     """Read every file under ``paths`` and return the findings (sorted) and what was read.
 
     Never raises for bad input: unreadable files are listed in ``inputs.errors``.
@@ -245,7 +246,7 @@ def analyze_paths(paths: list[str], kind: str | None = None) -> tuple[list[Findi
     return rules.sort_findings(findings), inputs
 
 
-def _table(findings: list[Finding]) -> str:
+def _table(findings: list[IncidentFinding]) -> str:
     if not findings:
         return "No findings."
     rows = [("SEVERITY", "KIND", "SUBJECT", "MESSAGE")]

@@ -1,7 +1,9 @@
 """Rules of ``laggard analyze``: parsed artifacts in, findings out. Pure; no file I/O.
 
 Each ``*_findings`` function takes what one parser produced (or, for collectives, what every
-file of that kind produced, so ranks are compared across files) and returns :class:`Finding`s.
+file of that kind produced, so ranks are compared across files) and returns
+:class:`IncidentFinding` objects (the agent's detectors use :class:`~laggard.detectors.finding.
+Finding`; an incident report names a subject and a source file instead of rank/node/gpu fields).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ MAX_LISTED = 10
 
 
 @dataclass(slots=True)
-class Finding:
+class IncidentFinding:
     """One line of ``laggard analyze``'s report.
 
     Attributes:
@@ -66,7 +68,7 @@ class Finding:
                 "subject": self.subject, "evidence": self.evidence, "message": self.message}
 
 
-def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
+def sort_findings(findings: Iterable[IncidentFinding]) -> list[IncidentFinding]:
     """Most severe first, then by kind, subject and source (stable, deterministic)."""
     return sorted(findings, key=lambda f: (_RANK_ORDER[f.severity], KINDS.index(f.kind),
                                            f.subject, f.source))
@@ -170,7 +172,7 @@ def _iso(epoch: float | None) -> str | None:
         timespec="seconds")
 
 
-def kernel_findings(source: str, evidence: KernelEvidence) -> list[Finding]:
+def kernel_findings(source: str, evidence: KernelEvidence) -> list[IncidentFinding]:
     """Xid groups (by code and GPU), SXid groups (by code and switch), lost GPUs."""
     out = []
     for (xid, pci), g in sorted(evidence.xids.items()):
@@ -192,7 +194,7 @@ def kernel_findings(source: str, evidence: KernelEvidence) -> list[Finding]:
             ev["processes"] = known
         who = "; ".join(f"{p['process'] or '?'} (pid {p['pid'] if p['pid'] is not None else '?'})"
                         f"{' x' + str(p['count']) if p['count'] > 1 else ''}" for p in known)
-        out.append(Finding(
+        out.append(IncidentFinding(
             source, "xid", info.severity, f"GPU {pci}", ev,
             f"{g.count}x Xid {xid} ({info.name}: {info.description}) on GPU {pci}"
             f"{', ' + who if who else ''}; action: {info.action.value.replace('_', ' ')}"))
@@ -202,7 +204,7 @@ def kernel_findings(source: str, evidence: KernelEvidence) -> list[Finding]:
     for (sxid, pci), sx in sorted(evidence.sxids.items()):
         fatal = (sx["severity"] or "").lower() == "fatal"
         links = sorted(set(sx["links"]))
-        out.append(Finding(
+        out.append(IncidentFinding(
             source, "sxid", Severity.CRITICAL if fatal else Severity.WARNING,
             f"NVSwitch {pci}",
             {"sxid": sxid, "pci_bus_id": pci, "device": sx["device"], "count": sx["count"],
@@ -220,8 +222,8 @@ def kernel_findings(source: str, evidence: KernelEvidence) -> list[Finding]:
     return out
 
 
-def _gpu_lost(source: str, pci: str, what: str, ev: dict[str, Any]) -> Finding:
-    return Finding(source, "gpu_lost", Severity.CRITICAL, f"GPU {pci}",
+def _gpu_lost(source: str, pci: str, what: str, ev: dict[str, Any]) -> IncidentFinding:
+    return IncidentFinding(source, "gpu_lost", Severity.CRITICAL, f"GPU {pci}",
                    {"pci_bus_id": pci, **ev},
                    f"GPU {pci} {what}: it is unusable until the node is rebooted or the GPU "
                    f"reset; drain the node and check the PCIe link, power and the GPU")
@@ -282,13 +284,13 @@ def _world_size(op: str | None, numel_in: int | None, numel_out: int | None) -> 
     return None
 
 
-def nccl_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
+def nccl_findings(logs: list[tuple[str, NcclLog]]) -> list[IncidentFinding]:
     """Watchdog timeouts compared across ranks and files, desyncs, network errors."""
-    out: list[Finding] = []
+    out: list[IncidentFinding] = []
     out += _timeout_findings(logs)
     for source, log in logs:
         for m in log.mismatches:
-            out.append(Finding(
+            out.append(IncidentFinding(
                 source, "collective_mismatch", Severity.CRITICAL, f"ranks {m.rank}, {m.other_rank}",
                 {"rank": m.rank, "other_rank": m.other_rank, "this": m.this, "other": m.other},
                 f"rank {m.rank} runs {m.this} while rank {m.other_rank} runs {m.other}: the ranks "
@@ -298,7 +300,7 @@ def nccl_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
             what = ("never joined any collective" if d.never_joined else
                     f"joined but did not finish collective #{d.seq}" if d.joined_not_finished
                     else f"finished #{d.seq} but did not join #{(d.seq or 0) + 1}")
-            out.append(Finding(
+            out.append(IncidentFinding(
                 source, "collective_timeout", Severity.CRITICAL, f"{ranks_text(ranks)}",
                 {"ranks": list(ranks), "seq": d.seq, "report": "TORCH_NCCL_DESYNC_DEBUG",
                  "never_joined": list(d.never_joined)},
@@ -313,7 +315,7 @@ def nccl_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
         ranks = sorted({e.rank for e in events if e.rank is not None})
         seconds = max((e.seconds for e in events if e.seconds is not None), default=None)
         subject = ranks_text(ranks) if ranks else "watchdog"
-        out.append(Finding(
+        out.append(IncidentFinding(
             source, "collective_timeout", Severity.CRITICAL, subject,
             {"ranks": ranks, "watchdog_stuck_seconds": seconds, "count": len(events)},
             f"the NCCL watchdog of {subject} got stuck"
@@ -324,7 +326,7 @@ def nccl_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
     return out
 
 
-def _timeout_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
+def _timeout_findings(logs: list[tuple[str, NcclLog]]) -> list[IncidentFinding]:
     # (pg, rank, seq) -> status, to give each timeout its process group and progress
     status: dict[tuple[int | None, int | None], Any] = {}
     # Ranks that did not time out themselves still print their group's progress when told to
@@ -369,7 +371,7 @@ def _timeout_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
 
 def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeout]],
                  status: dict, by_pg: dict[str, list[int]], locations: dict[int, str],
-                 world_hint: int | None, bystanders: dict[int, Any]) -> list[Finding]:
+                 world_hint: int | None, bystanders: dict[int, Any]) -> list[IncidentFinding]:
     source = sources_text(s for s, _ in items)
     per_rank: dict[int, WatchdogTimeout] = {}
     for _, t in items:
@@ -385,7 +387,7 @@ def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeou
     if len(signatures) > 1:
         parts = "; ".join(f"{ranks_text(r)}: {s[0]} NumelIn={s[1]} NumelOut={s[2]}"
                           for s, r in signatures.items())
-        out.append(Finding(
+        out.append(IncidentFinding(
             source, "collective_mismatch", Severity.CRITICAL, f"{pg_text} seq {seq}",
             {"pg": pg, "seq": seq, "signatures": [
                 {"op": s[0], "numel_in": s[1], "numel_out": s[2], "tensor_shape": s[3],
@@ -455,18 +457,18 @@ def _one_timeout(pg: str, seq: int | None, items: list[tuple[str, WatchdogTimeou
     if seq is None:
         culprit = f"{ranks_text(ranks)}"
     ev["culprit"] = culprit
-    out.append(Finding(source, "collective_timeout", Severity.CRITICAL, culprit, ev,
+    out.append(IncidentFinding(source, "collective_timeout", Severity.CRITICAL, culprit, ev,
                        f"{head}; {tail}"))
     return out
 
 
-def _bring_up_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
+def _bring_up_findings(logs: list[tuple[str, NcclLog]]) -> list[IncidentFinding]:
     out = []
     waiting: dict[int | None, list[tuple[str, Any]]] = defaultdict(list)
     for source, log in logs:
         for b in log.bring_up:
             if b.expected is not None:
-                out.append(Finding(
+                out.append(IncidentFinding(
                     source, "collective_timeout", Severity.CRITICAL, "bring-up failure",
                     {"bring_up": True, "joined": b.joined, "expected": b.expected},
                     f"bring-up failure: only {b.joined} of {b.expected} ranks reached the "
@@ -476,7 +478,7 @@ def _bring_up_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
     for root, items in sorted(waiting.items(), key=lambda kv: kv[0] if kv[0] is not None else -1):
         ranks = sorted({b.rank for _, b in items if b.rank is not None})
         errors = sorted({b.error for _, b in items if b.error})
-        out.append(Finding(
+        out.append(IncidentFinding(
             sources_text(s for s, _ in items), "collective_timeout", Severity.CRITICAL,
             f"rank {root}",
             {"bring_up": True, "root": root, "waiting_ranks": ranks, "errors": errors},
@@ -497,7 +499,7 @@ _WC_MEANING = {
 }
 
 
-def _network_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
+def _network_findings(logs: list[tuple[str, NcclLog]]) -> list[IncidentFinding]:
     ib: dict[tuple, list[tuple[str, NcclWarning]]] = defaultdict(list)
     other: dict[tuple, list[tuple[str, NcclWarning]]] = defaultdict(list)
     for source, log in logs:
@@ -518,7 +520,7 @@ def _network_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
         meaning = _WC_MEANING.get(status, "see ibv_poll_cq(3)")
         result_text = ", ".join(f"{r} ({NCCL_RESULTS.get(r, '?')})" for r in results)
         hcas = sorted({w.hca for w in warnings if w.hca})
-        out.append(Finding(
+        out.append(IncidentFinding(
             sources_text(s for s, _ in items), "nccl_network_error", Severity.CRITICAL,
             f"{host} GPU {dev} <-> {peer}",
             {"host": host, "device": dev, "peer": peer, "peer_ports": ports, "count": len(items),
@@ -539,7 +541,7 @@ def _network_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
     for what, items in sorted(errors.items()):
         ranks = sorted({e.rank for _, e in items if e.rank is not None})
         versions = sorted({e.nccl_version for _, e in items if e.nccl_version})
-        out.append(Finding(
+        out.append(IncidentFinding(
             sources_text(s for s, _ in items), "nccl_network_error", Severity.CRITICAL,
             ranks_text(ranks) if ranks else "NCCL",
             {"error": what, "ranks": ranks, "count": len(items), "nccl_version": versions,
@@ -549,7 +551,7 @@ def _network_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
             f"to fail, or an NCCL WARN NET line, names the link"))
     for (host, dev, _template), items in sorted(other.items(), key=lambda kv: str(kv[0])):
         w = items[0][1]
-        out.append(Finding(
+        out.append(IncidentFinding(
             sources_text(s for s, _ in items), "nccl_network_error", Severity.WARNING,
             f"{host} GPU {dev}",
             {"host": host, "device": dev, "count": len(items), "message": w.message[:300],
@@ -561,7 +563,8 @@ def _network_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
 # --------------------------------------------------------------------------- flight recorder
 
 
-def fr_findings(source: str, analysis: FrAnalysis, locations: dict[int, str]) -> list[Finding]:
+def fr_findings(source: str, analysis: FrAnalysis,
+                locations: dict[int, str]) -> list[IncidentFinding]:
     """Findings from dumps matched across ranks."""
     out = []
     stragglers = list(analysis.stragglers)
@@ -597,13 +600,13 @@ def fr_findings(source: str, analysis: FrAnalysis, locations: dict[int, str]) ->
             msg += (f". {ranks_text(stragglers).capitalize()} lag in {len(analysis.lagging)} "
                     f"process group(s) ({', '.join(x.pg for x in analysis.lagging)}): they are the "
                     f"likely stragglers; look at their GPUs and hosts first")
-        out.append(Finding(source, "collective_timeout",
+        out.append(IncidentFinding(source, "collective_timeout",
                            Severity.CRITICAL if primary else Severity.WARNING,
                            f"{ranks_text(lag.missing)}", ev, msg))
     for mm in analysis.mismatches:
         parts = "; ".join(f"{ranks_text(r)}: {s[0]} {s[1:] if len(s) > 1 else ''}"
                           for s, r in mm.signatures.items())
-        out.append(Finding(
+        out.append(IncidentFinding(
             source, "collective_mismatch", Severity.CRITICAL, f"PG {mm.pg} seq {mm.seq}",
             {"pg": mm.pg, "pg_desc": mm.pg_desc, "seq": mm.seq,
              "signatures": [{"signature": repr(s), "ranks": list(r)}
@@ -613,13 +616,13 @@ def fr_findings(source: str, analysis: FrAnalysis, locations: dict[int, str]) ->
     return out
 
 
-def fr_report_findings(source: str, issues: list[FrTraceIssue]) -> list[Finding]:
+def fr_report_findings(source: str, issues: list[FrTraceIssue]) -> list[IncidentFinding]:
     """Findings from torchfrtrace's printed report."""
     out = []
     for issue in issues:
         if issue.kind == "not_all_joined":
             missing = ranks_text(issue.missing_ranks)
-            out.append(Finding(
+            out.append(IncidentFinding(
                 source, "collective_timeout", Severity.CRITICAL, f"{missing}",
                 {"collective": issue.collective, "entry": issue.entry, "group": issue.group,
                  "op": issue.op, "missing_ranks": list(issue.missing_ranks),
@@ -630,7 +633,7 @@ def fr_report_findings(source: str, issues: list[FrTraceIssue]) -> list[Finding]
                 f"reached it (state {issue.state}); "
                 f"{'it is' if len(issue.missing_ranks) == 1 else 'they are'} the culprit"))
         else:
-            out.append(Finding(source, "collective_mismatch", Severity.CRITICAL,
+            out.append(IncidentFinding(source, "collective_mismatch", Severity.CRITICAL,
                                "collective", {"detail": issue.detail},
                                f"torchfrtrace: {issue.detail}"))
     return out
@@ -643,7 +646,7 @@ def fr_report_findings(source: str, issues: list[FrTraceIssue]) -> list[Finding]
 PLATEAU_FRACTION = 0.9
 
 
-def nccl_tests_findings(source: str, result: NcclTestsResult) -> list[Finding]:
+def nccl_tests_findings(source: str, result: NcclTestsResult) -> list[IncidentFinding]:
     """Peak busbw, busbw at 1 GiB, sizes below the plateau after reaching it, wrong results."""
     peak = result.peak
     if peak is None:
@@ -682,7 +685,7 @@ def nccl_tests_findings(source: str, result: NcclTestsResult) -> list[Finding]:
         msg += f"; {wrong} WRONG results: data corruption on some rank"
     if result.avg_busbw is not None:
         msg += f" (the trailer's average {result.avg_busbw:g} GB/s is over all sizes)"
-    return [Finding(source, "busbw", severity, result.test or "nccl-tests", ev, msg)]
+    return [IncidentFinding(source, "busbw", severity, result.test or "nccl-tests", ev, msg)]
 
 
 def _size(n: int) -> str:
@@ -693,7 +696,7 @@ def _size(n: int) -> str:
 
 
 def inspector_findings(source: str, records: list[InspectorRecord],
-                       streams: list[InspectorStream]) -> list[Finding]:
+                       streams: list[InspectorStream]) -> list[IncidentFinding]:
     """Bus bandwidth per communicator and op from NCCL Inspector records."""
     groups: dict[tuple, list[InspectorRecord]] = defaultdict(list)
     for r in records:
@@ -712,7 +715,7 @@ def inspector_findings(source: str, records: list[InspectorRecord],
               "msg_size_bytes_max": max(r.msg_size_bytes for r in rs),
               "dropped_records": dropped, "marker_count_mismatches": mismatched,
               "hosts": sorted({r.hostname for r in rs if r.hostname})}
-        out.append(Finding(
+        out.append(IncidentFinding(
             source, "busbw", Severity.INFO, f"{op} on {comm}", ev,
             f"NCCL Inspector: {len(rs)} {op} on communicator {comm} ({ranks_text(ranks)} of "
             f"{n_ranks or '?'}): busbw median "
@@ -721,7 +724,7 @@ def inspector_findings(source: str, records: list[InspectorRecord],
     return out
 
 
-def inspector_prom_findings(source: str, exposition: Exposition) -> list[Finding]:
+def inspector_prom_findings(source: str, exposition: Exposition) -> list[IncidentFinding]:
     """Bus bandwidth per op and size bucket from Inspector's Prometheus textfile."""
     times = {}
     for s in exposition.samples:
@@ -734,7 +737,7 @@ def inspector_prom_findings(source: str, exposition: Exposition) -> list[Finding
             continue
         op = s.labels.get("collective") or s.labels.get("p2p_operation") or "?"
         size, gpu = s.labels.get("message_size"), s.labels.get("gpu")
-        out.append(Finding(
+        out.append(IncidentFinding(
             source, "busbw", Severity.INFO, f"{op} {size} on {s.labels.get('node', '?')} {gpu}",
             {"op": op, "message_size": size, "busbw_gbps": s.value, "gpu": gpu,
              "exec_time_us": times.get((op, size, gpu)), "nranks": s.labels.get("nranks"),
@@ -756,7 +759,7 @@ _REASON_SEVERITY = {
 }
 
 
-def clock_event_findings(source: str, gpus: list[SmiGpu]) -> list[Finding]:
+def clock_event_findings(source: str, gpus: list[SmiGpu]) -> list[IncidentFinding]:
     """One finding per GPU with a throttling clock-event reason active."""
     out = []
     for gpu in gpus:
@@ -781,14 +784,14 @@ def clock_event_findings(source: str, gpus: list[SmiGpu]) -> list[Finding]:
         if gpu.sm_clock_mhz and gpu.sm_clock_max_mhz and gpu.sm_clock_mhz >= gpu.sm_clock_max_mhz:
             note = "; the SM clock is at its maximum, so the flags contradict the clocks " \
                    "(reported as printed)"
-        out.append(Finding(
+        out.append(IncidentFinding(
             source, "clock_event", severity, f"GPU {name}", ev,
             f"GPU {name}{' (' + gpu.product_name + ')' if gpu.product_name else ''}: clock "
             f"event reasons active: {', '.join(slowing)}{'; ' + state if state else ''}{note}"))
     return out
 
 
-def dcgm_findings(source: str, gpus: list[DcgmGpu]) -> list[Finding]:
+def dcgm_findings(source: str, gpus: list[DcgmGpu]) -> list[IncidentFinding]:
     """Xids and clock-event reasons that dcgm-exporter reported."""
     out = []
     for g in gpus:
@@ -797,7 +800,7 @@ def dcgm_findings(source: str, gpus: list[DcgmGpu]) -> list[Finding]:
         if xid:
             info = xid_catalog.lookup(int(xid))
             pci = _short_pci(g.pci_bus_id) if g.pci_bus_id else None
-            out.append(Finding(
+            out.append(IncidentFinding(
                 source, "xid", info.severity, f"GPU {pci or name}",
                 {"xid": int(xid), "name": info.name, "pci_bus_id": pci, "count": 1,
                  "gpu": g.gpu, "uuid": g.uuid, "action": info.action.value,
@@ -825,7 +828,7 @@ def _short_pci(pci: str) -> str:
 # --------------------------------------------------------------------------- network
 
 
-def ib_findings(source: str, ports: list[IbPort]) -> list[Finding]:
+def ib_findings(source: str, ports: list[IbPort]) -> list[IncidentFinding]:
     """Ports down (critical), links that went down (warning), other error counters (info)."""
     out = []
     for p in ports:
@@ -850,7 +853,7 @@ def ib_findings(source: str, ports: list[IbPort]) -> list[Finding]:
         rest = {k: v for k, v in errors.items() if k != "link_downed"}
         if rest:
             parts.append("error counters " + ", ".join(f"{k}={v}" for k, v in rest.items()))
-        out.append(Finding(
+        out.append(IncidentFinding(
             source, "ib_port", severity, f"{p.device} port {p.port}", ev,
             f"{p.device} port {p.port} ({p.rate or 'rate ?'}, {p.link_layer or '?'}): "
             + "; ".join(parts)
@@ -863,7 +866,7 @@ _NETDEV_FAULTS = ("errs", "fifo", "frame", "carrier", "colls")
 
 
 def netdev_findings(source: str, devices: dict[str, dict[str, int]],
-                    taken_at: str | None = None) -> list[Finding]:
+                    taken_at: str | None = None) -> list[IncidentFinding]:
     """Interfaces with errors (warning) or drops (info) in ``/proc/net/dev``."""
     out = []
     for dev, c in sorted(devices.items()):
@@ -877,7 +880,7 @@ def netdev_findings(source: str, devices: dict[str, dict[str, int]],
                                                           "multicast", "fifo", "frame")},
               "taken_at": taken_at}
         what = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in {**faults, **drops}.items())
-        out.append(Finding(
+        out.append(IncidentFinding(
             source, "netdev", Severity.WARNING if faults else Severity.INFO, dev, ev,
             f"{dev}: {what} (counters since boot"
             f"{', snapshot ' + taken_at if taken_at else ''})"))
