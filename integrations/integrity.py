@@ -468,7 +468,7 @@ class GradientIntegrity:
         # there is no NaN or Inf, and the counting pass is skipped
         if not (math.isfinite(total) and fields):
             fields[F_NAN_SENT], fields[F_INF_SENT] = nonfinite_counts(payload)
-        self._pending(bucket, stage, "allreduce", payload, fields)
+        self._pending(bucket, stage, "allreduce", fields)
 
     def _allreduce_received(self, bucket: int, result: torch.Tensor, stage: int) -> None:
         fields = self._take_pending(bucket, stage, "allreduce")
@@ -483,7 +483,7 @@ class GradientIntegrity:
 
     def _gather_sent(self, bucket: int, payload: torch.Tensor, stage: int) -> None:
         nan, inf = nonfinite_counts(payload)
-        self._pending(bucket, stage, "allgather", payload,
+        self._pending(bucket, stage, "allgather",
                       {F_SENT_A: fingerprint(payload), F_NAN_SENT: nan, F_INF_SENT: inf})
 
     def _gather_received(self, bucket: int, gathered: Any, stage: int) -> None:
@@ -498,7 +498,7 @@ class GradientIntegrity:
         hashes = row_fingerprints(payload).tolist()
         wrap, plain, weighted = chunk_sums(hashes)
         nan, inf = nonfinite_counts(payload)
-        self._pending(bucket, stage, "alltoall", payload,
+        self._pending(bucket, stage, "alltoall",
                       {F_SENT_A: wrap, F_SENT_B: weighted, F_SENT_C: plain,
                        F_NAN_SENT: nan, F_INF_SENT: inf})
 
@@ -521,8 +521,7 @@ class GradientIntegrity:
         numel = sum(p.numel() for p in params)
         self._add(0, 0, "replica", torch.empty(0), {F_RECV_A: combined, F_NUMEL: numel})
 
-    def _pending(self, bucket: int, stage: int, op: str, payload: torch.Tensor,
-                 fields: dict[int, int]) -> None:
+    def _pending(self, bucket: int, stage: int, op: str, fields: dict[int, int]) -> None:
         with self._lock:
             self._sent[(self.step, bucket, stage, op)] = fields
 
