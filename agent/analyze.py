@@ -2,7 +2,8 @@
 
 Each file's kind is told from its content (:mod:`laggard.collectors.filetype`), it is parsed by
 that kind's parser (logs are streamed line by line, so a log of any size runs in bounded memory),
-and the rules of :mod:`laggard.agent.analyze_rules` turn what was parsed into findings. Watchdog
+and the rules of :mod:`laggard.agent.incident_gpu`, ``incident_collectives`` and
+``incident_network`` turn what was parsed into findings. Watchdog
 timeouts of every NCCL log, and flight-recorder dumps of one directory, are compared across
 ranks together, since one rank's log alone cannot say who is behind.
 
@@ -21,8 +22,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from laggard.agent import analyze_rules as rules
-from laggard.agent.analyze_rules import IncidentFinding
+from laggard.agent import incident_collectives as collectives
+from laggard.agent import incident_gpu as gpu
+from laggard.agent import incident_network as network
+from laggard.agent.incident import KINDS, IncidentFinding, sort_findings
 from laggard.collectors import filetype
 from laggard.collectors.dcgm_exposition import dcgm_gpus, parse_exposition
 from laggard.collectors.flight_recorder import (
@@ -69,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="treat every file as this kind instead of detecting it: "
                              + ", ".join(filetype.KINDS))
     parser.epilog = ("exit status: 0 nothing found, 1 findings, 2 an input could not be read. "
-                     "IncidentFinding kinds: " + ", ".join(rules.KINDS) + ".")
+                     "IncidentFinding kinds: " + ", ".join(KINDS) + ".")
 
 
 @dataclass(slots=True)
@@ -122,7 +125,7 @@ def _read_log(path: str, kind: str, inputs: _Inputs) -> None:
         return
     kernel = KernelLogParser()
     nccl = NcclLogParser() if kind == "mixed_log" else None
-    evidence = rules.KernelEvidence()
+    evidence = gpu.KernelEvidence()
     log = NcclLog()
     for line in filetype.iter_lines(path):
         # Every line the kernel-log rules use (Xid, SXid, "fallen off the bus", RmInitAdapter)
@@ -137,7 +140,7 @@ def _read_log(path: str, kind: str, inputs: _Inputs) -> None:
                 log.add(nccl_event)
     for event in kernel.flush():
         evidence.add(event)
-    inputs.findings += rules.kernel_findings(path, evidence)
+    inputs.findings += gpu.kernel_findings(path, evidence)
     if nccl is not None:
         inputs.nccl_logs.append((path, log))
 
@@ -161,7 +164,7 @@ def _read_inspector(path: str, inputs: _Inputs) -> None:
     if stream.count_mismatches:
         inputs.notes.append(f"{path}: {stream.count_mismatches} dump_stats marker(s) whose "
                             f"record counts do not match the records that follow")
-    inputs.findings += rules.inspector_findings(path, records, [stream])
+    inputs.findings += network.inspector_findings(path, records, [stream])
 
 
 def _read_netdev(path: str, inputs: _Inputs) -> None:
@@ -171,7 +174,7 @@ def _read_netdev(path: str, inputs: _Inputs) -> None:
     devices = parse_proc_net_dev("\n".join(lines))
     if not devices:
         raise ValueError("no interface rows")
-    inputs.findings += rules.netdev_findings(path, devices, taken)
+    inputs.findings += network.netdev_findings(path, devices, taken)
 
 
 def _read_one(path: str, kind: str, inputs: _Inputs) -> None:
@@ -180,25 +183,25 @@ def _read_one(path: str, kind: str, inputs: _Inputs) -> None:
         "nccl_log": lambda: _read_log(path, kind, inputs),
         "mixed_log": lambda: _read_log(path, kind, inputs),
         "flight_recorder": lambda: inputs.fr_dumps[_fr_group(path)].append(load_dump(path)),
-        "fr_trace_report": lambda: inputs.findings.extend(rules.fr_report_findings(
+        "fr_trace_report": lambda: inputs.findings.extend(collectives.fr_report_findings(
             path, parse_fr_trace_report(filetype.iter_lines(path)))),
-        "nccl_tests": lambda: inputs.findings.extend(rules.nccl_tests_findings(
+        "nccl_tests": lambda: inputs.findings.extend(network.nccl_tests_findings(
             path, parse_nccl_tests(filetype.iter_lines(path)))),
         "nccl_inspector": lambda: _read_inspector(path, inputs),
-        "nccl_inspector_prom": lambda: inputs.findings.extend(rules.inspector_prom_findings(
+        "nccl_inspector_prom": lambda: inputs.findings.extend(network.inspector_prom_findings(
             path, parse_exposition(_small_text(path)))),
-        "dcgm": lambda: inputs.findings.extend(rules.dcgm_findings(
+        "dcgm": lambda: inputs.findings.extend(gpu.dcgm_findings(
             path, dcgm_gpus(parse_exposition(_small_text(path))))),
-        "nvidia_smi_q": lambda: inputs.findings.extend(rules.clock_event_findings(
+        "nvidia_smi_q": lambda: inputs.findings.extend(gpu.clock_event_findings(
             path, parse_nvidia_smi_q(_small_text(path)))),
-        "nvidia_smi_csv": lambda: inputs.findings.extend(rules.clock_event_findings(
+        "nvidia_smi_csv": lambda: inputs.findings.extend(gpu.clock_event_findings(
             path, parse_nvidia_smi_csv(_small_text(path)))),
         "proc_net_dev": lambda: _read_netdev(path, inputs),
-        "infiniband_listing": lambda: inputs.findings.extend(rules.ib_findings(
+        "infiniband_listing": lambda: inputs.findings.extend(network.ib_findings(
             path, parse_ib_listing(_small_text(path)))),
-        "ibstat": lambda: inputs.findings.extend(rules.ib_findings(
+        "ibstat": lambda: inputs.findings.extend(network.ib_findings(
             path, parse_ibstat(_small_text(path)))),
-        "perfquery": lambda: inputs.findings.extend(rules.ib_findings(
+        "perfquery": lambda: inputs.findings.extend(network.ib_findings(
             path, parse_perfquery(_small_text(path)))),
     }
     readers[kind]()
@@ -236,14 +239,14 @@ def analyze_paths(paths: list[str],
                                  f"({type(exc).__name__}: {exc})")
     findings = inputs.findings
     if inputs.nccl_logs:
-        findings += rules.nccl_findings(inputs.nccl_logs)
+        findings += collectives.nccl_findings(inputs.nccl_logs)
     for group, dumps in sorted(inputs.fr_dumps.items()):
-        locations = rules.rank_locations(
-            rules.job_inits(inputs.nccl_logs, {os.path.dirname(group)}))
+        locations = collectives.rank_locations(
+            collectives.job_inits(inputs.nccl_logs, {os.path.dirname(group)}))
         source = (dumps[0].source if len(dumps) == 1
                   else f"{os.path.dirname(group) or '.'} ({len(dumps)} dumps)")
-        findings += rules.fr_findings(source, analyze_dumps(dumps), locations)
-    return rules.sort_findings(findings), inputs
+        findings += collectives.fr_findings(source, analyze_dumps(dumps), locations)
+    return sort_findings(findings), inputs
 
 
 def _table(findings: list[IncidentFinding]) -> str:

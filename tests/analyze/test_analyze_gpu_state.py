@@ -4,7 +4,7 @@ corpus/EXPECTED.md)."""
 from __future__ import annotations
 
 import pytest
-from laggard.agent.analyze_rules import clock_event_findings, dcgm_findings
+from laggard.agent.incident_gpu import clock_event_findings, dcgm_findings
 from laggard.collectors.dcgm_exposition import dcgm_gpus, parse_exposition
 from laggard.collectors.nvidia_smi import (
     parse_nvidia_smi_csv,

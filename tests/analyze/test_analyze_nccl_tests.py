@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from laggard.agent.analyze_rules import nccl_tests_findings
+from laggard.agent.incident_network import nccl_tests_findings
 from laggard.collectors.nccl_tests import GIB, parse_nccl_tests
 from support import FIXTURES
 

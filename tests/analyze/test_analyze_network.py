@@ -3,7 +3,7 @@ corpus/EXPECTED.md)."""
 
 from __future__ import annotations
 
-from laggard.agent.analyze_rules import ib_findings, netdev_findings
+from laggard.agent.incident_network import ib_findings, netdev_findings
 from laggard.collectors.infiniband_listing import parse_ib_listing, parse_ibstat, parse_perfquery
 from laggard.collectors.netdev import parse_proc_net_dev
 from support import FIXTURES

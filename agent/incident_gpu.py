@@ -1,0 +1,231 @@
+"""``laggard analyze`` rules for GPUs: Xids and SXids from kernel logs (with NVIDIA's catalog
+severity and action), lost GPUs, clock-event reasons from nvidia-smi and dcgm-exporter."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from laggard.agent.incident import (
+    SEVERITY_ORDER,
+    IncidentFinding,
+)
+from laggard.collectors.dcgm_exposition import DcgmGpu
+from laggard.collectors.kernel_log import SXidEvent, XidEvent
+from laggard.collectors.nvidia_smi import SmiGpu, reasons_from_bitmask
+from laggard.detectors import xid_catalog
+from laggard.detectors.finding import Severity
+
+#: Most distinct pids/processes listed per Xid group.
+MAX_LISTED = 10
+
+_RM_INIT = re.compile(
+    r"NVRM: GPU (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F]): "
+    r"RmInitAdapter failed! \((?P<code>[^)]*)\)")
+
+
+_GPU_UUID = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}): "
+                       r"(?P<uuid>GPU-[0-9a-fA-F-]+)")
+
+
+@dataclass(slots=True)
+class _XidGroup:
+    count: int = 0
+    first: float | None = None
+    last: float | None = None
+    first_uptime: float | None = None
+    last_uptime: float | None = None
+    pids: Counter = field(default_factory=Counter)
+    messages: list[str] = field(default_factory=list)
+    fatal_token: str | None = None
+
+
+@dataclass(slots=True)
+class KernelEvidence:
+    """Xid/SXid events of one kernel log, aggregated as they stream in (bounded memory)."""
+
+    xids: dict[tuple[int, str], _XidGroup] = field(default_factory=dict)
+    sxids: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
+    rm_init_failures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    uuids: dict[str, str] = field(default_factory=dict)  # pci -> GPU UUID, when the log says
+
+    def add(self, event: XidEvent | SXidEvent) -> None:
+        """Count one parser event."""
+        if isinstance(event, XidEvent):
+            group = self.xids.setdefault((event.xid, event.pci_bus_id), _XidGroup())
+            group.count += 1
+            if event.timestamp is not None:
+                group.first = event.timestamp if group.first is None else group.first
+                group.last = event.timestamp
+            if event.uptime_seconds is not None:
+                if group.first_uptime is None:
+                    group.first_uptime = event.uptime_seconds
+                group.last_uptime = event.uptime_seconds
+            if len(group.pids) < MAX_LISTED or (event.pid, event.process) in group.pids:
+                group.pids[(event.pid, event.process)] += 1
+            if len(group.messages) < 3 and event.message not in group.messages:
+                group.messages.append(event.message)
+            group.fatal_token = event.fatal_token or group.fatal_token
+            return
+        key = (event.sxid, event.pci_bus_id)
+        sx = self.sxids.setdefault(key, {"count": 0, "links": [], "severity": None,
+                                         "device": event.device, "message": event.message,
+                                         "uptime": event.uptime_seconds})
+        sx["count"] += 1
+        if event.link is not None and len(sx["links"]) < 64:
+            sx["links"].append(event.link)
+        sx["severity"] = sx["severity"] or event.severity
+
+    def add_line(self, line: str) -> None:
+        """Look at one raw line for what the Xid parser does not report: RmInitAdapter
+        failures, and the ``NVRM: GPU at PCI:... GPU-<uuid>`` line printed before an Xid."""
+        if "GPU at PCI:" in line and (u := _GPU_UUID.search(line)):
+            if len(self.uuids) < 1024:
+                self.uuids[u["pci"].lower()] = u["uuid"]
+        if "RmInitAdapter" in line and (m := _RM_INIT.search(line)):
+            entry = self.rm_init_failures.setdefault(m["pci"].lower(),
+                                                     {"count": 0, "codes": []})
+            entry["count"] += 1
+            if m["code"] not in entry["codes"]:
+                entry["codes"].append(m["code"])
+
+
+def _iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat(
+        timespec="seconds")
+
+
+def kernel_findings(source: str, evidence: KernelEvidence) -> list[IncidentFinding]:
+    """Xid groups (by code and GPU), SXid groups (by code and switch), lost GPUs."""
+    out = []
+    for (xid, pci), g in sorted(evidence.xids.items()):
+        info = xid_catalog.lookup(xid, g.messages[0] if g.messages else "", g.fatal_token)
+        pids = [{"pid": pid, "process": proc, "count": n}
+                for (pid, proc), n in g.pids.most_common()]
+        known = [p for p in pids if p["pid"] is not None or p["process"] is not None]
+        ev: dict[str, Any] = {
+            "xid": xid, "name": info.name, "pci_bus_id": pci, "count": g.count,
+            "action": info.action.value, "first": _iso(g.first), "last": _iso(g.last),
+            "first_uptime_seconds": g.first_uptime, "last_uptime_seconds": g.last_uptime,
+            "messages": g.messages,
+        }
+        if pci in evidence.uuids:
+            ev["uuid"] = evidence.uuids[pci]
+        if known:
+            ev["pid"] = known[0]["pid"]
+            ev["process"] = known[0]["process"]
+            ev["processes"] = known
+        who = "; ".join(f"{p['process'] or '?'} (pid {p['pid'] if p['pid'] is not None else '?'})"
+                        f"{' x' + str(p['count']) if p['count'] > 1 else ''}" for p in known)
+        out.append(IncidentFinding(
+            source, "xid", info.severity, f"GPU {pci}", ev,
+            f"{g.count}x Xid {xid} ({info.name}: {info.description}) on GPU {pci}"
+            f"{', ' + who if who else ''}; action: {info.action.value.replace('_', ' ')}"))
+        if xid == 79:
+            out.append(_gpu_lost(source, pci, "fell off the bus (Xid 79)",
+                                 {"xid": 79, "count": g.count}))
+    for (sxid, pci), sx in sorted(evidence.sxids.items()):
+        fatal = (sx["severity"] or "").lower() == "fatal"
+        links = sorted(set(sx["links"]))
+        out.append(IncidentFinding(
+            source, "sxid", Severity.CRITICAL if fatal else Severity.WARNING,
+            f"NVSwitch {pci}",
+            {"sxid": sxid, "pci_bus_id": pci, "device": sx["device"], "count": sx["count"],
+             "links": links, "severity": sx["severity"], "message": sx["message"]},
+            f"{sx['count']}x SXid {sxid} ({sx['severity'] or 'severity not printed'}) on "
+            f"{sx['device'] or 'NVSwitch'} {pci}"
+            f"{', link ' + ', '.join(map(str, links)) if links else ''}: {sx['message']}; "
+            f"{'the NVLink fabric is degraded: drain the node' if fatal else 'watch the link'}"))
+    for pci, entry in sorted(evidence.rm_init_failures.items()):
+        out.append(_gpu_lost(source, pci[:-2] if pci.count(".") else pci,
+                             f"failed to initialise ({entry['count']}x RmInitAdapter failed, "
+                             f"{', '.join(entry['codes'])})",
+                             {"rm_init_adapter_failures": entry["count"],
+                              "codes": entry["codes"], "pci_bus_id_full": pci}))
+    return out
+
+
+def _gpu_lost(source: str, pci: str, what: str, ev: dict[str, Any]) -> IncidentFinding:
+    return IncidentFinding(source, "gpu_lost", Severity.CRITICAL, f"GPU {pci}",
+                   {"pci_bus_id": pci, **ev},
+                   f"GPU {pci} {what}: it is unusable until the node is rebooted or the GPU "
+                   f"reset; drain the node and check the PCIe link, power and the GPU")
+
+
+#: Clock-event reasons that slow a busy GPU, with how bad each is.
+_REASON_SEVERITY = {
+    "hw_slowdown": Severity.CRITICAL, "hw_thermal": Severity.CRITICAL,
+    "hw_power_brake": Severity.CRITICAL, "sw_thermal": Severity.WARNING,
+    "sw_power_cap": Severity.WARNING, "sync_boost": Severity.INFO,
+}
+
+
+def clock_event_findings(source: str, gpus: list[SmiGpu]) -> list[IncidentFinding]:
+    """One finding per GPU with a throttling clock-event reason active."""
+    out = []
+    for gpu in gpus:
+        active = gpu.active_reasons
+        slowing = [r for r in active if r in _REASON_SEVERITY]
+        if not slowing:
+            continue
+        severity = min((_REASON_SEVERITY[r] for r in slowing), key=SEVERITY_ORDER.__getitem__)
+        name = gpu.pci_bus_id or "(bus id not in the excerpt)"
+        ev = {"pci_bus_id": gpu.pci_bus_id, "product": gpu.product_name, "reasons": slowing,
+              "active": active, "sm_clock_mhz": gpu.sm_clock_mhz,
+              "sm_clock_max_mhz": gpu.sm_clock_max_mhz, "temperature_c": gpu.temperature_c,
+              "power_draw_w": gpu.power_draw_w, "power_limit_w": gpu.power_limit_w,
+              "performance_state": gpu.performance_state}
+        state = ", ".join(x for x in (
+            f"SM {gpu.sm_clock_mhz:g} of {gpu.sm_clock_max_mhz:g} MHz"
+            if gpu.sm_clock_mhz is not None and gpu.sm_clock_max_mhz else None,
+            f"{gpu.temperature_c:g} C" if gpu.temperature_c is not None else None,
+            f"{gpu.power_draw_w:g} W of {gpu.power_limit_w:g} W"
+            if gpu.power_draw_w is not None and gpu.power_limit_w else None) if x)
+        note = ""
+        if gpu.sm_clock_mhz and gpu.sm_clock_max_mhz and gpu.sm_clock_mhz >= gpu.sm_clock_max_mhz:
+            note = "; the SM clock is at its maximum, so the flags contradict the clocks " \
+                   "(reported as printed)"
+        out.append(IncidentFinding(
+            source, "clock_event", severity, f"GPU {name}", ev,
+            f"GPU {name}{' (' + gpu.product_name + ')' if gpu.product_name else ''}: clock "
+            f"event reasons active: {', '.join(slowing)}{'; ' + state if state else ''}{note}"))
+    return out
+
+
+def dcgm_findings(source: str, gpus: list[DcgmGpu]) -> list[IncidentFinding]:
+    """Xids and clock-event reasons that dcgm-exporter reported."""
+    out = []
+    for g in gpus:
+        name = g.pci_bus_id or f"{g.gpu}" + (f" ({g.uuid})" if g.uuid else "")
+        xid = g.get("last_xid")
+        if xid:
+            info = xid_catalog.lookup(int(xid))
+            pci = _short_pci(g.pci_bus_id) if g.pci_bus_id else None
+            out.append(IncidentFinding(
+                source, "xid", info.severity, f"GPU {pci or name}",
+                {"xid": int(xid), "name": info.name, "pci_bus_id": pci, "count": 1,
+                 "gpu": g.gpu, "uuid": g.uuid, "action": info.action.value,
+                 "note": "DCGM_FI_DEV_XID_ERRORS holds the last Xid, not a count"},
+                f"DCGM reports Xid {int(xid)} ({info.name}) on GPU {name}; action: "
+                f"{info.action.value.replace('_', ' ')}"))
+        mask = g.get("clock_event_reasons")
+        if mask:
+            smi = SmiGpu(pci_bus_id=g.pci_bus_id or f"index {g.gpu}",
+                         reasons=reasons_from_bitmask(int(mask)),
+                         temperature_c=g.get("temperature_c"), power_draw_w=g.get("power_w"),
+                         sm_clock_mhz=g.get("sm_clock_mhz"))
+            out += clock_event_findings(source, [smi])
+    return out
+
+
+def _short_pci(pci: str) -> str:
+    # "00000000:75:00.0" -> "0000:75:00"
+    parts = pci.lower().split(":")
+    if len(parts) == 3:
+        return f"{parts[0][-4:]}:{parts[1]}:{parts[2].split('.')[0]}"
+    return pci.lower()
