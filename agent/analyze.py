@@ -3,9 +3,9 @@
 Each file's kind is told from its content (:mod:`laggard.collectors.filetype`), it is parsed by
 that kind's parser (logs are streamed line by line, so a log of any size runs in bounded memory),
 and the rules of :mod:`laggard.agent.incident_gpu`, ``incident_collectives`` and
-``incident_network`` turn what was parsed into findings. Watchdog
-timeouts of every NCCL log, and flight-recorder dumps of one directory, are compared across
-ranks together, since one rank's log alone cannot say who is behind.
+``incident_network`` turn what was parsed into findings. Watchdog timeouts of every NCCL log,
+and flight-recorder dumps of one directory, are compared across ranks together, since one
+rank's log alone cannot say who is behind.
 
 Exit status: 0 nothing found, 1 findings, 2 an input could not be read (findings of the other
 inputs are still printed).
