@@ -3,11 +3,10 @@
 Bit ``i`` of byte ``j`` holds element ``8*j + i`` (little-endian bit order, the same as
 ``numpy.packbits(..., bitorder="little")``).
 
-The multiply tricks are the classic SWAR byte gathers (Warren, "Hacker's Delight", 2nd ed.,
-§7-2): eight 0/1 bytes of a little-endian 64-bit word times ``0x0102040810204080`` land, one per
-bit, in the top byte without carries; a byte times ``0x0101010101010101`` is copied to all eight
-bytes, and ``& 0x8040201008040201`` keeps bit ``i`` in byte ``i``. int64 products wrap modulo
-2**64, which is exactly the arithmetic the tricks need.
+The multiply is the classic SWAR byte gather (Warren, "Hacker's Delight", 2nd ed., §7-2): eight
+0/1 bytes of a little-endian 64-bit word times ``0x0102040810204080`` land, one per bit, in the
+top byte without carries. int64 products wrap modulo 2**64, which is the arithmetic the trick
+needs. (Unpacking is a table lookup: see ``sign.SIGN_TABLE``.)
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ from __future__ import annotations
 import torch
 
 _GATHER = 0x0102040810204080
-_SPREAD = 0x0101010101010101
-_SELECT = -0x7FBFDFEFF7FBFDFF  # 0x8040201008040201 as a signed int64
 
 
 def pack_bits(mask: torch.Tensor) -> torch.Tensor:
@@ -35,17 +32,5 @@ def pack_bits(mask: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"need a bool tensor with a last dimension divisible by 8, got "
                          f"{mask.dtype} {tuple(mask.shape)}")
     words = mask.contiguous().view(torch.uint8).view(torch.int64)
+    # the arithmetic shift leaves sign copies above bit 7; the uint8 cast drops them
     return ((words * _GATHER) >> 56).to(torch.uint8)
-
-
-def unpack_bits(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`pack_bits`.
-
-    Args:
-        packed: uint8 tensor of shape ``(..., m)``.
-
-    Returns:
-        bool tensor of shape ``(..., 8 * m)``.
-    """
-    words = (packed.to(torch.int64) * _SPREAD) & _SELECT
-    return words.view(torch.uint8).view(*packed.shape[:-1], packed.shape[-1] * 8).bool()

@@ -36,19 +36,22 @@ MIN_SAMPLE = 8192
 OVERSELECT = 1.25
 
 
-def select_topk(values: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+def select_topk(values: torch.Tensor, k: int, generator: torch.Generator,
+                workspace: torch.Tensor | None = None) -> torch.Tensor:
     """Indices of the ``k`` entries of largest magnitude (unordered).
 
     Args:
         values: 1-D float tensor of ``N`` elements.
         k: 1 <= k <= N.
         generator: CPU generator for the sample positions.
+        workspace: optional float tensor like ``values`` to hold the magnitudes (saves
+            allocating and faulting in a fresh buffer every step).
 
     Returns:
         int64 tensor of ``k`` distinct indices.
     """
     n = values.numel()
-    magnitude = values.abs()
+    magnitude = torch.abs(values, out=workspace) if workspace is not None else values.abs()
     if n < EXACT_BELOW or 4 * k >= n:
         return torch.topk(magnitude, k, sorted=False).indices
     size = min(n, max(MIN_SAMPLE, 200 * n // k))
@@ -83,6 +86,7 @@ class TopKCompression(CompressionState):
         self.ratio = ratio
         self.residuals = ErrorFeedback()
         self._generator = torch.Generator().manual_seed(seed)
+        self._workspace: dict[int, torch.Tensor] = {}  # bucket index -> magnitudes buffer
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
         self.timer.bucket_ready()
@@ -91,7 +95,10 @@ class TopKCompression(CompressionState):
         p = self.residuals.flat(bucket.index(), layout)
         p.add_(buffer)
         k = max(1, math.ceil(self.ratio * layout.numel))
-        chosen = select_topk(p, k, self._generator)
+        workspace = self._workspace.get(bucket.index())
+        if workspace is None or workspace.shape != p.shape:
+            workspace = self._workspace[bucket.index()] = torch.empty_like(p)
+        chosen = select_topk(p, k, self._generator, workspace)
         payload = torch.empty(2 * k, dtype=torch.int32, device=p.device)
         payload[:k] = p[chosen].view(torch.int32)
         payload[k:] = chosen

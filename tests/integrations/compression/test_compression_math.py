@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from laggard.integrations.compression import make_hook
-from laggard.integrations.compression.bits import pack_bits, unpack_bits
+from laggard.integrations.compression.bits import pack_bits
 from laggard.integrations.compression.bucket import FlatBucket
 from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback
 from laggard.integrations.compression.sign import (
@@ -26,13 +26,12 @@ from laggard.integrations.compression.wire import (
 )
 
 
-def test_pack_bits_matches_numpy_little_endian_and_round_trips() -> None:
+def test_pack_bits_matches_numpy_little_endian() -> None:
     mask = torch.rand(3, 8 * 37, generator=torch.Generator().manual_seed(0)) > 0.5
     packed = pack_bits(mask)
     assert packed.dtype == torch.uint8 and packed.shape == (3, 37)
     np.testing.assert_array_equal(packed.numpy(), np.packbits(mask.numpy(), axis=-1,
                                                               bitorder="little"))
-    assert torch.equal(unpack_bits(packed), mask)
     with pytest.raises(ValueError):
         pack_bits(torch.ones(12, dtype=torch.bool))
 
@@ -42,11 +41,13 @@ def test_sign_compression_error_is_exactly_the_documented_identity() -> None:
     rows = torch.randn(4, 1000, generator=torch.Generator().manual_seed(1))
     rows[3, 600:] = 0  # a padded row: 600 real elements
     lengths = torch.tensor([1000.0, 1000.0, 1000.0, 600.0])
+    d_all = 600
     p = rows.double().clone()
     residual = rows.clone()
     payload = compress_rows(residual, lengths)
     assert payload.shape == (4, 1000 // 8 + 8)
     sent = decompress_rows(payload).double()
+    assert torch.equal(sent[:, :d_all] >= 0, p[:, :d_all] >= 0)  # signs unpacked as packed
     for i, d in enumerate([1000, 1000, 1000, 600]):
         x = p[i, :d]
         scale = x.abs().sum() / d
