@@ -59,6 +59,9 @@ def test_two_nodes_slowed_rank_is_named_with_node_cause_and_alert(tmp_path: Path
     # torchrun's static rendezvous: node 1's local rank 0 is global rank 1 * 2 + 0.
     assert (verdict["node"], verdict["rank"], verdict["cause"]) == ("node1", 2, "compute"), output
     assert report["ranks"] == {"0": "node0", "1": "node0", "2": "node1", "3": "node1"}
+    # The in-job finding names the node itself (each emulated node has its own host name).
+    named = [f for f in report["findings"] if f["kind"] == "compute"]
+    assert named and named[0]["node"] == "node1" and named[0]["local_rank"] == 0
     assert 2 in verdict["alert_ranks"], report["alerts"]
     assert report["job"]["world_size"] == 4
     assert "verdict:   named correctly" in output
