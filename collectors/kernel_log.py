@@ -48,6 +48,7 @@ January lands in the previous year. Uptime-only sources give ``timestamp=None`` 
 from __future__ import annotations
 
 import calendar
+import functools
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -197,7 +198,10 @@ def _pci(dom: str, bus: str, dev: str) -> str:
     return f"{int(dom, 16):04x}:{bus.lower()}:{dev.lower()}"
 
 
+@functools.lru_cache(maxsize=4096)
 def _local_epoch(year: int, month: int, day: int, hh: int, mm: int, ss: int) -> float | None:
+    # Cached: a burst of Xid lines repeats the same second, and mktime is most of the cost of a
+    # year-less syslog line.
     try:
         return time.mktime((year, month, day, hh, mm, ss, 0, 0, -1))
     except (OverflowError, ValueError):
