@@ -61,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path.kmsg", dest="kmsg_path", default="/dev/kmsg",
                         help="kernel log to read XIDs from: /dev/kmsg, or a syslog or journal "
                              "file (default %(default)s)")
+    parser.add_argument("--collector.nccl_inspector.dir", dest="nccl_inspector_dir", default="",
+                        metavar="DIR", help="NCCL Inspector output directory (JSON lines) that "
+                        "the nccl_inspector collector tails")
+    parser.add_argument("--collector.flight_recorder.path", dest="flight_recorder_path",
+                        default="", metavar="PATH", help="directory or TORCH_FR_DUMP_TEMP_FILE "
+                        "prefix of PyTorch flight-recorder dumps for the flight_recorder collector")
     parser.add_argument("--fake-gpus", type=int, default=0, metavar="N",
                         help="serve N fake GPUs playing a scenario instead of real NVML")
     parser.add_argument("--node", default="", help="node label (default: the host name)")
@@ -81,6 +87,11 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         flag = getattr(args, f"collector_{name}", None)
         if flag or (flag is None and spec.default):
             enabled.add(name)
+    # Naming a collector's input enables it, unless --no-collector.NAME says otherwise.
+    for name, path in (("nccl_inspector", args.nccl_inspector_dir),
+                       ("flight_recorder", args.flight_recorder_path)):
+        if path and getattr(args, f"collector_{name}", None) is not False:
+            enabled.add(name)
     return AgentConfig(
         listen_address=args.listen_address,
         intake_address=args.intake_address,
@@ -92,6 +103,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         kmsg_path=args.kmsg_path,
         fake_gpus=args.fake_gpus,
         max_ranks=args.max_ranks,
+        nccl_inspector_dir=args.nccl_inspector_dir,
+        flight_recorder_path=args.flight_recorder_path,
     )
 
 

@@ -116,3 +116,20 @@ def test_promtool_accepts_the_exposition(agent_factory):
     result = subprocess.run(["promtool", "check", "metrics"], input=agent.scrape(),
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_naming_the_inspector_directory_enables_its_collector(agent_factory, tmp_path):
+    from support import FIXTURES
+
+    source = FIXTURES / "analyze" / "inspector" / "inspector01_doc_v4.0_allreduce_coll_perf.jsonl"
+    (tmp_path / "rank2.log").write_text(source.read_text())
+    agent = agent_factory("--collect-interval", "0.1",
+                          "--collector.nccl_inspector.dir", str(tmp_path))
+    deadline = time.monotonic() + 5
+    count = None
+    while time.monotonic() < deadline and not count:
+        text = agent.scrape()
+        count = _value(text, "laggard_nccl_collective_seconds_count")
+        time.sleep(0.1)
+    assert _value(text, "laggard_collector_success", {"collector": "nccl_inspector"}) == 1
+    assert count == 1
