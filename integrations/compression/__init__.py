@@ -51,7 +51,7 @@ COMPRESSORS: dict[str, type[CompressionState]] = {
                 PowerSGDCompression)
 }
 
-_COMMON_OPTIONS = {"model", "timer", "integrity"}
+_COMMON_OPTIONS = {"model", "timer", "integrity", "warmup_steps"}
 _OPTIONS = {"topk": {"ratio", "seed"}, "powersgd": {"rank", "seed"}}
 
 
@@ -67,8 +67,10 @@ def make_hook(
         name: one of :data:`COMPRESSORS` (``none``, ``fp16``, ``sign``, ``topk``, ``powersgd``).
         process_group: group to reduce over; None for the default group.
         **options: ``model`` (the module DDP wraps, to name residuals in checkpoints),
-            ``timer`` (a CommTimer to record into), and per compressor ``ratio`` (topk, in
-            (0, 1], default 0.01), ``rank`` (powersgd, >= 1, default 4), ``seed``.
+            ``timer`` (a CommTimer to record into), ``warmup_steps`` (plain all-reduce steps
+            before compressing, default 0), ``integrity`` (a GradientIntegrity), and per
+            compressor ``ratio`` (topk, in (0, 1], default 0.01), ``rank`` (powersgd, >= 1,
+            default 4), ``seed``.
 
     Returns:
         ``(state, hook)`` for ``ddp.register_comm_hook(state, hook)``.

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 from laggard.integrations.comm_timing import CommTimer
-from laggard.integrations.compression.wire import ring_allreduce_bytes
+from laggard.integrations.compression.wire import ring_allreduce_bytes, tensor_bytes
 
 _BACKENDS = {"gloo", "nccl"}
 
@@ -56,6 +56,9 @@ class CompressionState:
         timer: CommTimer to record into; a fresh one when None.
         integrity: a ``GradientIntegrity`` the hooks hand their exact payloads to before
             sending and after receiving (gradient-integrity checks); None for none.
+        warmup_steps: steps run with the plain fp32 all-reduce before compressing (torch's
+            ``start_powerSGD_iter``, 1-bit Adam's warm-up stage: early gradients change fast
+            and adaptive optimizers settle their statistics on exact ones); default 0.
 
     Attributes:
         process_group, world_size, rank: the group and this rank's place in it.
@@ -71,8 +74,14 @@ class CompressionState:
         model: torch.nn.Module | None = None,
         timer: CommTimer | None = None,
         integrity: Any = None,
+        warmup_steps: int = 0,
     ) -> None:
+        if not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         self.process_group = process_group
+        self.warmup_steps = warmup_steps
+        #: steps whose last bucket went through this hook
+        self.steps = 0
         # laggard.integrations.integrity.GradientIntegrity: fingerprints each exact payload
         self.integrity = integrity
         self.world_size = process_group.size()
@@ -84,6 +93,29 @@ class CompressionState:
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
         """Launch this bucket's collectives; return a future of the averaged buffer."""
         raise NotImplementedError
+
+    def plain_allreduce(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """All-reduce the bucket as DDP does without a hook (divide by the world size, then
+        sum), timed and counted: the ``none`` hook, and every hook's warm-up."""
+        self.timer.bucket_ready()
+        buffer = bucket.buffer()
+        buffer.div_(self.world_size)
+        if self.integrity is not None:
+            self.integrity.allreduce_sent(bucket.index(), buffer)
+        fut = dist.all_reduce(buffer, group=self.process_group, async_op=True).get_future()
+        nbytes = ring_allreduce_bytes(tensor_bytes(buffer), self.world_size)
+        fut = self.timer.track(fut, nbytes, "allreduce", raw_bytes=self.raw_bytes(buffer),
+                               bucket_ready=False)
+        if self.integrity is None:
+            return fut.then(first_tensor)
+        integrity, index = self.integrity, bucket.index()
+
+        def checked(done: torch.futures.Future) -> torch.Tensor:
+            result = first_tensor(done)
+            integrity.allreduce_received(index, result)
+            return result
+
+        return fut.then(checked)
 
     def raw_bytes(self, buffer: torch.Tensor) -> int:
         """What an fp32 ring all-reduce of ``buffer`` would send from this rank (the baseline)."""
@@ -114,7 +146,8 @@ class CompressionState:
 # Unannotated on purpose: DDP's register_comm_hook compares the annotations with
 # dist.GradBucket and Future[Tensor] by identity (see laggard.integrations.comm_timing).
 def compression_hook(state: CompressionState, bucket):  # type: ignore[no-untyped-def]
-    """The DDP communication hook of every compressor: ``state.communicate(bucket)``.
+    """The DDP communication hook of every compressor: ``state.communicate(bucket)``, or the
+    plain fp32 all-reduce during the first ``state.warmup_steps`` steps.
 
     Args:
         state: a :class:`CompressionState` made by ``make_hook``.
@@ -123,7 +156,13 @@ def compression_hook(state: CompressionState, bucket):  # type: ignore[no-untype
     Returns:
         A ``torch.futures.Future`` holding the averaged (decompressed) bucket buffer.
     """
-    return state.communicate(bucket)
+    if state.steps < state.warmup_steps:
+        fut = state.plain_allreduce(bucket)
+    else:
+        fut = state.communicate(bucket)
+    if bucket.is_last():
+        state.steps += 1
+    return fut
 
 
 def first_tensor(fut: torch.futures.Future) -> torch.Tensor:

@@ -130,3 +130,20 @@ def test_top_k_ratio_one_sends_everything(one_rank_group: None) -> None:
     g = torch.randn(sum(p.numel() for p in net.parameters()))
     sent = hook(state, FlatBucket(0, list(net.parameters()), g.clone())).wait()
     assert torch.equal(sent, g)
+
+
+def test_warmup_steps_all_reduce_uncompressed_then_compress(one_rank_group: None) -> None:
+    net = model()
+    params = list(net.parameters())
+    state, hook = make_hook("sign", model=net, warmup_steps=2)
+    ops = []
+    for _ in range(3):
+        g = torch.randn(sum(p.numel() for p in params))
+        sent = hook(state, FlatBucket(0, params, g.clone())).wait()
+        ops.append([c.op for c in state.timer.take_step().collectives])
+        if len(ops) <= 2:
+            assert torch.equal(sent, g)  # one rank: the all-reduce average is the gradient
+    state.close()
+    assert ops == [["allreduce"], ["allreduce"], ["alltoall", "allgather"]]
+    with pytest.raises(ValueError, match="warmup_steps"):
+        make_hook("topk", warmup_steps=-1)
