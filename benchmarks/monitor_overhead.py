@@ -4,13 +4,15 @@ Launches a W-rank gloo job with PyTorch's launcher (``torch.distributed.run``). 
 builds the demo's byte-level transformer twice from the same seed and wraps each copy in DDP:
 
 * baseline: DDP's built-in all-reduce, no monitor;
-* monitored: the timing all-reduce hook (CommTimer) and a TrainingMonitor timing four phases,
-  sending one StepRecord per step to a UDP sink in this process and gathering a window every
-  ``--window`` steps (straggler detector on rank 0).
+* hook: the timing all-reduce hook (CommTimer), no monitor;
+* monitored: the timing hook and a TrainingMonitor timing four phases, sending one StepRecord
+  per step to a UDP sink in this process and gathering a window every ``--window`` steps
+  (straggler detector on rank 0).
 
-The two arms run in alternating blocks of ``--block`` steps (ABBA order, so a drift in machine
-load falls on both), and the medians of their step times are compared: the ratio is the
-overhead. The monitor's own CPU time per step is also measured directly, in the same run, by
+The arms run in blocks of ``--block`` steps, in a rotating order (every permutation in turn, so
+a drift in machine load falls on all), and the medians of their step times are compared: the
+ratio monitored / baseline is the overhead, and the hook arm says how much of it is the
+hook's. The monitor's own CPU time per step is also measured directly, in the same run, by
 running its step/phase calls around no work. Usage::
 
     python benchmarks/monitor_overhead.py [--world-size 2] [--blocks 24] [--block 20]
@@ -21,6 +23,7 @@ Target: overhead under 1% of the step.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -33,12 +36,15 @@ import time
 from pathlib import Path
 
 TARGET_OVERHEAD = 0.01
+#: baseline: DDP's built-in all-reduce; hook: the timing all-reduce hook (CommTimer) alone;
+#: monitored: the hook and a TrainingMonitor.
+ARMS = ("baseline", "hook", "monitored")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--blocks", type=int, default=24, help="blocks per arm")
+    p.add_argument("--blocks", type=int, default=24, help="rounds (one block per arm each)")
     p.add_argument("--block", type=int, default=20, help="steps per block")
     p.add_argument("--window", type=int, default=20, help="monitor window K")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -67,18 +73,19 @@ def worker(args: argparse.Namespace) -> None:
     rank = dist.get_rank()
     text = load_stdlib_text()
     arms = {}
-    for name in ("baseline", "monitored"):
+    for name in ARMS:
         torch.manual_seed(0)
         model = ByteLM()
         ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
-        monitor = None
-        if name == "monitored":
+        timer = monitor = None
+        if name != "baseline":
             timer = CommTimer()
             ddp.register_comm_hook(timer, allreduce_timing_hook)
+        if name == "monitored":
             monitor = TrainingMonitor(
                 TrainingMonitor.Config(agent_address=args.sink, window_steps=args.window),
                 comm_timer=timer)
-        arms[name] = (ddp, torch.optim.AdamW(model.parameters(), lr=1e-3), monitor,
+        arms[name] = (ddp, torch.optim.AdamW(model.parameters(), lr=1e-3), timer, monitor,
                       ByteBatches(text, batch_size=8, seq_len=64, seed=rank))
 
     def plain_step(ddp, opt, batches) -> None:
@@ -100,22 +107,24 @@ def worker(args: argparse.Namespace) -> None:
                 opt.zero_grad(set_to_none=True)
 
     def step(name: str) -> float:
-        ddp, opt, m, batches = arms[name]
+        ddp, opt, timer, m, batches = arms[name]
         start = time.perf_counter()
-        if m is None:
-            plain_step(ddp, opt, batches)
-        else:
+        if m is not None:
             monitored_step(ddp, opt, batches, m)
+        else:
+            plain_step(ddp, opt, batches)
+            if timer is not None:
+                timer.take_step()
         return time.perf_counter() - start
 
-    times: dict[str, list[float]] = {"baseline": [], "monitored": []}
-    for name in ("baseline", "monitored"):  # warm-up: DDP's bucket rebuild, allocator
+    times: dict[str, list[float]] = {name: [] for name in ARMS}
+    for name in ARMS:  # warm-up: DDP's bucket rebuild, allocator
         for _ in range(args.window):
             step(name)
-    for block in range(2 * args.blocks):
-        # ABBA: baseline, monitored, monitored, baseline, ...
-        name = ("baseline", "monitored", "monitored", "baseline")[block % 4]
-        times[name] += [step(name) for _ in range(args.block)]
+    orders = list(itertools.permutations(ARMS))  # every order in turn: drift falls on all arms
+    for block in range(args.blocks):
+        for name in orders[block % len(orders)]:
+            times[name] += [step(name) for _ in range(args.block)]
 
     # The monitor's own cost per step, alone: its calls around no work (no window gather, so
     # no collective: rank 0 only).
@@ -131,13 +140,13 @@ def worker(args: argparse.Namespace) -> None:
                         pass
             own.append(time.perf_counter() - start)
         probe.close()
-        monitor = arms["monitored"][2]
+        monitor = arms["monitored"][3]
         Path(args.out).write_text(json.dumps({
             "times": times, "own": own, "world_size": dist.get_world_size(),
             "records_sent": monitor.stats.records_sent, "windows": monitor.stats.windows,
             "send_errors": monitor.stats.send_errors,
         }))
-    arms["monitored"][2].close()
+    arms["monitored"][3].close()
     dist.barrier()
     dist.destroy_process_group()
 
@@ -176,21 +185,26 @@ def main() -> int:
             print(f"benchmark job failed: exit status {proc.returncode}", file=sys.stderr)
             return 1
         result = json.loads(out.read_text())
-    base = statistics.median(result["times"]["baseline"])
-    mon = statistics.median(result["times"]["monitored"])
+    times = result["times"]
+    base = statistics.median(times["baseline"])
     own = statistics.median(result["own"])
-    ratio = mon / base
-    print(f"world size {result['world_size']}, {len(result['times']['baseline'])} steps per arm "
-          f"in {args.blocks} interleaved blocks of {args.block}")
-    print(f"baseline step (DDP all-reduce, no monitor): median {1e3 * base:.2f} ms")
-    print(f"monitored step (timing hook + TrainingMonitor): median {1e3 * mon:.2f} ms")
-    print(f"ratio monitored / baseline: {ratio:.4f} (overhead {100 * (ratio - 1):+.2f}%, "
-          f"target < {100 * TARGET_OVERHEAD:.0f}%)")
+    print(f"world size {result['world_size']}, {len(times['baseline'])} steps per arm in "
+          f"{args.blocks} rounds of {args.block}-step blocks, arms in rotating order")
+    labels = {"baseline": "DDP built-in all-reduce, no monitor",
+              "hook": "timing all-reduce hook (CommTimer), no monitor",
+              "monitored": "timing hook + TrainingMonitor"}
+    for name in ARMS:
+        med, mean = statistics.median(times[name]), statistics.fmean(times[name])
+        print(f"{name:>9} ({labels[name]}): median {1e3 * med:.2f} ms, mean {1e3 * mean:.2f} ms,"
+              f" median ratio to baseline {med / base:.4f}")
+    ratio = statistics.median(times["monitored"]) / base
+    print(f"overhead (monitored / baseline, medians): {100 * (ratio - 1):+.2f}% "
+          f"(target < {100 * TARGET_OVERHEAD:.0f}%)")
     print(f"monitor's own cost per step (4 phases, record sent): median {1e6 * own:.1f} us = "
           f"{100 * own / base:.3f}% of the baseline step")
     print(f"records sent by rank 0: {result['records_sent']}, windows gathered: "
           f"{result['windows']}, send errors: {result['send_errors']}; datagrams received "
-          f"by the sink from all ranks: {received[0]}")
+          f"by the sink (all ranks, and the 2000 of the own-cost probe): {received[0]}")
     return 0
 
 

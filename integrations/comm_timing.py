@@ -22,9 +22,9 @@ A hook of its own (compression, say) records its collectives with :meth:`CommTim
         timer = state.timer
         payload = compress(bucket.buffer())
         fut = dist.all_reduce(payload, async_op=True).get_future()
-        fut = timer.track(fut, nbytes=payload.numel() * payload.element_size(),
-                          raw_bytes=bucket.buffer().numel() * bucket.buffer().element_size())
-        return fut.then(lambda f: decompress(f.value()[0]))
+        return timer.track(fut, nbytes=payload.numel() * payload.element_size(),
+                           raw_bytes=bucket.buffer().numel() * bucket.buffer().element_size(),
+                           result=lambda value: decompress(value[0]))
 
 A hook with two collectives per bucket calls :meth:`CommTimer.bucket_ready` on entry and passes
 ``bucket_ready=False`` to both ``track`` calls, so the exposed time starts when the bucket was
@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -130,7 +131,8 @@ class CommTimer:
         *,
         raw_bytes: int | None = None,
         bucket_ready: bool = True,
-    ) -> torch.futures.Future[T]:
+        result: Callable[[T], Any] | None = None,
+    ) -> torch.futures.Future[Any]:
         """Time a collective launched just now; return a future with the same value.
 
         Args:
@@ -140,10 +142,12 @@ class CommTimer:
             raw_bytes: uncompressed bytes this collective stands for; defaults to ``nbytes``.
             bucket_ready: count the launch as the moment the bucket became ready; pass False
                 when :meth:`bucket_ready` was called at hook entry.
+            result: applied to ``fut``'s value in the same callback (saves a second ``then``),
+                e.g. ``lambda v: v[0]`` to unwrap an all-reduce's one-tensor list.
 
         Returns:
-            A future completing with ``fut``'s value once completion has been recorded; return
-            it (or a ``then`` of it) from the hook.
+            A future completing, once completion has been recorded, with ``fut``'s value (or
+            ``result`` of it); return it (or a ``then`` of it) from the hook.
         """
         launched = time.perf_counter()
         if bucket_ready:
@@ -151,13 +155,14 @@ class CommTimer:
                 self._last_ready = launched
         raw = nbytes if raw_bytes is None else raw_bytes
 
-        def completed(done: torch.futures.Future[T]) -> T:
+        def completed(done: torch.futures.Future[T]) -> Any:
             with self._lock:
                 if len(self._done) >= MAX_PENDING_COLLECTIVES:
                     self._done.popleft()
                     self.dropped += 1
                 self._done.append((op, launched, time.perf_counter(), nbytes, raw))
-            return done.value()  # re-raises the collective's error to DDP, as it should
+            value = done.value()  # re-raises the collective's error to DDP, as it should
+            return value if result is None else result(value)
 
         return fut.then(completed)
 
@@ -224,9 +229,9 @@ def allreduce_timing_hook(state: CommTimer, bucket):  # type: ignore[no-untyped-
     buffer.div_(group.size())
     fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
     nbytes = buffer.numel() * buffer.element_size()
-    return state.track(fut, nbytes).then(_first_tensor)
+    return state.track(fut, nbytes, result=_first_tensor)
 
 
-def _first_tensor(fut: Any) -> torch.Tensor:
+def _first_tensor(value: list[torch.Tensor]) -> torch.Tensor:
     # all_reduce's future holds a list with the one reduced tensor
-    return fut.value()[0]
+    return value[0]

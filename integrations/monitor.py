@@ -218,6 +218,8 @@ class TrainingMonitor:
             self._own_group = True
         self._identities: list[tuple[str, int]] | None = None
         self._detector: Any = None
+        if self._detect and self.rank == 0:
+            self._detector = _make_detector(self.config.straggler)  # not in the first window
 
     # ----------------------------------------------------------------- the training-loop API
     def step(self) -> _StepContext:
@@ -387,10 +389,10 @@ class TrainingMonitor:
             The findings raised or cleared in this window (cleared ones carry
             ``evidence["cleared"] = True``).
         """
-        from laggard.detectors.straggler import RankWindow, StragglerDetector
+        from laggard.detectors.straggler import RankWindow
 
         if self._detector is None:
-            self._detector = StragglerDetector(self.config.straggler)
+            self._detector = _make_detector(self.config.straggler)
         ranks = medians.shape[0]
         identities = self._identities or [(self.node, None)] * ranks
         window = RankWindow.from_summaries(
@@ -484,6 +486,13 @@ class _PhaseContext:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
         self._intervals.append((self._name, self._start, time.perf_counter()))
         return False
+
+
+def _make_detector(config: Any) -> Any:
+    # imported here: numpy-heavy detector code is loaded only where detection runs
+    from laggard.detectors.straggler import StragglerDetector
+
+    return StragglerDetector(config)
 
 
 def _initialized_dist() -> Any:
