@@ -355,3 +355,21 @@ def test_real_demo_windows_name_the_slowed_rank_only_after_onset() -> None:
     assert first_step >= injected["from_step"]
     assert {f.rank for _, f in ranked} == {injected["rank"]}
     assert detector.stats["invalid_durations"] == 0
+
+
+def test_benchmark_reference_rules_behave_as_published() -> None:
+    """The quality benchmark's baselines: the 0.75 rule needs ~33%; wall time cannot tell."""
+    import straggler_quality
+
+    def trial(slowdown: float) -> dict:
+        model = JobModel(world_size=64, jitter=0.01, seed=7, stragglers=[
+            Straggler(rank=9, cause="compute", slowdown=slowdown, start_step=30)])
+        return straggler_quality.run_trial(model, 80)
+
+    mild, severe = trial(0.10), trial(0.50)
+    assert mild["laggard"].detected_after is not None and mild["laggard"].cause_correct
+    assert mild["0.75 rule"].detected_after is None
+    assert severe["0.75 rule"].detected_after is not None
+    assert mild["laggard"].false_alarms == 0
+    # Equal wall times: the "slowest" rank changes with timer noise, window after window.
+    assert mild["wall time"].false_alarms >= 5
