@@ -373,3 +373,30 @@ def test_benchmark_reference_rules_behave_as_published() -> None:
     assert mild["laggard"].false_alarms == 0
     # Equal wall times: the "slowest" rank changes with timer noise, window after window.
     assert mild["wall time"].false_alarms >= 5
+
+
+def test_random_garbage_never_raises() -> None:
+    """Random shapes, ranks, world sizes and values: counted or used, never an exception."""
+    rng = np.random.default_rng(11)
+    detector = StragglerDetector()
+    specials = np.array([np.nan, np.inf, -np.inf, -1.0, 0.0, 1e300])
+    for step in range(300):
+        r, k = int(rng.integers(0, 40)), int(rng.integers(1, 6))
+        arrays = [rng.lognormal(-2, 1, (r, k)) for _ in range(4)]
+        for a in arrays:
+            mask = rng.random(a.shape) < 0.1
+            a[mask] = rng.choice(specials, int(mask.sum()))
+        if rng.random() < 0.1:
+            arrays[int(rng.integers(0, 4))] = rng.random((r, k + 1))  # wrong shape
+        world_size = int(rng.choice([16, 24, 32])) if rng.random() < 0.9 else None
+        detector.update(RankWindow(
+            step=step, ranks=rng.integers(-2, 40, r), compute_seconds=arrays[0],
+            data_seconds=arrays[1], collective_wait_seconds=arrays[2],
+            transfer_seconds=arrays[3] if rng.random() < 0.7 else None,
+            world_size=world_size, nodes=["n"] * int(rng.integers(0, r + 1)),
+        ))
+    stats = detector.stats
+    assert stats["windows"] == 300
+    assert stats["malformed_windows"] > 0 and stats["invalid_durations"] > 0
+    assert stats["invalid_ranks"] > 0 and stats["world_size_changes"] > 0
+    assert all(np.isfinite(v) for v in detector.scores.values())
