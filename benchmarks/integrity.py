@@ -22,9 +22,8 @@ order per element (gloo and NCCL rings reduce each chunk starting from a differe
    redrawn each step, through the detector; any finding is a false positive.
 3. **Throughput**: :func:`fingerprint` and the full per-bucket record (hash, float64 sums, NaN/Inf)
    against ``dst.copy_(src)`` of the same buffer, in the same run.
-4. **Step overhead**: demo-model training steps (forward, backward, the integrity hook's
-   fingerprints on every bucket before and after, optimizer) against the same steps without them,
-   alternating blocks in one process.
+4. **Step overhead**: demo-model training steps under DDP on 4 gloo ranks with the ``none``
+   hook, with and without every integrity check, alternating blocks on the same ranks.
 """
 
 from __future__ import annotations
@@ -375,40 +374,87 @@ def throughput() -> list[tuple]:
 
 
 # ------------------------------------------------------------------------- step overhead
-def step_overhead(steps: int, blocks: int) -> tuple[float, float]:
-    """Median step seconds without and with the integrity work on every bucket (W = 1: the
-    fingerprints a rank takes, before and after, without the network)."""
-    torch.manual_seed(0)
-    model = ByteLM()
-    batches = ByteBatches(load_stdlib_text(1 << 20), 8, 64, seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    params = list(model.parameters())
-    integrity = GradientIntegrity(GradientIntegrity.Config(max_records=64))
+def step_overhead(steps: int, blocks: int, world: int = 4) -> dict[str, float]:
+    """Per-step cost of the checks on the demo model under DDP on ``world`` real gloo ranks
+    (spawned processes, the demo's 0.25 MB buckets, each rank its own batches):
+    ``make_hook("none")`` against ``integrity_allreduce_hook`` (the same timed all-reduce with
+    every check; the replica check every 100 steps; every 20 steps the window vector gathered
+    and checked, as in the monitor's window). Alternating blocks of steps on the same ranks.
 
-    def step(with_integrity: bool) -> float:
-        # CPU time of this (single-threaded) process: steadier than wall time on a shared machine
-        start = time.process_time()
+    Returns:
+        Rank-0 medians in seconds: ``wall_base``, ``wall_checked``, ``cpu_base``,
+        ``cpu_checked`` (CPU time of the process: training and gloo threads).
+    """
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/overhead.json"
+        port = 29500 + random.Random().randrange(2000)
+        mp.spawn(_overhead_rank, args=(world, port, steps, blocks, out), nprocs=world)
+        with open(out) as f:
+            import json
+
+            return json.load(f)
+
+
+def _overhead_rank(rank: int, world: int, port: int, steps: int, blocks: int, out: str) -> None:
+    import json
+
+    import torch.distributed as dist
+    from laggard.integrations.compression import make_hook
+    from laggard.integrations.demo_worker import BUCKET_CAP_MB
+    from laggard.integrations.integrity import IntegrityHookState, integrity_allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    batches = ByteBatches(load_stdlib_text(1 << 20), 8, 64, seed=rank)
+    runs = []
+    for checked in (False, True):
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(ByteLM(), bucket_cap_mb=BUCKET_CAP_MB)
+        integrity = GradientIntegrity() if checked else None
+        state, hook = make_hook("none")
+        if integrity is None:
+            ddp.register_comm_hook(state, hook)
+        else:  # the same averaging all-reduce, timed by the same CommTimer, with every check
+            ddp.register_comm_hook(IntegrityHookState(integrity, timer=state.timer),
+                                   integrity_allreduce_hook)
+        runs.append((ddp, torch.optim.AdamW(ddp.parameters(), lr=3e-3), integrity))
+
+    def step(run: tuple) -> tuple[float, float]:
+        ddp, opt, integrity = run
+        wall, cpu = time.perf_counter(), time.process_time()
         x, y = batches.next()
-        F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
-        if with_integrity:
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            for bucket in flat.split(BUCKET_ELEMENTS):
-                # what integrity_allreduce_hook records: before (float64 sum and magnitude;
-                # NaN/Inf follow from a finite sum), after (hash, float64 sum)
-                GradientIntegrity._allreduce_sent(integrity, 0, bucket, 0)
-                GradientIntegrity._allreduce_received(integrity, 0, bucket, 0)
-            integrity.window_vector()
-        opt.step()
+        F.cross_entropy(ddp(x).flatten(0, 1), y.flatten()).backward()
+        if integrity is None or integrity.end_step(ddp):
+            opt.step()
         opt.zero_grad()
-        return time.process_time() - start
+        if integrity is not None and integrity.step % 20 == 0:
+            local = integrity.window_vector()
+            gathered = torch.empty(world * local.numel(), dtype=torch.int64)
+            dist.all_gather_single(gathered, local)
+            integrity.check_window(gathered.view(world, -1))
+        return time.perf_counter() - wall, time.process_time() - cpu
 
-    base, checked = [], []
+    times: list[list[tuple[float, float]]] = [[], []]
     for _ in range(3):
-        step(False)
+        step(runs[0]), step(runs[1])
     for _ in range(blocks):
-        base += [step(False) for _ in range(steps)]
-        checked += [step(True) for _ in range(steps)]
-    return statistics.median(base), statistics.median(checked)
+        for k in (0, 1):
+            times[k] += [step(runs[k]) for _ in range(steps)]
+    assert not runs[1][2].findings, runs[1][2].findings  # a clean run raises nothing
+    if rank == 0:
+        result = {f"{kind}_{name}": statistics.median(t[i] for t in times[k])
+                  for k, name in enumerate(("base", "checked"))
+                  for i, kind in enumerate(("wall", "cpu"))}
+        with open(out, "w") as f:
+            json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def pct(hit: int, n: int) -> str:
@@ -426,6 +472,10 @@ def main() -> None:
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     torch.set_num_threads(1)
+    if "costs" in parts:
+        costs(args.overhead_steps)
+    if not parts - {"costs"}:
+        return
     rng, gen = random.Random(0), torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
     sets, model = gradient_sets(args.sets)
@@ -443,8 +493,6 @@ def main() -> None:
         print(f"\n## False positives: {alarms} findings over {args.clean_steps} clean steps "
               f"({records} bucket records, {sum_checks} sum checks; "
               f"{time.perf_counter() - t1:.0f} s)")
-    if "costs" in parts:
-        costs(args.overhead_steps)
 
 
 def nonfinite_flips(sets: list[GradientSet], trials: int, rng: random.Random,
@@ -505,9 +553,12 @@ def costs(overhead_steps: int) -> None:
           "record / copy speed |\n|---|---|---|---|---|---|")
     for label, copy, fp, ratio, rec, rec_ratio in throughput():
         print(f"| {label} | {copy:.2f} | {fp:.2f} | {ratio:.2f}x | {rec:.2f} | {rec_ratio:.2f}x |")
-    base, checked = step_overhead(overhead_steps, 5)
-    print(f"\n## Step overhead (demo model, 1 process, CPU time): {1e3 * base:.1f} ms -> "
-          f"{1e3 * checked:.1f} ms per step, {100 * (checked / base - 1):+.2f}%")
+    r = step_overhead(overhead_steps, 5)
+    print(f"\n## Step overhead (demo model, DDP on {4} gloo ranks, rank 0, medians)")
+    for kind in ("wall", "cpu"):
+        base, checked = r[f"{kind}_base"], r[f"{kind}_checked"]
+        print(f"- {kind}: {1e3 * base:.1f} ms -> {1e3 * checked:.1f} ms per step, "
+              f"{100 * (checked / base - 1):+.2f}%")
 
 
 if __name__ == "__main__":
