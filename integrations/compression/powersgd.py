@@ -176,7 +176,7 @@ class PowerSGDCompression(CompressionState):
                 m.sub_(approx)  # e = M - approx
             return buffer
 
-        return self._worker.submit(first, finish)
+        return self._worker.submit(first, finish, buffer.device)
 
     def state_dict(self) -> dict[str, Any]:
         """Residuals and warm-start Q matrices per parameter name."""

@@ -158,7 +158,7 @@ class SignCompression(CompressionState):
             buffer.copy_(decompress_rows(gathered.view(w, -1)).view(-1)[:n])
             return buffer
 
-        return self._worker.submit(first, finish)
+        return self._worker.submit(first, finish, buffer.device)
 
     def _server_residual(self, index: int, layout: BucketLayout, c: int) -> torch.Tensor:
         entry = self._server.get(index)

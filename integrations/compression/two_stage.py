@@ -51,14 +51,23 @@ class StageTwoWorker:
         self._thread = threading.Thread(target=self._run, name="laggard-comm-stage2", daemon=True)
         self._thread.start()
 
-    def submit(self, first: torch.futures.Future[Any], finish: Finish) -> torch.futures.Future:
+    def submit(self, first: torch.futures.Future[Any], finish: Finish,
+               device: torch.device) -> torch.futures.Future:
         """Queue ``finish`` to run once ``first`` completes; return the future of its result.
 
         Call from the hook (DDP's autograd thread) in bucket order. An exception in stage 1 or in
         ``finish`` is set on the returned future, so DDP raises it from ``backward()``.
+
+        Args:
+            first: the stage-1 collective's future.
+            finish: runs stage 2 on :attr:`group`; returns the bucket's result.
+            device: the bucket's device; a CUDA device makes the returned future CUDA-aware
+                and ``finish`` run with that device current (NCCL). Untested here: no GPU.
         """
-        result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        self._queue.put((first, finish, result))
+        cuda = device.type == "cuda"
+        result: torch.futures.Future[torch.Tensor] = torch.futures.Future(
+            devices=[device] if cuda else None)
+        self._queue.put((first, finish, result, device if cuda else None))
         return result
 
     def _run(self) -> None:
@@ -66,10 +75,14 @@ class StageTwoWorker:
             item = self._queue.get()
             if item is None:
                 return
-            first, finish, result = item
+            first, finish, result, cuda_device = item
             try:
                 first.wait()
-                result.set_result(finish())
+                if cuda_device is None:
+                    result.set_result(finish())
+                else:
+                    with torch.cuda.device(cuda_device):
+                        result.set_result(finish())
             except BaseException as exc:  # handed to DDP through the future
                 result.set_exception(exc)
 
