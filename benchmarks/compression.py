@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown compressors: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
-    arms = [*args.baselines.split(","), *names]
+    arms = [*filter(None, args.baselines.split(",")), *names]
     print(f"training {', '.join(arms)}, interleaved ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="laggard-compression-") as tmp:
         runs = interleaved(args, arms, Path(tmp))
