@@ -1,7 +1,7 @@
 """One rank of a real 2-rank gloo job exercising the compression hooks; started by
 ``test_compression_ddp.py`` with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment.
 
-``python ddp_worker.py MODE OUT_DIR``, MODE one of:
+``python ddp_worker.py MODE OUT_DIR``, MODE ``all`` (each of these in turn, one job) or one of:
 
 * ``reference``: each hook once on a hand-made bucket of random gradients; saves this rank's
   input and the hook's output to ``reference-rank<R>.pt`` for the test to check against float64.
@@ -198,7 +198,8 @@ def main(mode: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    if mode == "reference":
+    modes = ("reference", "train", "resume") if mode == "all" else (mode,)
+    if "reference" in modes:
         result = reference(rank)
         # a group without this rank: make_hook must refuse it at set-up
         only_rank0 = dist.new_group(ranks=[0])
@@ -209,12 +210,12 @@ def main(mode: str, out_dir: str) -> None:
             except ValueError as exc:
                 result["non_member"] = str(exc)
         torch.save(result, os.path.join(out_dir, f"reference-rank{rank}.pt"))
-    elif mode == "train":
+    if "train" in modes:
         counter = WireCounter(world)
-        result = {name: train(name, rank, world, counter) for name in COMPRESSORS}
+        trained = {name: train(name, rank, world, counter) for name in COMPRESSORS}
         with open(os.path.join(out_dir, f"train-rank{rank}.json"), "w") as f:
-            json.dump(result, f)
-    elif mode == "resume":
+            json.dump(trained, f)
+    if "resume" in modes:
         with open(os.path.join(out_dir, f"resume-rank{rank}.json"), "w") as f:
             json.dump(resume(rank), f)
     dist.barrier()

@@ -32,7 +32,7 @@ def run_ranks(mode: str, out: Path) -> None:
     outputs = []
     for proc in procs:
         try:
-            outputs.append(proc.communicate(timeout=120)[0])
+            outputs.append(proc.communicate(timeout=240)[0])
         except subprocess.TimeoutExpired:
             for p in procs:
                 p.kill()
@@ -42,10 +42,16 @@ def run_ranks(mode: str, out: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("reference")
-    run_ranks("reference", out)
-    return [torch.load(out / f"reference-rank{r}.pt") for r in range(WORLD)]
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 2-rank job doing all three parts (a process start costs seconds here)."""
+    out = tmp_path_factory.mktemp("ddp")
+    run_ranks("all", out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(job: Path) -> list[dict]:
+    return [torch.load(job / f"reference-rank{r}.pt") for r in range(WORLD)]
 
 
 def inputs(reference: list[dict], name: str) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -133,10 +139,8 @@ def test_a_group_without_this_rank_is_refused_at_set_up(reference: list[dict]) -
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("train")
-    run_ranks("train", out)
-    return [json.loads((out / f"train-rank{r}.json").read_text()) for r in range(WORLD)]
+def trained(job: Path) -> list[dict]:
+    return [json.loads((job / f"train-rank{r}.json").read_text()) for r in range(WORLD)]
 
 
 @pytest.mark.parametrize("name", ["none", "fp16", "sign", "topk", "powersgd"])
@@ -169,10 +173,8 @@ def test_reported_bytes_are_the_bytes_handed_to_the_collectives(
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("resume")
-    run_ranks("resume", out)
-    return [json.loads((out / f"resume-rank{r}.json").read_text()) for r in range(WORLD)]
+def resumed(job: Path) -> list[dict]:
+    return [json.loads((job / f"resume-rank{r}.json").read_text()) for r in range(WORLD)]
 
 
 @pytest.mark.parametrize("name", ["sign", "topk", "powersgd"])
