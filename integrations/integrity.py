@@ -30,13 +30,20 @@ Usage with the plain averaging all-reduce::
     ddp.register_comm_hook(IntegrityHookState(integrity), integrity_allreduce_hook)
     for batch in loader:
         loss_fn(ddp(x), y).backward()
-        if not integrity.end_step(ddp):       # False: every rank drops this update
+        if integrity.end_step(ddp):           # False on every rank: drop this update
             opt.step()
         opt.zero_grad()
 
-and with any other hook (a compressor): ``with_integrity(hook)`` adds the result hash and the
-NaN/Inf counts; compressors that call :meth:`GradientIntegrity.allgather_sent` and friends with
-their exact payloads get the payload checks too.
+and with a compressor of :func:`laggard.integrations.compression.make_hook`, which hands its
+exact payloads to :meth:`GradientIntegrity.allgather_sent` and friends when given
+``integrity=``; ``with_integrity(hook)`` adds the hash of the averaged result and the NaN/Inf
+counts of the local gradients (for any hook)::
+
+    state, hook = make_hook("topk", integrity=integrity)
+    ddp.register_comm_hook(IntegrityHookState(integrity, state), with_integrity(hook))
+
+To carry the fingerprints in the training monitor's window gather instead of gathering them
+here, pass ``TrainingMonitor.Config(integrity=integrity)`` and keep ``gather_every=0``.
 """
 
 from __future__ import annotations
