@@ -265,12 +265,14 @@ def _wait_http(url: str, deadline: float, what: str, procs: list[subprocess.Pope
         time.sleep(0.1)
 
 
-def _pump(stream: Any, sink: Any, echo: bool) -> None:
-    for line in stream:
-        sink.write(line)
-        sink.flush()
-        if echo:
-            print(f"  {line}", end="", flush=True)
+def _pump(stream: Any, path: Path, echo: threading.Event | None) -> None:
+    """Copy a process' output to ``path`` until it ends, and to stdout while ``echo`` is set."""
+    with open(path, "w") as sink:
+        for line in stream:
+            sink.write(line)
+            sink.flush()
+            if echo is not None and echo.is_set():
+                print(f"  {line}", end="", flush=True)
 
 
 def link_check_bytes(rate_bps: float) -> int:
@@ -460,6 +462,14 @@ def _validate(args: argparse.Namespace) -> None:
         raise DemoError("--fault-at-step must be below --steps")
     if not 0 < args.loss_percent < 100 or args.timeout <= 0:
         raise DemoError("need 0 < --loss-percent < 100 and --timeout > 0")
+    try:
+        from laggard.integrations.compression import COMPRESSORS
+    except ImportError as exc:
+        raise DemoError(f"the demo job needs torch: pip install 'laggard[torch]' ({exc})") \
+            from exc
+    if args.compression not in COMPRESSORS:
+        raise DemoError(f"unknown --compression {args.compression!r}; choose one of "
+                        f"{', '.join(COMPRESSORS)}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -581,20 +591,22 @@ def _train(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path, sl
            # c10d warns that it cannot reverse-resolve 198.18.0.0/15 peers: harmless here.
            "TORCH_CPP_LOG_LEVEL": "ERROR"}
     jobs, pumps = [], []
+    echo = threading.Event()  # rank 0's progress, until the demo stops the job itself
+    echo.set()
     started = time.monotonic()
     print(f"  training {args.steps} steps on {len(cluster.nodes) * args.ranks_per_node} ranks "
           f"(compression {args.compression}); rank 0 prints:")
     for node in cluster.nodes:
         proc = cluster.popen(node, _worker_command(args, cluster, node, result_path, slow_rank),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        log = open(workdir / f"job-{node.name}.log", "w")  # noqa: SIM115 - closed below
-        pump = threading.Thread(target=_pump, args=(proc.stdout, log, node.index == 0),
-                                daemon=True)
+        pump = threading.Thread(target=_pump, daemon=True,
+                                args=(proc.stdout, workdir / f"job-{node.name}.log",
+                                      echo if node.index == 0 else None))
         pump.start()
-        jobs.append((node, proc, log))
+        jobs.append((node, proc))
         pumps.append(pump)
     try:
-        for node, proc, _ in jobs:
+        for node, proc in jobs:
             remaining = deadline - time.monotonic()
             try:
                 code = proc.wait(max(0.1, remaining))
@@ -603,11 +615,12 @@ def _train(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path, sl
             if code != 0:
                 tail = (workdir / f"job-{node.name}.log").read_text()[-2000:]
                 raise DemoError(f"the job on {node.name} exited {code}:\n{tail}")
+    except BaseException:
+        echo.clear()  # what the launchers say while being stopped is in the logs, not here
+        raise
     finally:
         for pump in pumps:
             pump.join(2)
-        for _, _, log in jobs:
-            log.close()
     result = json.loads(result_path.read_text())
     report.job = {"seconds": round(time.monotonic() - started, 1), "steps": result["steps"],
                   "world_size": result["world_size"], "loss": result["loss"]}

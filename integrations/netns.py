@@ -373,6 +373,7 @@ class EmulatedCluster:
                 sweep_stale()
                 self.subnet = _pick_subnet(self._owner)
                 self._create()
+            self.netem_available()  # probed now, on a link not yet shaped
             for node in self.nodes:
                 self.shape(node, self.link)
         except BaseException:
@@ -512,7 +513,7 @@ class EmulatedCluster:
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     def netem_available(self) -> bool:
-        """Whether this kernel has the netem qdisc (delay and loss); probed once."""
+        """Whether this kernel has the netem qdisc (delay and loss); probed once, at open."""
         if self._netem is None:
             probe = self.nodes[0].host_veth
             self._netem = subprocess.run(

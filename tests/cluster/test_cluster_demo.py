@@ -9,6 +9,7 @@ import ctypes
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -123,3 +124,91 @@ def test_demo_rules_are_laggards_with_for_cut_short() -> None:
     assert "LaggardStragglerDetected" in alerts
     durations = re.findall(r"^\s*for:\s*(\S+)", alerts, flags=re.MULTILINE)
     assert durations and set(durations) == {DEMO_ALERT_FOR}
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc's parent links)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _start_demo(*extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "laggard.agent.cli", "cluster-demo", "--nodes", "3",
+         "--steps", "400", "--timeout", "120", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.usefixtures("need_namespaces")
+def test_ctrl_c_mid_job_removes_every_process_namespace_and_link() -> None:
+    pytest.importorskip("torch", reason="the demo job needs torch (pip install 'laggard[torch]')")
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    demo = _start_demo()
+    try:
+        assert demo.stdout is not None
+        lines = []
+        for line in demo.stdout:  # bounded by the demo's own --timeout
+            lines.append(line)
+            if re.match(r"\s*step\s+0/", line):  # rank 0's first step: every rank is running
+                break
+        started = _descendants(demo.pid)
+        # 3 agents, Prometheus, 3 launchers, 3 ranks (and the ranks' own helpers)
+        assert len(started) >= 10, "".join(lines)
+        assert _leftovers(demo.pid)
+        demo.send_signal(signal.SIGINT)
+        out, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate()
+    assert demo.returncode == 130, out
+    assert "interrupted" in out and "Traceback" not in out
+    assert _leftovers(demo.pid) == []
+    assert not [p for p in started if Path(f"/proc/{p}").exists()]
+
+
+@pytest.mark.usefixtures("need_namespaces")
+def test_the_timeout_stops_the_run_and_everything_is_removed() -> None:
+    pytest.importorskip("torch", reason="the demo job needs torch (pip install 'laggard[torch]')")
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    demo = subprocess.run(
+        [sys.executable, "-m", "laggard.agent.cli", "cluster-demo", "--nodes", "3",
+         "--steps", "100000", "--timeout", "8"],
+        capture_output=True, text=True, timeout=120)
+    out = demo.stdout + demo.stderr
+    assert demo.returncode == 2, out
+    assert "past --timeout (8 s)" in out and "removed" in out and "Traceback" not in out
+    assert not [n for n in _names_of_dead_runs() if n.startswith("lgd")]
+
+
+def _names_of_dead_runs() -> list[str]:
+    """lgd-prefixed namespaces and links whose creating process is gone."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    names += [p.name for p in Path("/sys/class/net").iterdir()]
+    dead = []
+    for name in names:
+        m = re.match(r"lgd(\d+)", name)
+        if m and not Path(f"/proc/{m.group(1)}").exists():
+            dead.append(name)
+    return dead
+
+
+def test_a_wrong_flag_is_refused_before_anything_is_made() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "laggard.agent.cli", "cluster-demo",
+         "--compression", "no-such-compressor"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "unknown --compression 'no-such-compressor'" in done.stderr
+    assert "Traceback" not in done.stderr
