@@ -1,0 +1,58 @@
+"""README's metric reference stays in sync with what a real agent exports."""
+
+import re
+import socket
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+from support import FIXTURES, REPO
+
+from laggard.agent.records import CollectiveTiming, StepRecord, WindowReport
+
+def _documented() -> set[str]:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Metric reference", 1)[1]
+    return set(re.findall(r"^\| `(laggard_[a-z0-9_]+)` \|", section, flags=re.M))
+
+
+def _exported(agent_factory, tmp_path) -> set[str]:
+    kmsg = tmp_path / "kern.log"
+    kmsg.write_text("")
+    agent = agent_factory(
+        "--collect-interval", "0.2", "--fake-gpus", "2",
+        "--path.sysfs", str(FIXTURES / "infiniband" / "sys"), "--path.kmsg", str(kmsg),
+        "--collector.nccl_inspector.dir", str(tmp_path),
+        "--collector.flight_recorder.path", str(tmp_path),
+    )
+    record = StepRecord(rank=0, world_size=1, step=0, phases={"forward": 0.1}, step_seconds=0.2,
+                        collective_wait_seconds=0.01,
+                        collectives=[CollectiveTiming("allreduce", 0.01, 100)],
+                        comm={"total_seconds": 0.1, "exposed_seconds": 0.01, "bytes": 10,
+                              "raw_bytes": 40})
+    report = WindowReport(step=0, world_size=1, scores={0: 0.1},
+                          findings=[{"detector": "straggler", "kind": "compute",
+                                     "severity": "warning", "rank": 0}])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for payload in (record.encode(), report.encode()):
+            s.sendto(payload, ("127.0.0.1", agent.intake_port))
+    deadline = time.monotonic() + 10
+    names: set[str] = set()
+    while time.monotonic() < deadline:
+        families = list(text_string_to_metric_families(agent.scrape()))
+        names = {f.name + ("_total" if f.type == "counter" else "") for f in families
+                 if f.name.startswith("laggard_")
+                 and not f.name.startswith("laggard_agent_process")}
+        if "laggard_gpu_info" in names and "laggard_steps_total" in names:
+            break
+        time.sleep(0.2)
+    return names
+
+
+def test_metric_reference_matches_the_exposition(agent_factory, tmp_path):
+    exported = _exported(agent_factory, tmp_path)
+    assert "laggard_gpu_sm_clock_hertz" in exported  # the fake GPUs were sampled
+    documented = _documented()
+    missing = exported - documented
+    assert not missing, f"add these to README's metric reference: {sorted(missing)}"
+    stale = documented - exported
+    assert not stale, f"README lists metrics the agent no longer exports: {sorted(stale)}"
