@@ -1,6 +1,7 @@
 """``laggard cluster-demo`` end to end, as CI runs it: 2 emulated nodes x 2 ranks on shaped links,
-a real agent per node, a real Prometheus with laggard's rules, one slowed rank; and the refusal
-without root."""
+a real agent per node, a real Prometheus with laggard's rules, one slowed rank named with its node,
+cause and alert; the link check naming a degraded link; everything removed on Ctrl-C mid-job and
+at the timeout; wrong flags and missing privileges refused before anything is made."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _leftovers(pid: int) -> list[str]:
     """Namespaces and links named after ``pid`` that still exist."""
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     names += [p.name for p in Path("/sys/class/net").iterdir()]
-    return [n for n in names if n.startswith(f"lgd{pid}")]
+    return [n for n in names if re.fullmatch(rf"lgd{pid}(n\d+p?|br)", n)]
 
 
 @pytest.mark.usefixtures("need_namespaces")
