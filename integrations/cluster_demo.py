@@ -508,6 +508,9 @@ def run(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
               deadline: float) -> Report:
     nodes = cluster.nodes
+    if args.fault == "loss" and not cluster.netem_available():
+        raise NamespaceError("--fault loss needs the kernel's netem qdisc "
+                             "(CONFIG_NET_SCH_NETEM), which this kernel lacks")
     fault_node = nodes[args.fault_node] if args.fault != "none" else None
     slow_rank = (args.fault_node * args.ranks_per_node
                  if args.fault == "slow-rank" else -1)
@@ -552,9 +555,6 @@ def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
                 rate_bps=args.fault_rate if args.fault == "link" else args.rate,
                 delay_s=args.delay_ms / 1e3,
                 loss_ratio=args.loss_percent / 100 if args.fault == "loss" else 0.0)
-            if degraded.loss_ratio and not cluster.netem_available():
-                raise NamespaceError("--fault loss needs the kernel's netem qdisc "
-                                     "(CONFIG_NET_SCH_NETEM), which this kernel lacks")
             injector = LinkFaultInjector(cluster, fault_node, degraded, fault_step(args))
             print(f"  fault: from step {fault_step(args)}, {fault_node.name}'s link will be "
                   f"degraded to {degraded.describe()}")
