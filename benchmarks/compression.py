@@ -99,6 +99,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
     from laggard.integrations.compression import make_hook
     from laggard.integrations.demo_worker import (
         BUCKET_CAP_MB,
@@ -106,7 +108,6 @@ def worker(args: argparse.Namespace) -> None:
         ByteLM,
         load_stdlib_text,
     )
-    from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -203,6 +204,7 @@ def one_rank_group() -> None:
 def codec_throughput(names: list[str], reps: int) -> list[dict[str, Any]]:
     """Per bucket and compressor: median hook seconds and copy seconds, alternated."""
     import torch
+
     from laggard.integrations.compression import make_hook
     from laggard.integrations.compression.bucket import FlatBucket
     from laggard.integrations.demo_worker import ByteLM
@@ -245,6 +247,7 @@ def codec_only(numel: int, reps: int, world: int = 4) -> list[dict[str, Any]]:
     over W chunks and ``decompress_rows`` of W chunks; top-k's selection, gather and scatter-add;
     fp16's two casts. Median seconds, alternated with ``y.copy_(x)``."""
     import torch
+
     from laggard.integrations.compression.sign import (
         chunk_elements,
         chunk_lengths,
@@ -296,8 +299,9 @@ def demo_buckets() -> list[list[Any]]:
     """The demo model's DDP buckets after the rebuild (parameters per bucket, in order)."""
     import torch
     import torch.nn.functional as F
-    from laggard.integrations.demo_worker import BUCKET_CAP_MB, ByteBatches, ByteLM
     from torch.nn.parallel import DistributedDataParallel
+
+    from laggard.integrations.demo_worker import BUCKET_CAP_MB, ByteBatches, ByteLM
 
     torch.manual_seed(0)
     ddp = DistributedDataParallel(ByteLM(), bucket_cap_mb=BUCKET_CAP_MB)
@@ -322,6 +326,7 @@ def demo_buckets() -> list[list[Any]]:
 def bytes_by_world_size(buckets: list[list[Any]], ratio: float = 0.01) -> dict[str, dict]:
     """Bytes per rank per step, per compressor and world size, from the real payload sizes."""
     import torch
+
     from laggard.integrations.compression import make_hook
     from laggard.integrations.compression.bucket import FlatBucket
     from laggard.integrations.compression.residuals import BucketLayout

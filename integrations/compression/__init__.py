@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch.distributed as dist
+
 from laggard.integrations.compression.base import (
     CompressionState,
     compression_hook,

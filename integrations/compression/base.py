@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
+
 from laggard.integrations.comm_timing import CommTimer
 from laggard.integrations.compression.wire import ring_allreduce_bytes, tensor_bytes
 

@@ -8,9 +8,10 @@ per addition) and values beyond fp16's range (65504) overflow.
 from __future__ import annotations
 
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
 from laggard.integrations.compression.base import CompressionState
 from laggard.integrations.compression.wire import ring_allreduce_bytes
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
 
 class Fp16Compression(CompressionState):

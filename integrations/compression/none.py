@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from laggard.integrations.compression.base import CompressionState
 
 

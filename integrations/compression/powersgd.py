@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from laggard.integrations.compression.base import CompressionState
 from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback
 from laggard.integrations.compression.two_stage import StageTwoWorker

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from laggard.integrations.compression.base import CompressionState
 from laggard.integrations.compression.bits import pack_bits
 from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback

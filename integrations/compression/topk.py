@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from laggard.integrations.compression.base import CompressionState
 from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback
 from laggard.integrations.compression.wire import allgather_bytes

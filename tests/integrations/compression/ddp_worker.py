@@ -22,6 +22,8 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
 from laggard.integrations.compression import COMPRESSORS, make_hook
 from laggard.integrations.compression.bucket import FlatBucket
 from laggard.integrations.compression.wire import (
@@ -29,7 +31,6 @@ from laggard.integrations.compression.wire import (
     alltoall_bytes,
     ring_allreduce_bytes,
 )
-from torch.nn.parallel import DistributedDataParallel
 
 STEPS = 8
 STATEFUL = ("sign", "topk", "powersgd")

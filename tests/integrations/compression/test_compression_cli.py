@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from laggard.integrations import demo
 from laggard.integrations.compression import COMPRESSORS, make_hook
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
+
 from laggard.integrations.compression import make_hook
 from laggard.integrations.compression.bucket import FlatBucket
 

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from laggard.integrations.compression import make_hook
 from laggard.integrations.compression.bits import pack_bits
 from laggard.integrations.compression.bucket import FlatBucket
