@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
 from laggard.detectors.finding import Finding
 from laggard.detectors.integrity import (
     F_INF_RECV,

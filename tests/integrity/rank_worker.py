@@ -20,6 +20,8 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
 from laggard.integrations.faults import BitFlipInjector
 from laggard.integrations.integrity import (
     GradientIntegrity,
@@ -29,7 +31,6 @@ from laggard.integrations.integrity import (
     integrity_allreduce_hook,
     with_integrity,
 )
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 STEPS = 4
 FLIP_RANK, FLIP_STEP, FLIP_BUCKET, FLIP_ELEMENT = 2, 2, 0, 37

@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pytest
+
 from laggard.detectors.finding import Severity
 from laggard.detectors.integrity import (
     F_RECV_A,

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from laggard.integrations.faults import BitFlipInjector, flip_bit
 from laggard.integrations.integrity import (
     BLOCK_WORDS,
