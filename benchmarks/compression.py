@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--baselines", default="builtin",
                    help="arms without laggard: builtin (DDP's C++ all-reduce), torch-hook")
     p.add_argument("--block", type=int, default=10, help="steps per arm before rotating")
+    p.add_argument("--topk-ratio", type=float, default=0.01)
+    p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--warmup", type=int, default=0,
                    help="plain all-reduce steps before compressing (warmup_steps)")
     p.add_argument("--reps", type=int, default=15, help="codec: timed calls per compressor")
@@ -126,7 +128,13 @@ def worker(args: argparse.Namespace) -> None:
 
             ddp.register_comm_hook(None, allreduce_hook)
         elif name != "builtin":
-            options = {"warmup_steps": args.warmup} if name not in ("none", "fp16") else {}
+            options: dict[str, Any] = {"warmup_steps": args.warmup}
+            if name in ("none", "fp16"):
+                options = {}
+            elif name == "topk":
+                options["ratio"] = args.topk_ratio
+            elif name == "powersgd":
+                options["rank"] = args.powersgd_rank
             state, hook = make_hook(name, model=model, **options)
             ddp.register_comm_hook(state, hook)
         arms[name] = {"ddp": ddp, "state": state,
@@ -186,7 +194,8 @@ def interleaved(args: argparse.Namespace, arms: list[str], tmp: Path) -> dict[st
     out = tmp / "runs.json"
     launch([__file__, "--worker", "--arms", ",".join(arms), "--steps", str(args.steps),
             "--block", str(args.block), "--window", str(args.window), "--seed", str(args.seed),
-            "--warmup", str(args.warmup), "--out", str(out)], args.world_size)
+            "--warmup", str(args.warmup), "--topk-ratio", str(args.topk_ratio),
+            "--powersgd-rank", str(args.powersgd_rank), "--out", str(out)], args.world_size)
     ranks = json.loads(out.read_text())
     return {arm: {key: (statistics.mean if key in ("loss", "first_loss") else statistics.median)(
                       r[arm][key] for r in ranks) for key in ranks[0][arm]}
@@ -323,7 +332,7 @@ def demo_buckets() -> list[list[Any]]:
     return [seen[i] for i in sorted(seen)]
 
 
-def bytes_by_world_size(buckets: list[list[Any]], ratio: float = 0.01) -> dict[str, dict]:
+def bytes_by_world_size(buckets: list[list[Any]], ratio: float, rank: int) -> dict[str, dict]:
     """Bytes per rank per step, per compressor and world size, from the real payload sizes."""
     import torch
 
@@ -337,7 +346,7 @@ def bytes_by_world_size(buckets: list[list[Any]], ratio: float = 0.01) -> dict[s
         ring_allreduce_bytes,
     )
 
-    powersgd, _ = make_hook("powersgd")
+    powersgd, _ = make_hook("powersgd", rank=rank)
     plans = [powersgd.plan(i, BucketLayout.of(FlatBucket(i, params)))
              for i, params in enumerate(buckets)]
     powersgd.close()
@@ -367,7 +376,8 @@ def report(args: argparse.Namespace, runs: dict[str, dict], codec: list[dict],
     base, builtin, torch_hook = runs.get("none"), runs.get("builtin"), runs.get("torch-hook")
     out = [f"### Training: {w} ranks (gloo, loopback), {args.steps} steps per arm, blocks of "
            f"{args.block} rotating over the arms in one job, seed {args.seed}, warm-up "
-           f"{args.warmup} steps; medians per step after step {max(args.window, args.warmup)}",
+           f"{args.warmup} steps, top-k ratio {args.topk_ratio:g}, PowerSGD rank "
+           f"{args.powersgd_rank}; medians per step after step {max(args.window, args.warmup)}",
            "",
            "| arm | bytes/rank/step | vs fp32 all-reduce | step ms | step vs none | "
            "collective ms | exposed ms | hidden | loss (mean of last "
@@ -442,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     one_rank_group()
     codec = codec_throughput(names, args.reps) + codec_only(6 * 1024 * 1024, args.reps)
     buckets = demo_buckets()
-    by_world = bytes_by_world_size(buckets)
+    by_world = bytes_by_world_size(buckets, args.topk_ratio, args.powersgd_rank)
     text = report(args, runs, codec, by_world, len(buckets))
     print(text)
     if args.markdown:
