@@ -95,7 +95,6 @@ BLOCK_WORDS = 512
 SUM_CHUNK = 1 << 18
 POLICIES = ("warn", "skip_step", "raise")
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4}
-_WORD_DTYPES = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
 
 
 class IntegrityError(RuntimeError):
@@ -128,25 +127,13 @@ def _block_weights(count: int, device: torch.device) -> torch.Tensor:
         return w[:count]
 
 
-def _words(rows: torch.Tensor) -> torch.Tensor:
-    """``rows`` (R, ...) reinterpreted, without copying when possible, as (R, m) integer words
-    of the widest size dividing a row's byte length."""
-    rows = rows.reshape(rows.shape[0], -1)
-    if not rows.is_contiguous():
-        rows = rows.contiguous()
-    raw = rows.view(torch.uint8)
-    nbytes = raw.shape[1]
-    for size, dtype in _WORD_DTYPES:
-        if nbytes % size == 0:
-            try:
-                return raw.view(dtype)
-            except RuntimeError:  # storage offset not aligned to the word: try narrower
-                continue
-    return raw
-
-
 def row_fingerprints(rows: torch.Tensor) -> torch.Tensor:
     """Hash of the bytes of each row of ``rows``.
+
+    Each row's bytes are read as int64 words (a reinterpreting view; only rows whose length is
+    not a multiple of 8 bytes are copied); the words are summed per block of
+    :data:`BLOCK_WORDS` (wrapping), the last partial block with the row's last ``B mod 8``
+    bytes added as unsigned values, and the block sums combined with odd weights.
 
     Args:
         rows: any dtype, shape ``(R, ...)``; row ``i`` is ``rows[i]``'s bytes.
@@ -155,42 +142,60 @@ def row_fingerprints(rows: torch.Tensor) -> torch.Tensor:
         int64 ``(R,)`` on ``rows``' device: ``sum_k w_k * blocksum_k mod 2**64`` (module
         docstring); every single-bit change of a row changes its value.
     """
-    words = _words(rows)
-    r, m = words.shape
+    r = rows.shape[0]
+    raw = rows.reshape(r, -1)
+    raw = (raw if raw.is_contiguous() else raw.contiguous()).view(torch.uint8)
+    nbytes = raw.shape[1]
+    aligned = nbytes - nbytes % 8
+    prefix = raw[:, :aligned]
+    if aligned == 0:
+        words = torch.zeros(r, 0, dtype=torch.int64, device=raw.device)
+    else:
+        flat = prefix.reshape(-1)  # a copy only when rows are not a whole number of words
+        try:
+            words = flat.view(torch.int64).view(r, -1)
+        except RuntimeError:  # not 8-byte aligned in memory: copy once
+            words = flat.clone().view(torch.int64).view(r, -1)
+    m = aligned // 8
     full = m - m % BLOCK_WORDS
     parts = []
     if full:
-        parts.append(words[:, :full].reshape(r, full // BLOCK_WORDS, BLOCK_WORDS).sum(
-            -1, dtype=torch.int64))
-    if m % BLOCK_WORDS or not m:
-        parts.append(words[:, full:].sum(-1, dtype=torch.int64, keepdim=True))
+        parts.append(words[:, :full].reshape(r, full // BLOCK_WORDS, BLOCK_WORDS).sum(-1))
+    if m > full or nbytes > aligned or not full:
+        tail = words[:, full:].sum(-1, keepdim=True)
+        if nbytes > aligned:
+            tail = tail + raw[:, aligned:].sum(-1, dtype=torch.int64, keepdim=True)
+        parts.append(tail)
     blocks = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
     weights = _block_weights(blocks.shape[1], blocks.device)
     return (blocks * weights).sum(-1)
 
 
 def fingerprint(tensor: torch.Tensor) -> int:
-    """Hash of ``tensor``'s bytes as a Python int in int64 range (see :func:`row_fingerprints`).
-
-    The same value as ``row_fingerprints(tensor.reshape(1, -1))[0]``, with fewer tensor ops
-    for the common case (contiguous, a whole number of int64 words): a bucket is hashed on the
-    hook's critical path, where each op's fixed cost matters for small buckets.
-    """
+    """Hash of ``tensor``'s bytes as a Python int in int64 range: the same value as
+    ``row_fingerprints(tensor.reshape(1, -1))[0]`` (the sender's hash of a payload must equal
+    the receivers' hash of its chunk), with fewer tensor ops for the common one-row case: a
+    bucket is hashed on the hook's critical path, where each op's fixed cost matters."""
     flat = tensor.reshape(-1)
-    nbytes = flat.numel() * flat.element_size()
-    if nbytes == 0 or nbytes % 8 or not flat.is_contiguous():
-        return int(row_fingerprints(flat.reshape(1, -1))[0])
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    raw = flat.view(torch.uint8)
+    nbytes = raw.numel()
+    aligned = nbytes - nbytes % 8
     try:
-        words = flat.view(torch.uint8).view(torch.int64)
-    except RuntimeError:  # storage offset not 8-byte aligned
+        words = raw[:aligned].view(torch.int64)
+    except RuntimeError:  # not 8-byte aligned in memory
         return int(row_fingerprints(flat.reshape(1, -1))[0])
-    m = words.numel()
+    m = aligned // 8
     full = m - m % BLOCK_WORDS
     blocks = full // BLOCK_WORDS
     weights = _block_weights(blocks + 1, words.device)
     h = (words[:full].view(blocks, BLOCK_WORDS).sum(1) * weights[:blocks]).sum() if full else 0
-    if m > full:
-        h = h + words[full:].sum() * weights[blocks]
+    if m > full or nbytes > aligned or not full:
+        tail = words[full:].sum()
+        if nbytes > aligned:
+            tail = tail + raw[aligned:].sum(dtype=torch.int64)
+        h = h + tail * weights[blocks]
     return int(h)
 
 
