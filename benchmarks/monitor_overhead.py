@@ -1,7 +1,7 @@
 """TrainingMonitor's overhead on the demo model's training step, measured in one run.
 
 Launches a W-rank gloo job with PyTorch's launcher (``torch.distributed.run``). Every rank
-builds the demo's byte-level transformer twice from the same seed and wraps each copy in DDP:
+builds the demo's byte-level transformer three times from the same seed and wraps each copy in DDP:
 
 * baseline: DDP's built-in all-reduce, no monitor;
 * hook: the timing all-reduce hook (CommTimer), no monitor;
@@ -12,8 +12,10 @@ builds the demo's byte-level transformer twice from the same seed and wraps each
 The arms run in blocks of ``--block`` steps, in a rotating order (every permutation in turn, so
 a drift in machine load falls on all), and the medians of their step times are compared: the
 ratio monitored / baseline is the overhead, and the hook arm says how much of it is the
-hook's. The monitor's own CPU time per step is also measured directly, in the same run, by
-running its step/phase calls around no work. Usage::
+hook's. The CPU time of each step (``time.process_time``, all threads of the rank) is compared
+the same way: other jobs on the machine stretch wall time far more than CPU time. The monitor's
+own time per step is also measured directly, in the same run, by running its step/phase calls
+around no work. Usage::
 
     python benchmarks/monitor_overhead.py [--world-size 2] [--blocks 24] [--block 20]
 
@@ -106,25 +108,30 @@ def worker(args: argparse.Namespace) -> None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-    def step(name: str) -> float:
+    def step(name: str) -> tuple[float, float]:
+        """One step of an arm: (wall seconds, CPU seconds of this process, all threads)."""
         ddp, opt, timer, m, batches = arms[name]
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         if m is not None:
             monitored_step(ddp, opt, batches, m)
         else:
             plain_step(ddp, opt, batches)
             if timer is not None:
                 timer.take_step()
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - start_cpu
 
     times: dict[str, list[float]] = {name: [] for name in ARMS}
+    cpu: dict[str, list[float]] = {name: [] for name in ARMS}
     for name in ARMS:  # warm-up: DDP's bucket rebuild, allocator
         for _ in range(args.window):
             step(name)
     orders = list(itertools.permutations(ARMS))  # every order in turn: drift falls on all arms
     for block in range(args.blocks):
         for name in orders[block % len(orders)]:
-            times[name] += [step(name) for _ in range(args.block)]
+            for _ in range(args.block):
+                wall, used = step(name)
+                times[name].append(wall)
+                cpu[name].append(used)
 
     # The monitor's own cost per step, alone: its calls around no work (no window gather, so
     # no collective: rank 0 only).
@@ -142,13 +149,19 @@ def worker(args: argparse.Namespace) -> None:
         probe.close()
         monitor = arms["monitored"][3]
         Path(args.out).write_text(json.dumps({
-            "times": times, "own": own, "world_size": dist.get_world_size(),
+            "times": times, "cpu": cpu, "own": own, "world_size": dist.get_world_size(),
             "records_sent": monitor.stats.records_sent, "windows": monitor.stats.windows,
             "send_errors": monitor.stats.send_errors,
         }))
     arms["monitored"][3].close()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def paired_ratios(arm: list[float], baseline: list[float], block: int) -> list[float]:
+    """Ratio of block medians, arm over baseline, for each round."""
+    return [statistics.median(arm[i:i + block]) / statistics.median(baseline[i:i + block])
+            for i in range(0, len(baseline), block)]
 
 
 def main() -> int:
@@ -200,6 +213,18 @@ def main() -> int:
     ratio = statistics.median(times["monitored"]) / base
     print(f"overhead (monitored / baseline, medians): {100 * (ratio - 1):+.2f}% "
           f"(target < {100 * TARGET_OVERHEAD:.0f}%)")
+    cpu = result["cpu"]
+    cpu_base = statistics.median(cpu["baseline"])
+    print("CPU time per step (this process, all threads; less sensitive to other jobs): "
+          + ", ".join(f"{name} {1e3 * statistics.median(cpu[name]):.2f} ms "
+                      f"({statistics.median(cpu[name]) / cpu_base:.4f})" for name in ARMS))
+    # Paired per round (the arms' blocks of one round ran back to back): the spread of these
+    # ratios is the noise floor of this machine during the run.
+    for name in ("hook", "monitored"):
+        per_round = paired_ratios(times[name], times["baseline"], args.block)
+        q1, q2, q3 = statistics.quantiles(per_round, n=4)
+        print(f"per-round {name} / baseline block-median ratios: median {q2:.4f}, "
+              f"quartiles {q1:.4f} .. {q3:.4f} ({len(per_round)} rounds)")
     print(f"monitor's own cost per step (4 phases, record sent): median {1e6 * own:.1f} us = "
           f"{100 * own / base:.3f}% of the baseline step")
     print(f"records sent by rank 0: {result['records_sent']}, windows gathered: "
