@@ -60,6 +60,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
     from laggard.integrations.comm_timing import CommTimer, allreduce_timing_hook
     from laggard.integrations.demo_worker import (
         BUCKET_CAP_MB,
@@ -68,7 +70,6 @@ def worker(args: argparse.Namespace) -> None:
         load_stdlib_text,
     )
     from laggard.integrations.monitor import TrainingMonitor
-    from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -214,6 +214,10 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
                                else max(0.0, collective - exposed)),
         },
         "table_from_step": chosen[0]["step"] - args.window + 1 if chosen else 0,
+        # findings that ended during the run (the detector's "cleared" findings)
+        "cleared": [{"detector": f.get("detector"), "kind": f.get("kind"),
+                     "rank": f.get("rank"), "step": f.get("step")}
+                    for f in result.get("cleared", [])],
     }
 
 
@@ -235,6 +239,11 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
                      f"first flagged at step {f['step']}")
         lines.append(f"  {f['message']}")
         lines.append("  evidence: " + ", ".join(f"{k}={v}" for k, v in f["evidence"].items()))
+        ended = [c["step"] for c in report.get("cleared", [])
+                 if (c["rank"], c["kind"]) == (f["rank"], f["kind"])
+                 and c["step"] is not None and c["step"] > f["step"]]
+        if ended:
+            lines.append(f"  cleared at step {ended[0]} (below threshold for a few windows)")
     for f in others:
         lines.append(f"also: {f['message']} (step {f['step']})")
     comm = report["comm"]

@@ -33,11 +33,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
 from laggard.integrations.comm_timing import CommTimer
 from laggard.integrations.compression.wire import ring_allreduce_bytes
 from laggard.integrations.monitor import STAT_NAMES, TrainingMonitor
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 log = logging.getLogger("laggard.demo")
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from laggard.agent.config import DEFAULT_INTAKE_ADDRESS, parse_address
 from laggard.agent.records import (
     MAX_REPORT_RANKS,
@@ -52,6 +53,7 @@ from laggard.detectors.finding import Finding
 
 if TYPE_CHECKING:
     import torch.distributed as dist
+
     from laggard.integrations.comm_timing import CommTimer
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,9 @@ import time
 
 import torch
 import torch.distributed as dist
-from laggard.integrations.comm_timing import CommTimer, allreduce_timing_hook
 from torch.nn.parallel import DistributedDataParallel
+
+from laggard.integrations.comm_timing import CommTimer, allreduce_timing_hook
 
 DELAY = 0.3
 STEPS = 5

@@ -159,6 +159,9 @@ def test_report_from_a_worker_result():
         "findings": [{"detector": "straggler", "kind": "compute", "severity": "warning",
                       "message": "rank 1 slow", "rank": 1, "node": "n", "gpu": None,
                       "local_rank": 1, "step": 39, "evidence": {"slowdown": 0.5}}],
+        "cleared": [{"detector": "straggler", "kind": "compute", "severity": "warning",
+                     "message": "rank 1: compute slowdown cleared", "rank": 1, "step": 59,
+                     "evidence": {"cleared": True}}],
     }
     report = demo.build_report(result, args, "http://127.0.0.1:1/metrics")
     assert set(report["findings"][0]) == {"detector", "kind", "rank", "step", "severity",
@@ -171,5 +174,8 @@ def test_report_from_a_worker_result():
     assert report["comm"]["bytes"] == 1e6
     text = demo.format_report(report, [0, 1, 2])
     assert "straggler: rank 1 (compute), first flagged at step 39" in text
+    assert "cleared at step 59" in text
+    assert report["cleared"] == [{"detector": "straggler", "kind": "compute", "rank": 1,
+                                  "step": 59}]
     assert "injected: rank 1 x1.5 from step 20: found" in text
     assert "ranks 0-2" in text
