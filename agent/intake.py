@@ -84,6 +84,7 @@ class RankTable:
         self._ranks: dict[int, RankState] = {}
         self._scores: dict[int, float] = {}
         self._flagged: dict[tuple[int, str], float] = {}
+        self._job_slowdown: float | None = None
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
 
@@ -147,12 +148,18 @@ class RankTable:
                 self._scores[rank] = score
         for doc in report.findings:
             rank = doc.get("rank")
-            key = (rank, str(doc.get("kind")))
-            if isinstance(rank, int) and doc.get("detector") == "straggler":
-                if doc.get("cleared") or (doc.get("evidence") or {}).get("cleared"):
-                    self._flagged.pop(key, None)
-                elif len(self._flagged) < self._max_ranks:
-                    self._flagged[key] = 1.0
+            kind = str(doc.get("kind"))
+            evidence = doc.get("evidence")
+            cleared = bool(doc.get("cleared") or (isinstance(evidence, dict)
+                                                   and evidence.get("cleared")))
+            if doc.get("detector") == "straggler":
+                if kind == "job_slowdown":
+                    self._job_slowdown = 0.0 if cleared else 1.0
+                elif isinstance(rank, int):
+                    if cleared:
+                        self._flagged.pop((rank, kind), None)
+                    elif len(self._flagged) < self._max_ranks:
+                        self._flagged[(rank, kind)] = 1.0
             self._findings.add(doc)
 
     def collect(self) -> Iterator[Metric]:
@@ -230,6 +237,12 @@ class RankTable:
         for (rank, kind), flag in sorted(self._flagged.items()):
             flagged.add_metric([str(rank), kind], flag)
         yield flagged
+        if self._job_slowdown is not None:
+            yield GaugeMetricFamily(
+                "laggard_job_slowdown_active",
+                "1 while the in-job detector finds the whole job slower than its best (no single "
+                "rank to blame: shared storage, the fabric, a job-wide change).",
+                value=self._job_slowdown)
 
 
 class UdpIntake:

@@ -83,3 +83,16 @@ def test_window_report_sets_scores_flags_and_findings_until_cleared():
     r = _registry(table)
     assert r.get_sample_value("laggard_straggler_active", {"rank": "2", "kind": "compute"}) is None
     assert findings.counts() == {("straggler", "compute", "warning"): 1}
+
+
+def test_job_slowdown_is_a_job_level_flag_not_a_rank():
+    table = RankTable(max_ranks=8, findings=FindingLog(), default_node="n0")
+    r = _registry(table)
+    assert r.get_sample_value("laggard_job_slowdown_active") is None
+    raised = {"detector": "straggler", "kind": "job_slowdown", "severity": "warning",
+              "step": 40, "message": "whole job slower", "evidence": {"slowdown": 0.3}}
+    table.ingest(WindowReport(step=40, world_size=4, findings=[raised]).encode())
+    assert _registry(table).get_sample_value("laggard_job_slowdown_active") == 1
+    cleared = {**raised, "evidence": {"cleared": True}}
+    table.ingest(WindowReport(step=80, world_size=4, findings=[cleared]).encode())
+    assert _registry(table).get_sample_value("laggard_job_slowdown_active") == 0

@@ -31,7 +31,9 @@ def _exported(agent_factory, tmp_path) -> set[str]:
                               "raw_bytes": 40})
     report = WindowReport(step=0, world_size=1, scores={0: 0.1},
                           findings=[{"detector": "straggler", "kind": "compute",
-                                     "severity": "warning", "rank": 0}])
+                                     "severity": "warning", "rank": 0},
+                                    {"detector": "straggler", "kind": "job_slowdown",
+                                     "severity": "warning"}])
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for payload in (record.encode(), report.encode()):
             s.sendto(payload, ("127.0.0.1", agent.intake_port))
