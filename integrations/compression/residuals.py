@@ -112,7 +112,7 @@ class ErrorFeedback:
     def export(
         self, names: dict[int, str], extra: dict[int, tuple[int, torch.Tensor]] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Copies of every residual, keyed by parameter name.
+        """Copies of every residual (1-D float32, the parameter's elements), keyed by name.
 
         Args:
             names: ``id(param)`` -> name.
@@ -157,8 +157,3 @@ class ErrorFeedback:
                                  f"{param.numel()}")
             fresh[id(param)] = value.detach().reshape(-1).to(torch.float32, copy=True)
         self._param, self._owner, self._flat = fresh, {}, {}
-
-    def norm(self) -> float:
-        """L2 norm of all residuals together (a health figure: it must stay bounded)."""
-        total = sum(float(r.double().square().sum()) for r in self._param.values())
-        return total ** 0.5
