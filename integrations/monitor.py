@@ -128,7 +128,8 @@ class TrainingMonitor:
         group: process group for the window ``all_gather``; None uses the default group when
             its backend is gloo and otherwise creates a gloo group (the statistics are CPU
             tensors). Every rank must construct its monitor at the same point, as for any
-            collective.
+            collective, after ``init_process_group``: a monitor built before it (or in a
+            one-rank job) sends step records but gathers no windows.
         rank: global rank; default from ``torch.distributed`` or ``$RANK`` (else 0).
         world_size: default from ``torch.distributed`` or ``$WORLD_SIZE`` (else 1).
         local_rank: default from ``$LOCAL_RANK``.
