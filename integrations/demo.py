@@ -48,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slowdown", type=float, default=1.25,
                         help="factor applied to the slow rank's forward+backward time; 1.0 "
                              "injects nothing (default: 1.25)")
-    parser.add_argument("--slow-from", type=int, default=200, metavar="S",
-                        help="first slowed step (default: 200)")
+    parser.add_argument("--slow-from", type=int, default=None, metavar="S",
+                        help="first slowed step (default: a third of --steps)")
     parser.add_argument("--window", type=int, default=20, metavar="K",
                         help="steps per detection window (default: 20)")
     parser.add_argument("--seed", type=int, default=0, help="model and data seed (default: 0)")
@@ -73,6 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; returns the exit status (0 ok, 1 failed, 2 bad flags, 128+N on signal N)."""
+    if args.slow_from is None:
+        args.slow_from = args.steps // 3
     error = _check_args(args)
     if error:
         print(f"laggard demo: {error}", file=sys.stderr)
