@@ -369,13 +369,27 @@ class TrainingMonitor:
                            "straggler detection off", step, exc)
             return
         matrix = torch.stack(gathered)
-        if integrity is not None:  # IntegrityError (policy "raise") goes to the training loop
-            integrity.check_window(matrix[:, len(STAT_NAMES):].contiguous().view(torch.int64))
+        if integrity is not None:
+            from laggard.integrations.integrity import IntegrityError
+
+            try:
+                found = integrity.check_window(
+                    matrix[:, len(STAT_NAMES):].contiguous().view(torch.int64))
+            except IntegrityError as exc:  # policy "raise": report it, then stop the job
+                self._report_integrity(step, exc.findings)
+                raise
+            self._report_integrity(step, found)
         if self.rank == 0:
             try:
                 self.analyse_window(step, matrix[:, :len(STAT_NAMES)].numpy())
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("detector", exc)
+
+    def _report_integrity(self, step: int, findings: list[Finding]) -> None:
+        """Rank 0 sends gradient-integrity findings to its agent (laggard_findings_total)."""
+        if findings and self.rank == 0 and self._sock is not None:
+            docs = [f.to_dict() for f in findings[:_MAX_REPORT_FINDINGS]]
+            self._send(WindowReport(step=step, world_size=self.world_size, findings=docs).encode())
 
     def analyse_window(self, step: int, medians: np.ndarray) -> list[Finding]:
         """Run the straggler detector on one gathered window (rank 0's part; public for tests).

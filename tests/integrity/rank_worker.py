@@ -104,7 +104,9 @@ def run(scenario: str, rank: int, world: int) -> dict:
     if via_monitor:
         from laggard.integrations.monitor import TrainingMonitor
 
-        monitor = TrainingMonitor(TrainingMonitor.Config(agent_address="", window_steps=2,
+        # the test's node agent, when it passes one: rank 0 reports the findings there
+        agent = os.environ.get("LAGGARD_TEST_INTAKE", "")
+        monitor = TrainingMonitor(TrainingMonitor.Config(agent_address=agent, window_steps=2,
                                                          integrity=integrity))
     net = model()
     ddp = DDP(net, bucket_cap_mb=0.01)  # two or more buckets

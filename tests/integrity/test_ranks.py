@@ -8,10 +8,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import free_port
+from support import AgentProcess, free_port, start_agent, stop_agent
 
 WORKER = Path(__file__).with_name("rank_worker.py")
 FLIP_RANK, FLIP_STEP = 2, 2
@@ -28,18 +29,28 @@ SCENARIOS_2 = ["allreduce:warn:none:0", "allreduce:warn:after_reduce:30"]
 pytestmark = pytest.mark.slow
 
 
-def spawn(world: int, scenarios: list[str], tmp_path: Path) -> list[dict]:
+def spawn(world: int, scenarios: list[str], tmp_path: Path, intake: str = "") -> list[dict]:
     out = tmp_path / f"w{world}.json"
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(world), str(out), str(free_port()), *scenarios],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        capture_output=True, text=True, timeout=900,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "LAGGARD_TEST_INTAKE": intake})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
 
 
 @pytest.fixture(scope="module")
-def four(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return spawn(4, SCENARIOS_4, tmp_path_factory.mktemp("ranks4"))
+def agent() -> Iterator[AgentProcess]:
+    """A real node agent; the ``monitor`` scenario's rank 0 reports to its intake."""
+    process = start_agent()
+    yield process
+    stop_agent(process)
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory: pytest.TempPathFactory, agent: AgentProcess) -> list[dict]:
+    return spawn(4, SCENARIOS_4, tmp_path_factory.mktemp("ranks4"),
+                 intake=f"127.0.0.1:{agent.intake_port}")
 
 
 def kinds(results: list[dict], scenario: str) -> set[tuple]:
@@ -119,9 +130,14 @@ def test_raise_stops_every_rank_at_the_same_step(four: list[dict]) -> None:
     assert "rounding bound" in raised[0]["message"]
 
 
-def test_fingerprints_ride_in_the_monitor_window_gather(four: list[dict]) -> None:
+def test_fingerprints_ride_in_the_monitor_window_gather(four: list[dict],
+                                                        agent: AgentProcess) -> None:
     found = kinds(four, "monitor:warn:after_reduce:7")
     assert ("result_mismatch", FLIP_RANK, FLIP_STEP) in found
+    # rank 0 sent them to its node agent, which counts them
+    text = agent.scrape()
+    assert ('laggard_findings_total{detector="integrity",kind="result_mismatch",'
+            'severity="critical"}') in text
 
 
 def test_two_ranks_name_the_corrupt_one_through_the_sum_check(tmp_path: Path) -> None:
