@@ -225,7 +225,8 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
 
 def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) -> str:
     """The report as text for a terminal."""
-    lines = ["", f"per-rank medians from step {report['table_from_step']} (ms)",
+    lines = ["", f"per-rank medians from step {report['table_from_step']} (ms; compute and data "
+                 "in each rank's thread CPU time, the rest wall time)",
              f"{'rank':>4}  {'compute':>8}  {'collective wait':>15}  {'data':>6}  {'step':>7}"]
     for r in report["ranks"]:
         lines.append(f"{r['rank']:>4}  {_ms(r['compute_seconds_median']):>8}  "

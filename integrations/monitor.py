@@ -37,6 +37,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,11 @@ STAT_NAMES = (
 _COMPUTE, _DATA, _WAIT, _TRANSFER, _STEP, _COLLECTIVE, _BYTES = range(len(STAT_NAMES))
 #: Phase names that are not the rank's own compute.
 _NOT_COMPUTE = frozenset({"data", "collective_wait"})
+#: ``Config.phase_clock`` -> clock of the phase timers, in seconds.
+_PHASE_CLOCKS: dict[str, Callable[[], float]] = {
+    "wall": time.perf_counter,
+    "thread_cpu": time.thread_time,
+}
 #: Per-step collective entries sent in one StepRecord; beyond it they are merged per op.
 _MAX_COLLECTIVES_PER_RECORD = 32
 #: Findings (raised or cleared) carried by one WindowReport.
@@ -166,6 +172,14 @@ class TrainingMonitor:
         node: str = ""
         """``node`` of the StepRecords; defaults to the host name."""
 
+        phase_clock: str = "wall"
+        """What phases measure: ``"wall"`` (``time.perf_counter``; what a GPU job wants, and
+        the exposed collective wait is moved out of the phase it fell in) or ``"thread_cpu"``
+        (``time.thread_time``, CPU seconds of the training thread: for CPU-only emulations
+        whose ranks share cores with each other and with other work, where wall time mostly
+        measures the scheduler; a thread waiting on a collective uses no CPU, so nothing is
+        moved). Step time and collective times stay wall time."""
+
         integrity: Any = None
         """A ``laggard.integrations.integrity.GradientIntegrity`` whose window fingerprints ride
         in this gather (its int64 vector as float64 words after the statistics), checked on every
@@ -178,6 +192,8 @@ class TrainingMonitor:
                 raise ValueError(f"window_steps {self.window_steps} outside [2, 10000]")
             if self.history_windows < 0:
                 raise ValueError("history_windows must be >= 0")
+            if self.phase_clock not in _PHASE_CLOCKS:
+                raise ValueError(f"phase_clock must be one of {sorted(_PHASE_CLOCKS)}")
 
     def __init__(
         self,
@@ -211,6 +227,7 @@ class TrainingMonitor:
         self._intervals: list[tuple[str, float, float]] = []
         self._step_start = 0.0
         self._step_ctx = _StepContext(self)
+        self._clock = _PHASE_CLOCKS[self.config.phase_clock]
         self._logged: set[str] = set()
         self._sock = self._open_socket()
         self._group = group
@@ -236,7 +253,7 @@ class TrainingMonitor:
             name: ``data``, ``forward``, ``backward``, ``optimizer``, or a name of your own
                 (at most 16 distinct names). A name used twice in a step adds up.
         """
-        return _PhaseContext(self._intervals, name)
+        return _PhaseContext(self._intervals, name, self._clock)
 
     def close(self) -> None:
         """Close the socket and destroy the gather group this monitor created. Never raises."""
@@ -277,6 +294,8 @@ class TrainingMonitor:
     def _record_step(self, step: int, end: float) -> None:
         comm = self.comm_timer.take_step() if self.comm_timer is not None else None
         exposed = comm.exposed_interval if comm is not None else None
+        if self._clock is not time.perf_counter:
+            exposed = None  # other clocks do not advance while the thread waits
         phases: dict[str, float] = {}
         for name, start, stop in self._intervals:
             seconds = stop - start
@@ -489,19 +508,21 @@ class _StepContext:
 class _PhaseContext:
     """``with monitor.phase(name):``: appends ``(name, start, end)`` to the step's intervals."""
 
-    __slots__ = ("_intervals", "_name", "_start")
+    __slots__ = ("_clock", "_intervals", "_name", "_start")
 
-    def __init__(self, intervals: list[tuple[str, float, float]], name: str) -> None:
+    def __init__(self, intervals: list[tuple[str, float, float]], name: str,
+                 clock: Callable[[], float]) -> None:
         self._intervals = intervals
         self._name = name
+        self._clock = clock
         self._start = 0.0
 
     def __enter__(self) -> _PhaseContext:
-        self._start = time.perf_counter()
+        self._start = self._clock()
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
-        self._intervals.append((self._name, self._start, time.perf_counter()))
+        self._intervals.append((self._name, self._start, self._clock()))
         return False
 
 

@@ -101,6 +101,27 @@ def test_exposed_collective_time_moves_from_backward_to_collective_wait(receiver
     monitor.close()
 
 
+def test_thread_cpu_phases_count_work_not_waiting(receiver):
+    monitor = TrainingMonitor(
+        TrainingMonitor.Config(agent_address=f"127.0.0.1:{receiver.getsockname()[1]}",
+                               detect=False, phase_clock="thread_cpu"),
+        comm_timer=CommTimer())
+    with monitor.step():
+        with monitor.phase("forward"):
+            time.sleep(0.05)  # a thread that waits uses no CPU time
+        with monitor.phase("backward"):
+            deadline = time.thread_time() + 0.02
+            while time.thread_time() < deadline:
+                pass
+    record = StepRecord.decode(receiver.recv(65536))
+    assert record.phases["forward"] < 0.01
+    assert record.phases["backward"] >= 0.02
+    assert record.step_seconds >= 0.07  # step time stays wall time
+    with pytest.raises(ValueError, match="phase_clock"):
+        TrainingMonitor.Config(phase_clock="gpu")
+    monitor.close()
+
+
 def test_comm_timer_overlapping_buckets_are_not_double_counted():
     timer = CommTimer()
     first, second = torch.futures.Future(), torch.futures.Future()
