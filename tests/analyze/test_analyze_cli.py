@@ -310,12 +310,13 @@ def test_a_large_log_streams_in_bounded_memory(tmp_path):
         while f.tell() < 200 * 1024 * 1024:
             f.write(chunk)
     size_mib = path.stat().st_size / 2**20
-    # The child reports its own peak RSS: RUSAGE_CHILDREN would be the largest of every child
-    # this test process ever waited for (agents, earlier runs), not this one's.
-    code = ("import resource, sys\n"
+    # The child reports its own peak RSS from VmHWM, which belongs to its address space alone:
+    # getrusage's ru_maxrss survives fork and exec, so it would report pytest's own size.
+    code = ("import re, sys\n"
             "from laggard.agent.cli import main\n"
             "rc = main(['analyze', '--json', sys.argv[1]])\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+            "status = open('/proc/self/status').read()\n"
+            "print(re.search(r'VmHWM:\\s+(\\d+) kB', status).group(1), file=sys.stderr)\n"
             "sys.exit(rc)\n")
     result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
                             text=True, timeout=600)
