@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+
 from laggard.agent import registry
 from laggard.agent.config import (
     DEFAULT_INTAKE_ADDRESS,
@@ -29,7 +31,6 @@ from laggard.agent.context import AgentContext
 from laggard.agent.exporter import AgentExporter
 from laggard.agent.intake import RankTable, UdpIntake
 from laggard.agent.sampler import CollectorThread
-from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 
 log = logging.getLogger("laggard.agent")
 

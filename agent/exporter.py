@@ -5,12 +5,13 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterable, Iterator
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
 from laggard import __version__
 from laggard.agent.context import FindingLog
 from laggard.agent.intake import RankTable
 from laggard.agent.sampler import CollectorThread
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
 
 
 class AgentExporter:

@@ -16,6 +16,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.metrics_core import Metric
+
 from laggard.agent.config import parse_address
 from laggard.agent.context import FindingLog
 from laggard.agent.histogram import Histogram
@@ -26,12 +33,6 @@ from laggard.agent.records import (
     WindowReport,
     decode_datagram,
 )
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
-from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger(__name__)
 

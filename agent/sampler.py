@@ -13,8 +13,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from laggard.collectors.base import Collector, NoDataError
 from prometheus_client.metrics_core import Metric
+
+from laggard.collectors.base import Collector, NoDataError
 
 log = logging.getLogger(__name__)
 

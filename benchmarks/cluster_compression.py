@@ -38,10 +38,11 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
     from laggard.integrations.comm_timing import CommTimer
     from laggard.integrations.compression import make_hook
     from laggard.integrations.demo_worker import ByteBatches, ByteLM, load_stdlib_text
-    from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

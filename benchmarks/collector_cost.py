@@ -107,10 +107,11 @@ def render_cost(rounds: int) -> tuple[float, float]:
     """CPU seconds to render /metrics in-process (the agent's exporter over a sampled round of
     8 fake GPUs), and the same without the GPU collector (baseline). Not disturbed by other
     processes' load, unlike the HTTP timing."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
     from laggard.agent.context import FindingLog
     from laggard.agent.exporter import AgentExporter
     from laggard.agent.sampler import CollectorThread
-    from prometheus_client import CollectorRegistry, generate_latest
 
     def registry(threads: list[CollectorThread]) -> CollectorRegistry:
         reg = CollectorRegistry(auto_describe=False)

@@ -36,12 +36,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from straggler_sim import CAUSE_KIND, JobModel, SimWindow, Straggler, simulate  # noqa: E402
+
 from laggard.detectors.straggler import (  # noqa: E402
     RankWindow,
     StragglerDetector,
     row_nanmedian,
 )
-from straggler_sim import CAUSE_KIND, JobModel, SimWindow, Straggler, simulate  # noqa: E402
 
 WINDOW_STEPS = 5
 STEPS_AFTER_ONSET = 100

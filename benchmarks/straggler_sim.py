@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from laggard.detectors.straggler import RankWindow, row_nanmedian
 
 CAUSES = ("compute", "data", "link")

@@ -40,9 +40,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client.core import GaugeMetricFamily
+
 from laggard.collectors.base import NoDataError
 from laggard.detectors.finding import Finding, Severity
-from prometheus_client.core import GaugeMetricFamily
 
 __all__ = [
     "DumpError",

@@ -6,9 +6,10 @@ import os
 from collections.abc import Iterator
 
 import psutil
-from laggard.agent.config import AgentConfig
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+
+from laggard.agent.config import AgentConfig
 
 
 class HostCollector:

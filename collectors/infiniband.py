@@ -27,9 +27,10 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from laggard.collectors.base import NoDataError
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+
+from laggard.collectors.base import NoDataError
 
 #: ``counters/<file>`` -> (metric name without ``_total``, help, multiplier)
 PORT_COUNTERS: dict[str, tuple[str, str, int]] = {

@@ -40,14 +40,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from laggard.agent.histogram import Histogram
-from laggard.collectors.base import NoDataError
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
 from prometheus_client.metrics_core import Metric
+
+from laggard.agent.histogram import Histogram
+from laggard.collectors.base import NoDataError
 
 __all__ = [
     "InspectorRecord",

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from laggard.agent.config import AgentConfig
-from laggard.collectors.base import NoDataError
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+
+from laggard.agent.config import AgentConfig
+from laggard.collectors.base import NoDataError
 
 _DEFAULT_COLUMNS = (
     [f"receive_{c}" for c in ("bytes", "packets", "errs", "drop", "fifo", "frame", "compressed",

@@ -42,6 +42,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
 from laggard.collectors.nvml_library import (
     GpuLostError,
     NvmlLibrary,
@@ -50,8 +53,6 @@ from laggard.collectors.nvml_library import (
 )
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.throttle import ClockSample, ThrottleDetector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger(__name__)
 

@@ -34,13 +34,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
 from laggard.collectors.base import NoDataError
 from laggard.collectors.kernel_log import KernelLogParser, SXidEvent, XidEvent
 from laggard.collectors.nvml_library import NvmlLibrary, shared_library
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.xid_catalog import xid_finding
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@ against hidden time (overlapped with backward) tells whether the saving reaches 
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
+
 from laggard.dashboards.panels import (
     NODE,
     RANK,

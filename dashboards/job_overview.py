@@ -11,6 +11,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import heatmap
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import HeatmapCellLayout
+
 from laggard.dashboards.panels import (
     NODE,
     RANK,

@@ -6,6 +6,7 @@ from grafana_foundation_sdk.builders import statetimeline
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import GraphDrawStyle
 from grafana_foundation_sdk.models.dashboard import ValueMap, ValueMappingResult
+
 from laggard.dashboards.panels import (
     NODE,
     RATE,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import stat, statetimeline
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models.common import GraphDrawStyle
+
 from laggard.dashboards.panels import (
     NODE,
     RATE,

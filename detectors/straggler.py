@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from laggard.detectors.finding import Finding, Severity
 
 DETECTOR = "straggler"

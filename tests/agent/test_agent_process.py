@@ -6,9 +6,10 @@ import subprocess
 import time
 
 import pytest
-from laggard.agent.records import StepRecord, WindowReport
 from prometheus_client.parser import text_string_to_metric_families
 from support import stop_agent
+
+from laggard.agent.records import StepRecord, WindowReport
 
 
 def _value(text, name, labels=None):

@@ -1,9 +1,10 @@
 """RankTable: per-rank series from records, bounded memory, counted rejections."""
 
+from prometheus_client import CollectorRegistry
+
 from laggard.agent.context import FindingLog
 from laggard.agent.intake import RankTable
 from laggard.agent.records import StepRecord, WindowReport
-from prometheus_client import CollectorRegistry
 
 
 class _Wrap:

@@ -9,6 +9,7 @@ from support import FIXTURES, REPO
 
 from laggard.agent.records import CollectiveTiming, StepRecord, WindowReport
 
+
 def _documented() -> set[str]:
     readme = (REPO / "README.md").read_text()
     section = readme.split("## Metric reference", 1)[1]

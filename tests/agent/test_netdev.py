@@ -1,10 +1,11 @@
 """netdev collector: /proc/net/dev fixtures (the corpus' net01 and a small tree)."""
 
 import pytest
-from laggard.collectors.base import NoDataError
-from laggard.collectors.netdev import NetdevCollector, parse_proc_net_dev
 from prometheus_client import CollectorRegistry, generate_latest
 from support import FIXTURES
+
+from laggard.collectors.base import NoDataError
+from laggard.collectors.netdev import NetdevCollector, parse_proc_net_dev
 
 
 def test_corpus_net01_bridge_drops_and_bond_counters():

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+
 from laggard.agent.records import (
     MAX_DATAGRAM_BYTES,
     CollectiveTiming,

@@ -6,8 +6,9 @@ import gzip
 import os
 
 import pytest
-from laggard.collectors.filetype import PROBE_BYTES, FileKindError, detect
 from support import FIXTURES
+
+from laggard.collectors.filetype import PROBE_BYTES, FileKindError, detect
 
 DIR = FIXTURES / "analyze"
 

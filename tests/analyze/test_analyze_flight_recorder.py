@@ -8,13 +8,14 @@ import pickle
 import pickletools
 
 import pytest
+from support import FIXTURES
+
 from laggard.collectors.flight_recorder import (
     DumpError,
     analyze_dumps,
     load_dump,
     parse_fr_trace_report,
 )
-from support import FIXTURES
 
 DIR = FIXTURES / "analyze"
 NVRX = DIR / "fr_nvrx_gpu_error_2nd"

@@ -6,11 +6,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from support import FIXTURES
+
 from laggard.agent.context import FindingLog
 from laggard.collectors.base import NoDataError
 from laggard.collectors.flight_recorder import FlightRecorderCollector
-from prometheus_client import CollectorRegistry, generate_latest
-from support import FIXTURES
 
 NVRX = FIXTURES / "analyze" / "fr_nvrx_gpu_error_2nd"
 

@@ -4,6 +4,8 @@ corpus/EXPECTED.md)."""
 from __future__ import annotations
 
 import pytest
+from support import FIXTURES
+
 from laggard.agent.incident_gpu import clock_event_findings, dcgm_findings
 from laggard.collectors.dcgm_exposition import dcgm_gpus, parse_exposition
 from laggard.collectors.nvidia_smi import (
@@ -11,7 +13,6 @@ from laggard.collectors.nvidia_smi import (
     parse_nvidia_smi_q,
     reasons_from_bitmask,
 )
-from support import FIXTURES
 
 DIR = FIXTURES / "analyze"
 

@@ -8,14 +8,15 @@ import shutil
 import subprocess
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from support import FIXTURES
+
 from laggard.collectors.base import NoDataError
 from laggard.collectors.nccl_inspector import (
     InspectorStream,
     NcclInspectorCollector,
     parse_inspector_lines,
 )
-from prometheus_client import CollectorRegistry, generate_latest
-from support import FIXTURES
 
 DIR = FIXTURES / "analyze" / "inspector"
 

@@ -3,6 +3,8 @@ the message formats of PyTorch's and NCCL's source that the corpus does not cove
 
 from __future__ import annotations
 
+from support import FIXTURES
+
 from laggard.collectors.nccl_log import (
     CollectiveMismatch,
     DesyncReport,
@@ -10,7 +12,6 @@ from laggard.collectors.nccl_log import (
     WatchdogTimeout,
     parse_nccl_log,
 )
-from support import FIXTURES
 
 DIR = FIXTURES / "analyze"
 

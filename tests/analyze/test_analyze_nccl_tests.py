@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from support import FIXTURES
+
 from laggard.agent.incident_network import nccl_tests_findings
 from laggard.collectors.nccl_tests import GIB, parse_nccl_tests
-from support import FIXTURES
 
 DIR = FIXTURES / "analyze"
 

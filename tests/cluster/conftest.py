@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+
 from laggard.integrations.netns import EmulatedCluster, LinkShape, NamespaceError
 
 

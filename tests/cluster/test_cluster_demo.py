@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from laggard.integrations.cluster_demo import (
     DEMO_ALERT_FOR,
     demo_rules,

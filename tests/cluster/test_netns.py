@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from laggard.integrations.netns import (
     BENCHMARK_NET,
     EmulatedCluster,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from support import FIXTURES
+
 from laggard.collectors.base import NoDataError
 from laggard.collectors.infiniband import InfinibandCollector, parse_rate
-from support import FIXTURES
 
 SYSFS = FIXTURES / "infiniband" / "sys"
 

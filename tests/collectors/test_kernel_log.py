@@ -8,13 +8,14 @@ from collections import Counter
 from datetime import datetime, timezone
 
 import pytest
+from support import FIXTURES
+
 from laggard.collectors.kernel_log import (
     KernelLogParser,
     SXidEvent,
     XidEvent,
     parse_kernel_log,
 )
-from support import FIXTURES
 
 XID_DIR = FIXTURES / "xid"
 #: Reference time for year-less syslog stamps: 2026-06-01 UTC.

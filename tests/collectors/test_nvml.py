@@ -8,12 +8,13 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from support import stop_agent
+
 from laggard.agent.context import FindingLog
 from laggard.collectors.base import NoDataError
 from laggard.collectors.fake_nvml import FakeNvml
 from laggard.collectors.nvml import NvmlCollector, from_config
 from laggard.collectors.nvml_library import NvmlLibrary, normalise_bus_id
-from support import stop_agent
 
 
 def collector_for(fake: FakeNvml) -> tuple[NvmlCollector, FindingLog]:

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import pytest
+
 from laggard.dashboards import catalog
 
 DASHBOARDS = catalog.render_dashboards()
@@ -85,6 +86,7 @@ def test_job_overview_has_the_panels_the_issue_asks_for() -> None:
 
 def test_a_panel_without_queries_is_refused() -> None:
     from grafana_foundation_sdk.builders import timeseries
+
     from laggard.dashboards.panels import Board
 
     board = Board("x", "x", "x", [])

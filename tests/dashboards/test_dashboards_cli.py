@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import yaml
+
 from laggard.dashboards import catalog
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from laggard.dashboards.catalog import RULE_FILES, RULES_DIR
 
 HERE = Path(__file__).resolve().parent

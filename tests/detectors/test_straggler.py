@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from laggard.detectors import Severity
 from laggard.detectors.straggler import (
     SUMMARY_FIELDS,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from laggard.detectors.throttle import ClockSample, ThrottleDetector
 
 MAX = 1980e6

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+
 from laggard.detectors.finding import Severity
 from laggard.detectors.xid_catalog import Action, lookup, xid_finding
 

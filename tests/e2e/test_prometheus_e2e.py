@@ -40,10 +40,11 @@ from typing import Any
 
 import pytest
 import yaml
+from support import FIXTURES, AgentProcess, free_port, start_agent, stop_agent
+
 from laggard.agent.records import CollectiveTiming, StepRecord, WindowReport
 from laggard.dashboards.catalog import RULE_FILES, RULES_DIR, render_dashboards
 from laggard.detectors.finding import Finding, Severity
-from support import FIXTURES, AgentProcess, free_port, start_agent, stop_agent
 
 pytestmark = [
     pytest.mark.slow,
