@@ -1,4 +1,34 @@
 """What runs inside the training job: TrainingMonitor, DDP communication hooks, fault injectors.
 
-Needs torch (``pip install 'laggard[torch]'``).
+Needs torch (``pip install 'laggard[torch]'``). The names below are imported on first use, so
+``import laggard.integrations`` stays cheap and the CLI's subcommands load only what they need::
+
+    from laggard.integrations import TrainingMonitor, CommTimer, allreduce_timing_hook
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "TrainingMonitor": "laggard.integrations.monitor",
+    "CommTimer": "laggard.integrations.comm_timing",
+    "CommStep": "laggard.integrations.comm_timing",
+    "allreduce_timing_hook": "laggard.integrations.comm_timing",
+    "make_hook": "laggard.integrations.compression",
+    "COMPRESSORS": "laggard.integrations.compression",
+    "GradientIntegrity": "laggard.integrations.integrity",
+    "BitFlipInjector": "laggard.integrations.faults",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'laggard.integrations' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

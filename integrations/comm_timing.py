@@ -22,9 +22,14 @@ A hook of its own (compression, say) records its collectives with :meth:`CommTim
         timer = state.timer
         payload = compress(bucket.buffer())
         fut = dist.all_reduce(payload, async_op=True).get_future()
-        return timer.track(fut, nbytes=payload.numel() * payload.element_size(),
-                           raw_bytes=bucket.buffer().numel() * bucket.buffer().element_size(),
+        world = dist.get_world_size()
+        return timer.track(fut, nbytes=ring_allreduce_bytes(tensor_bytes(payload), world),
+                           raw_bytes=ring_allreduce_bytes(tensor_bytes(bucket.buffer()), world),
                            result=lambda value: decompress(value[0]))
+
+Bytes follow one convention everywhere: what this rank puts on the wire under the collective's
+bandwidth-optimal algorithm (``laggard.integrations.compression.wire``: a ring all-reduce of
+``n`` bytes sends ``2 (W-1)/W * n``), so hooks and the interface counters of a real link agree.
 
 A hook with two collectives per bucket calls :meth:`CommTimer.bucket_ready` on entry and passes
 ``bucket_ready=False`` to both ``track`` calls, so the exposed time starts when the bucket was
@@ -63,10 +68,10 @@ class CommStep:
             of the launch-to-completion intervals; overlapping buckets are not double-counted).
         exposed_seconds: last completion minus the last time a bucket became ready (0 when no
             collective ran): the communication time not hidden behind backward compute.
-        bytes: payload bytes this rank handed to its collectives (what a hook sends; for a ring
-            all-reduce the wire carries 2(n-1)/n of it in each direction).
-        raw_bytes: uncompressed gradient bytes of the buckets (equal to ``bytes`` without
-            compression).
+        bytes: bytes this rank put on the wire for its collectives, under each collective's
+            algorithm (a ring all-reduce of ``n`` bytes sends ``2 (W-1)/W * n``).
+        raw_bytes: bytes an uncompressed fp32 ring all-reduce of the same buckets would have
+            sent (equal to ``bytes`` without compression).
         exposed_interval: ``(start, end)`` of the exposed time in ``time.perf_counter()``
             seconds, or None; lets a caller subtract it from the phase it fell in.
     """
@@ -137,7 +142,8 @@ class CommTimer:
 
         Args:
             fut: the collective's future (``work.get_future()``).
-            nbytes: payload bytes this rank sends in it.
+            nbytes: bytes this rank puts on the wire in it, under the collective's algorithm
+                (``laggard.integrations.compression.wire``).
             op: collective name for the ``op`` label (``allreduce``, ``allgather``...).
             raw_bytes: uncompressed bytes this collective stands for; defaults to ``nbytes``.
             bucket_ready: count the launch as the moment the bucket became ready; pass False
@@ -224,11 +230,14 @@ def allreduce_timing_hook(state: CommTimer, bucket):  # type: ignore[no-untyped-
     """
     import torch.distributed as dist
 
+    # Imported here: the compression package imports this module.
+    from laggard.integrations.compression.wire import ring_allreduce_bytes, tensor_bytes
+
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
     buffer.div_(group.size())
     fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
-    nbytes = buffer.numel() * buffer.element_size()
+    nbytes = ring_allreduce_bytes(tensor_bytes(buffer), group.size())
     return state.track(fut, nbytes, result=_first_tensor)
 
 

@@ -1,0 +1,15 @@
+"""``laggard.integrations`` exposes its public names lazily, and each one resolves."""
+
+import pytest
+
+import laggard.integrations as integrations
+
+
+@pytest.mark.parametrize("name", integrations.__all__)
+def test_every_exported_name_resolves(name):
+    assert getattr(integrations, name) is not None
+
+
+def test_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError):
+        integrations.NoSuchThing  # noqa: B018
