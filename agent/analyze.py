@@ -226,8 +226,13 @@ def analyze_paths(paths: list[str],
         except OSError as exc:
             inputs.errors.append(f"{path}: {exc.strerror or exc}")
             continue
+        before = len(inputs.findings)
         try:
             _read_one(path, file_kind, inputs)
+            if explicit and len(inputs.findings) == before:
+                # Say what the file was read as: a healthy log and a file mistaken for another
+                # kind both end here, and the reader should be able to tell which.
+                inputs.notes.append(f"{path}: read as {file_kind}; nothing to report on its own")
         except DumpError as exc:
             inputs.errors.append(f"{path}: unreadable flight-recorder dump: {exc}")
         except (OSError, EOFError) as exc:
@@ -249,9 +254,9 @@ def analyze_paths(paths: list[str],
     return sort_findings(findings), inputs
 
 
-def _table(findings: list[IncidentFinding]) -> str:
+def _table(findings: list[IncidentFinding], errors: bool = False) -> str:
     if not findings:
-        return "No findings."
+        return "No findings in the inputs that could be read." if errors else "No findings."
     rows = [("SEVERITY", "KIND", "SUBJECT", "MESSAGE")]
     rows += [(f.severity.value, f.kind, f.subject, f.message) for f in findings]
     width = [max(len(r[i]) for r in rows) for i in range(3)]
@@ -279,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
             json.dump([f.to_dict() for f in findings], sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
         else:
-            print(_table(findings))
+            print(_table(findings, errors=bool(inputs.errors)))
         sys.stdout.flush()
     except BrokenPipeError:  # `laggard analyze ... | head`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -401,3 +401,12 @@ def test_bring_up_failures_point_at_the_root_rank_and_nccl_errors_at_the_network
     assert subjects["bring-up failure"]["evidence"]["joined"] == 1
     net = subjects["rank 2"]
     assert net["kind"] == "nccl_network_error" and net["evidence"]["nccl_version"] == ["2.19.3"]
+
+
+def test_a_named_file_with_nothing_to_report_says_what_it_was_read_as(tmp_path):
+    result = analyze(str(DIR / "nccl10_info_init_complete_legacy_2nodes_16ranks.log"))
+    assert result.returncode == 0
+    assert "read as nccl_log; nothing to report" in result.stderr
+    missing = analyze(str(tmp_path / "absent.log"))
+    assert missing.returncode == 2
+    assert "No findings in the inputs that could be read." in missing.stdout
