@@ -24,7 +24,11 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    """Build the parser; only the chosen subcommand's module is imported."""
+    """Build the parser; only the chosen subcommand's module is imported.
+
+    The chosen subcommand's own parser is kept as ``parser.chosen_subparser`` so that errors
+    about its flags show its usage, not the top-level one.
+    """
     parser = argparse.ArgumentParser(
         prog="laggard",
         description="Find the straggler rank, the throttled GPU and the flipped bit.",
@@ -40,6 +44,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
+        parser.set_defaults(_subparser=p)
     return parser
 
 
@@ -62,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"laggard: {exc}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        (getattr(args, "_subparser", None) or parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}")
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2

@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default %(default)s; empty to disable)")
     parser.add_argument("--collect-interval", type=float, default=1.0, metavar="SECONDS",
                         help="seconds between sampling rounds, 0.1 to 3600 (default 1)")
+    parser.epilog = ("Every --collector.NAME has a --no-collector.NAME that turns it off, "
+                     "as in node_exporter.")
     for name, spec in registry.COLLECTORS.items():
         group = parser.add_mutually_exclusive_group()
         state = "on" if spec.default else "off"
@@ -168,14 +170,25 @@ class Agent:
         self.intake: UdpIntake | None = None
         if config.intake_address:
             self.table = RankTable(config.max_ranks, self.context.findings, self.context.node)
-            self.intake = UdpIntake(config.intake_address, self.table)
+            try:
+                self.intake = UdpIntake(config.intake_address, self.table)
+            except OSError as exc:
+                raise OSError(exc.errno, f"intake udp://{config.intake_address}: "
+                                         f"{exc.strerror or exc}") from None
         self.registry = CollectorRegistry()
         self.registry.register(
             AgentExporter(self.threads, self.table, self.context.findings, self.context.node)
         )
         ProcessCollector(namespace="laggard_agent", registry=self.registry)
         host, port = parse_address(config.listen_address)
-        self.server = make_server(host, port, self._app(), _ThreadingWSGIServer, _QuietHandler)
+        try:
+            self.server = make_server(host, port, self._app(), _ThreadingWSGIServer,
+                                      _QuietHandler)
+        except OSError as exc:
+            if self.intake is not None:
+                self.intake.stop()
+            raise OSError(exc.errno, f"--web.listen-address {config.listen_address}: "
+                                     f"{exc.strerror or exc}") from None
         self.port: int = self.server.server_port
         self._server_thread = threading.Thread(target=self.server.serve_forever,
                                                name="laggard-http", daemon=True)
@@ -222,8 +235,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         agent = Agent(config)
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
         print(f"laggard agent: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"laggard agent: {exc.strerror or exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
 

@@ -44,10 +44,10 @@ COLLECTORS: dict[str, CollectorSpec] = {
                                 "InfiniBand/RoCE port counters from /sys/class/infiniband"),
     "nccl_inspector": CollectorSpec("laggard.collectors.nccl_inspector", "from_config", False,
                                     "NCCL collective timings tailed from NCCL Inspector's "
-                                    "JSONL directory (AgentConfig.nccl_inspector_dir)"),
+                                    "JSONL directory (--collector.nccl_inspector.dir)"),
     "flight_recorder": CollectorSpec("laggard.collectors.flight_recorder", "from_config", False,
                                      "ranks behind in PyTorch flight-recorder dumps "
-                                     "(AgentConfig.flight_recorder_path)"),
+                                     "(--collector.flight_recorder.path)"),
 }
 
 

@@ -134,3 +134,25 @@ def test_naming_the_inspector_directory_enables_its_collector(agent_factory, tmp
         time.sleep(0.1)
     assert _value(text, "laggard_collector_success", {"collector": "nccl_inspector"}) == 1
     assert count == 1
+
+
+def test_an_address_in_use_is_named_in_the_error(agent_factory):
+    import sys
+
+    agent = agent_factory()
+    result = subprocess.run(
+        [sys.executable, "-m", "laggard.agent.cli", "agent",
+         "--web.listen-address", f"127.0.0.1:{agent.port}", "--intake-address", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert f"--web.listen-address 127.0.0.1:{agent.port}: Address already in use" in result.stderr
+
+
+def test_an_unknown_agent_flag_shows_the_agent_usage():
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "laggard.agent.cli", "agent", "--bogus"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "usage: laggard agent" in result.stderr
+    assert "unrecognized arguments: --bogus" in result.stderr
