@@ -621,21 +621,21 @@ class StragglerDetector:
         pct = 100 * slowdown
         if signal == _COMPUTE:
             message = (
-                f"{where}: forward+backward {extra_ms:.1f} ms/step longer than the median "
-                f"rank's, slowing the job {pct:.1f}%: check that GPU's clocks, clock-event "
-                "reasons and XIDs"
+                f"{where}: forward+backward {extra_ms:.1f} ms/step ({pct:.1f}%) longer than the "
+                "median rank's, and every other rank waits for it in the gradient collective: "
+                "check that GPU's clocks, clock-event reasons and XIDs"
             )
         elif signal == _DATA:
             message = (
-                f"{where}: data loading {extra_ms:.1f} ms/step longer than the median rank's, "
-                f"slowing the job {pct:.1f}%: check its input pipeline (loader workers, "
-                "storage, host CPU)"
+                f"{where}: data loading {extra_ms:.1f} ms/step ({pct:.1f}% of a step's work) "
+                "longer than the median rank's, and every other rank waits for it: check its "
+                "input pipeline (loader workers, storage, host CPU)"
             )
         else:
             message = (
-                f"{where}: collective transfer {extra_ms:.1f} ms/step longer than the median "
-                f"rank's, slowing the job {pct:.1f}%: check its network link (NIC, cable, "
-                "switch port)"
+                f"{where}: collective transfer {extra_ms:.1f} ms/step ({pct:.1f}% of a step's "
+                "work) longer than the median rank's, and every other rank waits for it: check "
+                "its network link (NIC, cable, switch port)"
             )
         evidence: dict[str, Any] = {
             "slowdown": _round(slowdown),

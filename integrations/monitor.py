@@ -76,6 +76,8 @@ _COMPUTE, _DATA, _WAIT, _TRANSFER, _STEP, _COLLECTIVE, _BYTES = range(len(STAT_N
 #: Phase names that are not the rank's own compute.
 _NOT_COMPUTE = frozenset({"data", "collective_wait"})
 #: ``Config.phase_clock`` -> clock of the phase timers, in seconds.
+#: Fewest ranks the straggler detector compares (``StragglerDetector.Config.min_ranks``).
+_MIN_RANKS_TO_COMPARE = 3
 _PHASE_CLOCKS: dict[str, Callable[[], float]] = {
     "wall": time.perf_counter,
     "thread_cpu": time.thread_time,
@@ -238,6 +240,11 @@ class TrainingMonitor:
             self._own_group = True
         self._identities: list[tuple[str, int]] | None = None
         self._detector: Any = None
+        if self._detect and self.rank == 0 and self.world_size < _MIN_RANKS_TO_COMPARE:
+            # Two ranks cannot out-vote each other: the detector needs a majority to compare a
+            # rank against. Say so once rather than report nothing silently.
+            log.warning("laggard: straggler detection needs at least %d ranks; this job has %d, "
+                        "so only step records are sent", _MIN_RANKS_TO_COMPARE, self.world_size)
         if self._detect and self.rank == 0:
             self._detector = _make_detector(self.config.straggler)  # not in the first window
 
