@@ -258,8 +258,8 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
             f"{_ms(comm['exposed_seconds'])} ms exposed, {_ms(comm['hidden_seconds'])} ms "
             "hidden behind backward")
     loss = report["loss"]
-    lines.append(f"loss: {_num(loss['first'])} at the first step, {_num(loss['last'])} at the "
-                 "last")
+    lines.append(f"loss (mean over ranks; progress lines show rank 0's): {_num(loss['first'])} "
+                 f"at the first step, {_num(loss['last'])} at the last")
     seen = ("" if agent_ranks is None else
             f" (it received step records from ranks {_ranges(agent_ranks)})" if agent_ranks
             else " (it received no step records)")
