@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -134,8 +135,11 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
          "--intake-address", intake_address, "--result", str(result_path),
          "--compression", args.compression, "--inject-bitflip", args.inject_bitflip],
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+        stderr=subprocess.PIPE,
     )
+    stderr_pump = children.forward_stderr(launcher)
     status = launcher.wait()
+    stderr_pump.join(timeout=5)  # the launcher's last lines (a rank's error) before the report
     if not result_path.exists():
         print(f"laggard demo: training failed (launcher exit status {status})", file=sys.stderr)
         return 1
@@ -288,6 +292,7 @@ class _Children:
 
     def __init__(self) -> None:
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._stopping = threading.Event()
 
     def start(self, cmd: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         # Own session: a terminal's Ctrl-C reaches only the demo, which then stops the
@@ -296,8 +301,27 @@ class _Children:
         self._procs.append(proc)
         return proc
 
+    def forward_stderr(self, proc: subprocess.Popen[bytes]) -> threading.Thread:
+        """Copy ``proc``'s stderr to ours until the demo stops it.
+
+        Once the demo is stopping (Ctrl-C, SIGTERM), the launcher's tracebacks about the signal
+        it was sent say nothing the demo has not said already, so they are dropped.
+        """
+
+        def pump() -> None:
+            assert proc.stderr is not None
+            for line in iter(proc.stderr.readline, b""):
+                if not self._stopping.is_set():
+                    sys.stderr.buffer.write(line)
+                    sys.stderr.flush()
+
+        thread = threading.Thread(target=pump, name="laggard-demo-stderr", daemon=True)
+        thread.start()
+        return thread
+
     def stop_all(self) -> None:
         """SIGTERM every child and its descendants, SIGKILL what is left after a grace."""
+        self._stopping.set()
         for proc in reversed(self._procs):  # the launcher before the agent
             if proc.poll() is not None:
                 continue
