@@ -174,8 +174,12 @@ def clock_event_findings(source: str, gpus: list[SmiGpu]) -> list[IncidentFindin
         if not slowing:
             continue
         severity = min((_REASON_SEVERITY[r] for r in slowing), key=SEVERITY_ORDER.__getitem__)
-        name = gpu.pci_bus_id or "(bus id not in the excerpt)"
-        ev = {"pci_bus_id": gpu.pci_bus_id, "product": gpu.product_name, "reasons": slowing,
+        # The kernel log's DDDD:BB:DD form, so one GPU has one name across every file of a
+        # report; the form nvidia-smi printed is kept beside it.
+        short = _short_pci(gpu.pci_bus_id) if gpu.pci_bus_id else None
+        name = short or "(bus id not in the excerpt)"
+        ev = {"pci_bus_id": short, "pci_bus_id_full": gpu.pci_bus_id,
+              "product": gpu.product_name, "reasons": slowing,
               "active": active, "sm_clock_mhz": gpu.sm_clock_mhz,
               "sm_clock_max_mhz": gpu.sm_clock_max_mhz, "temperature_c": gpu.temperature_c,
               "power_draw_w": gpu.power_draw_w, "power_limit_w": gpu.power_limit_w,

@@ -58,7 +58,8 @@ def test_smi_csv_query_form_with_units_and_bitmask():
     assert g1.active_reasons == ["hw_slowdown"] and g1.temperature_c == 88
     findings = clock_event_findings("x", [g0, g1])
     assert [(f.subject, f.severity.value) for f in findings] == [
-        ("GPU 00000000:18:00.0", "warning"), ("GPU 00000000:2A:00.0", "critical")]
+        ("GPU 0000:18:00", "warning"), ("GPU 0000:2a:00", "critical")]
+    assert findings[1].evidence["pci_bus_id_full"] == "00000000:2A:00.0"
 
 
 def test_smi_csv_without_header_is_refused():
@@ -116,4 +117,4 @@ def test_two_gpu_blocks_each_with_its_own_reasons():
     gpus = parse_nvidia_smi_q((text + second).splitlines())
     assert [g.pci_bus_id for g in gpus] == ["00000000:75:00.0", "00000000:86:00.0"]
     assert gpus[1].active_reasons == [] and len(gpus[0].active_reasons) == 3
-    assert [f.subject for f in clock_event_findings("x", gpus)] == ["GPU 00000000:75:00.0"]
+    assert [f.subject for f in clock_event_findings("x", gpus)] == ["GPU 0000:75:00"]
