@@ -86,6 +86,7 @@ class RankTable:
         self._scores: dict[int, float] = {}
         self._flagged: dict[tuple[int, str], float] = {}
         self._job_slowdown: float | None = None
+        self._detector_stats: dict[str, int] = {}
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
 
@@ -144,6 +145,8 @@ class RankTable:
                 state.comm[key] += value
 
     def _apply_window(self, report: WindowReport) -> None:
+        if report.detector_stats:
+            self._detector_stats = dict(report.detector_stats)
         for rank, score in report.scores.items():
             if rank in self._scores or len(self._scores) < self._max_ranks:
                 self._scores[rank] = score
@@ -238,6 +241,15 @@ class RankTable:
         for (rank, kind), flag in sorted(self._flagged.items()):
             flagged.add_metric([str(rank), kind], flag)
         yield flagged
+        if self._detector_stats:
+            inputs = CounterMetricFamily(
+                "laggard_straggler_detector_inputs_total",
+                "The in-job detector's windows and the bad input it counted and skipped "
+                "(missing_rank_reports, invalid_durations, world_size_changes...), by kind.",
+                labels=["kind"])
+            for kind, count in sorted(self._detector_stats.items()):
+                inputs.add_metric([kind], count)
+            yield inputs
         if self._job_slowdown is not None:
             yield GaugeMetricFamily(
                 "laggard_job_slowdown_active",

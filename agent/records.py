@@ -214,6 +214,9 @@ class WindowReport:
         findings: finding dicts (:meth:`laggard.detectors.Finding.to_dict`) raised in the window,
             each with an optional ``"cleared": true`` when a finding ends.
         comm: job-level communication summary (same keys as ``StepRecord.comm``), optional.
+        detector_stats: the detector's cumulative counters of windows and of bad input
+            (``StragglerDetector.stats``: ``windows``, ``missing_rank_reports``,
+            ``invalid_durations``...), name -> non-negative int; optional.
     """
 
     step: int
@@ -221,6 +224,7 @@ class WindowReport:
     scores: dict[int, float] = field(default_factory=dict)
     findings: list[dict[str, Any]] = field(default_factory=list)
     comm: dict[str, float] = field(default_factory=dict)
+    detector_stats: dict[str, int] = field(default_factory=dict)
 
     def encode(self) -> bytes:
         """Serialise to one datagram payload (compact JSON, UTF-8)."""
@@ -234,6 +238,8 @@ class WindowReport:
         }
         if self.comm:
             doc["comm"] = self.comm
+        if self.detector_stats:
+            doc["detector_stats"] = self.detector_stats
         return json.dumps(doc, separators=(",", ":"), default=str).encode()
 
     @classmethod
@@ -275,8 +281,15 @@ class WindowReport:
         if not isinstance(comm, dict) or len(comm) > _MAX_PHASES:
             raise RecordError("schema", "comm must be a small object")
         checked_comm = {_name(k): _duration(v, k) for k, v in comm.items()}
+        stats = doc.get("detector_stats", {})
+        if not isinstance(stats, dict) or len(stats) > _MAX_PHASES:
+            raise RecordError("schema", "detector_stats must be a small object")
+        for key, value in stats.items():
+            _name(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise RecordError("schema", "detector_stats values must be non-negative ints")
         return cls(step=step, world_size=world_size, scores=scores, findings=findings,
-                   comm=checked_comm)
+                   comm=checked_comm, detector_stats=dict(stats))
 
 
 def decode_datagram(payload: bytes) -> StepRecord | WindowReport:

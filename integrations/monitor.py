@@ -479,6 +479,7 @@ class TrainingMonitor:
             step=step, world_size=self.world_size, scores=scores, findings=docs,
             comm={"total_seconds": float(job[0]), "exposed_seconds": float(job[1]),
                   "bytes": float(job[2])},
+            detector_stats={k: int(v) for k, v in self._detector.stats.items()},
         )
         self._send(report.encode())
 

@@ -97,3 +97,14 @@ def test_job_slowdown_is_a_job_level_flag_not_a_rank():
     cleared = {**raised, "evidence": {"cleared": True}}
     table.ingest(WindowReport(step=80, world_size=4, findings=[cleared]).encode())
     assert _registry(table).get_sample_value("laggard_job_slowdown_active") == 0
+
+
+def test_detector_input_counters_are_exported_as_reported():
+    table = RankTable(max_ranks=8, findings=FindingLog(), default_node="n0")
+    assert "laggard_straggler_detector_inputs" not in {m.name for m in table.collect()}
+    table.ingest(WindowReport(step=9, world_size=4, detector_stats={
+        "windows": 2, "missing_rank_reports": 1, "invalid_durations": 0}).encode())
+    r = _registry(table)
+    assert r.get_sample_value("laggard_straggler_detector_inputs_total", {"kind": "windows"}) == 2
+    assert r.get_sample_value("laggard_straggler_detector_inputs_total",
+                              {"kind": "missing_rank_reports"}) == 1

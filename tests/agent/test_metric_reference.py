@@ -34,7 +34,8 @@ def _exported(agent_factory, tmp_path) -> set[str]:
                           findings=[{"detector": "straggler", "kind": "compute",
                                      "severity": "warning", "rank": 0},
                                     {"detector": "straggler", "kind": "job_slowdown",
-                                     "severity": "warning"}])
+                                     "severity": "warning"}],
+                          detector_stats={"windows": 1})
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for payload in (record.encode(), report.encode()):
             s.sendto(payload, ("127.0.0.1", agent.intake_port))

@@ -29,7 +29,8 @@ def test_step_record_round_trip_keeps_every_field():
 def test_window_report_round_trip():
     report = WindowReport(step=40, world_size=8, scores={5: 7.5, 0: 0.1},
                           findings=[{"detector": "straggler", "kind": "compute",
-                                     "severity": "warning", "rank": 5}])
+                                     "severity": "warning", "rank": 5}],
+                          detector_stats={"windows": 2, "missing_rank_reports": 3})
     assert decode_datagram(report.encode()) == report
 
 
@@ -48,6 +49,8 @@ def test_window_report_round_trip():
         (b'{"v": 1, "type": "window", "step": 0, "world_size": 2, "scores": {"9": 1}}',
          "schema"),
         (b'{"v": 1, "type": "window", "step": 0, "world_size": 2, "findings": [1]}', "schema"),
+        (b'{"v": 1, "type": "window", "step": 0, "world_size": 2,'
+         b' "detector_stats": {"windows": -1}}', "schema"),
         (b"x" * (MAX_DATAGRAM_BYTES + 1), "oversized"),
     ],
 )

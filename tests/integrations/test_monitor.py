@@ -264,6 +264,7 @@ def test_rank0_logs_a_straggler_once_when_raised_and_once_when_cleared(receiver,
     ended = [f for r in reports for f in r.findings if f.get("cleared")]
     assert [f["rank"] for f in flagged] == [2] and [f["rank"] for f in ended] == [2]
     assert reports[-1].comm["bytes"] == 1e6
+    assert reports[-1].detector_stats["windows"] == len(reports)  # rank 0 counts every window
     monitor.close()
 
 
