@@ -234,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: few trials")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--trials", type=int, default=4,
+                        help="trials per cell of the 512-rank detection grid (default 4)")
     args = parser.parse_args(argv)
     quick = args.quick
     started, started_cpu = time.perf_counter(), time.process_time()
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1. Detection grid at 512 ranks: slowdown x cause x pattern x jitter.
     slowdowns = (0.02, 0.05, 0.10, 0.20, 0.50)
     jitters = (0.01, 0.02, 0.05)
-    trials = 2 if quick else 4
+    trials = 2 if quick else args.trials
     grid: dict[tuple, Cell] = defaultdict(Cell)
     clean = Cell()  # every trial's clean ranks count towards false alarms
     for slowdown in slowdowns:
