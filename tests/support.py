@@ -15,7 +15,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
-CORPUS = REPO.parent / "shared" / "corpus"
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
