@@ -23,15 +23,15 @@ from prometheus_client.core import (
 )
 from prometheus_client.metrics_core import Metric
 
-from laggard.agent.config import parse_address
 from laggard.agent.context import FindingLog
-from laggard.agent.histogram import Histogram
-from laggard.agent.records import (
+from laggard.collectors.histogram import Histogram
+from laggard.wire import (
     MAX_DATAGRAM_BYTES,
     RecordError,
     StepRecord,
     WindowReport,
     decode_datagram,
+    parse_address,
 )
 
 log = logging.getLogger(__name__)
