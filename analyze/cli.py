@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from laggard.analyze import collectives, filetype, gpu, network
-from laggard.analyze.findings import KINDS, IncidentFinding, sort_findings
+from laggard.analyze.findings import KINDS, report_dict, sort_findings
+from laggard.detectors.finding import Finding
 from laggard.detectors.flight_recorder import analyze_dumps
 from laggard.parsers.exposition import dcgm_gpus, parse_exposition
 from laggard.parsers.flight_recorder import (
@@ -69,14 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="treat every file as this kind instead of detecting it: "
                              + ", ".join(filetype.KINDS))
     parser.epilog = ("exit status: 0 nothing found, 1 findings, 2 an input could not be read. "
-                     "IncidentFinding kinds: " + ", ".join(KINDS) + ".")
+                     "Finding kinds: " + ", ".join(KINDS) + ".")
 
 
 @dataclass(slots=True)
 class _Inputs:
     """What was read, by kind, before the cross-file rules run."""
 
-    findings: list[IncidentFinding] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     nccl_logs: list[tuple[str, NcclLog]] = field(default_factory=list)
     fr_dumps: dict[str, list[FlightRecorderDump]] = field(default_factory=lambda: defaultdict(list))
     errors: list[str] = field(default_factory=list)
@@ -205,7 +206,7 @@ def _read_one(path: str, kind: str, inputs: _Inputs) -> None:
 
 
 def analyze_paths(paths: list[str],
-                  kind: str | None = None) -> tuple[list[IncidentFinding], _Inputs]:
+                  kind: str | None = None) -> tuple[list[Finding], _Inputs]:
     """Read every file under ``paths`` and return the findings (sorted) and what was read.
 
     Never raises for bad input: unreadable files are listed in ``inputs.errors``.
@@ -251,7 +252,7 @@ def analyze_paths(paths: list[str],
     return sort_findings(findings), inputs
 
 
-def _table(findings: list[IncidentFinding], errors: bool = False) -> str:
+def _table(findings: list[Finding], errors: bool = False) -> str:
     if not findings:
         return "No findings in the inputs that could be read." if errors else "No findings."
     rows = [("SEVERITY", "KIND", "SUBJECT", "MESSAGE")]
@@ -269,7 +270,7 @@ def _table(findings: list[IncidentFinding], errors: bool = False) -> str:
         for f in culprits:
             if f.subject not in seen:
                 seen.add(f.subject)
-                lines.append(f"  {f.subject}: {f.kind} ({os.path.basename(f.source)})")
+                lines.append(f"  {f.subject}: {f.kind} ({os.path.basename(f.source or '')})")
     return "\n".join(lines)
 
 
@@ -278,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
     findings, inputs = analyze_paths(list(args.paths), getattr(args, "kind", None))
     try:
         if args.json:
-            json.dump([f.to_dict() for f in findings], sys.stdout, indent=2, default=str)
+            json.dump([report_dict(f) for f in findings], sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
         else:
             print(_table(findings, errors=bool(inputs.errors)))
