@@ -129,7 +129,7 @@ def _read_log(path: str, kind: str, inputs: _Inputs) -> None:
         # Every line the kernel-log rules use (Xid, SXid, "fallen off the bus", RmInitAdapter)
         # has one of these; the rest skip the regex parser, which is what lets a busy kernel
         # log stream at hundreds of thousands of lines per second.
-        if "NVRM" in line or "Xid" in line:
+        if "NVRM" in line or "Xid" in line or kernel.waiting:
             for event in kernel.feed(line):
                 evidence.add(event)
             evidence.add_line(line)

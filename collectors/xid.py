@@ -319,6 +319,8 @@ class XidCollector:
             for line in lines:
                 for event in self.parser.feed(line):
                     self._on_kernel_event(event)
+            for event in self.parser.settle():  # SXid dump lines no headline claimed
+                self._on_kernel_event(event)
         if not nvml_ok and not self._kernel_log_ok:
             raise NoDataError("no NVML and no readable kernel log")
         while True:

@@ -3,17 +3,13 @@ corpus/EXPECTED.md), on a directory of mixed files, and on bad input."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-from support import FIXTURES, REPO
-
-from laggard.cli import main
+from support import FIXTURES, REPO, analyze_json
 
 DIR = FIXTURES / "analyze"
 
@@ -24,12 +20,9 @@ def analyze(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def findings(*paths: str) -> tuple[int, list[dict]]:
-    """Run the CLI's entry point in this process (the samples are many; a process each would
-    cost a second apiece on a busy machine); the subprocess tests below cover the real binary."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(["analyze", "--json", *paths])
-    return rc, json.loads(out.getvalue())
+    """The CLI's entry point in this process (the samples are many; a process each would cost a
+    second apiece on a busy machine); the subprocess tests below cover the real binary."""
+    return analyze_json(*paths)
 
 
 def one(name: str) -> tuple[int, list[dict]]:
