@@ -135,7 +135,7 @@ def test_every_prefix_form_of_an_xid_line(prefix):
     ("NVRM: Xid (0000:4e:00): 31", 31, None, None),
 ])
 def test_mig_and_legacy_headers(header, xid, gi, ci):
-    [event] = events(f"[ 1.0] {header}, pid='<unknown>', name=<unknown>, MMU Fault: ENGINE GRAPHICS")
+    [event] = events(f"[ 1.0] {header}, pid='<unknown>', name=<unknown>, MMU Fault: ENGINE GR")
     assert (event.xid, event.gpu_instance, event.compute_instance, event.pid) == (xid, gi, ci, None)
 
 
