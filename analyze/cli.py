@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from laggard.analyze import collectives, filetype, gpu, network
+from laggard.analyze import collectives, filetype, flight_recorder, gpu, network
 from laggard.analyze.findings import KINDS, report_dict, sort_findings
 from laggard.detectors.finding import Finding
 from laggard.detectors.flight_recorder import analyze_dumps
@@ -149,6 +149,29 @@ def _fr_group(path: str) -> str:
                                                       os.path.basename(path)))
 
 
+def _read_dump(path: str, inputs: _Inputs) -> None:
+    dump = load_dump(path)
+    inputs.notes += [f"{path}: {note}" for note in dump.notes]
+    group = inputs.fr_dumps[_fr_group(path)]
+    other = next((d for d in group if dump.rank is not None and d.rank == dump.rank), None)
+    if other is not None:
+        # Two jobs' dumps in one directory: comparing them would invent lags.
+        inputs.notes.append(f"{path}: skipped: rank {dump.rank} was already read from "
+                            f"{other.source} (dumps of two jobs in one place?)")
+        return
+    world = _world(dump)
+    if world and any(_world(d) not in (None, world) for d in group):
+        inputs.notes.append(f"{path}: skipped: its default group has {world} ranks, the other "
+                            f"dumps beside it another number (a dump of another job?)")
+        return
+    group.append(dump)
+
+
+def _world(dump: FlightRecorderDump) -> int | None:
+    members = next((m for desc, m in dump.groups.values() if desc == "default_pg" and m), ())
+    return len(members) or None
+
+
 def _read_inspector(path: str, inputs: _Inputs) -> None:
     stream = InspectorStream()
     records: list[InspectorRecord] = []
@@ -180,8 +203,8 @@ def _read_one(path: str, kind: str, inputs: _Inputs) -> None:
         "kernel_log": lambda: _read_log(path, kind, inputs),
         "nccl_log": lambda: _read_log(path, kind, inputs),
         "mixed_log": lambda: _read_log(path, kind, inputs),
-        "flight_recorder": lambda: inputs.fr_dumps[_fr_group(path)].append(load_dump(path)),
-        "fr_trace_report": lambda: inputs.findings.extend(collectives.fr_report_findings(
+        "flight_recorder": lambda: _read_dump(path, inputs),
+        "fr_trace_report": lambda: inputs.findings.extend(flight_recorder.fr_report_findings(
             path, parse_fr_trace_report(filetype.iter_lines(path)))),
         "nccl_tests": lambda: inputs.findings.extend(network.nccl_tests_findings(
             path, parse_nccl_tests(filetype.iter_lines(path)))),
@@ -248,7 +271,7 @@ def analyze_paths(paths: list[str],
             collectives.job_inits(inputs.nccl_logs, {os.path.dirname(group)}))
         source = (dumps[0].source if len(dumps) == 1
                   else f"{os.path.dirname(group) or '.'} ({len(dumps)} dumps)")
-        findings += collectives.fr_findings(source, analyze_dumps(dumps), locations)
+        findings += flight_recorder.fr_findings(source, analyze_dumps(dumps), locations)
     return sort_findings(findings), inputs
 
 

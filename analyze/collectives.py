@@ -1,5 +1,6 @@
-"""``laggard analyze`` rules for collectives: watchdog timeouts compared across ranks and files,
-desyncs, bring-up failures, NCCL network errors, and flight-recorder dumps matched across ranks."""
+"""``laggard analyze`` rules for NCCL logs: watchdog timeouts compared across ranks and files,
+desyncs, bring-up failures and NCCL network errors (flight-recorder dumps are
+:mod:`laggard.analyze.flight_recorder`)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ from laggard.analyze.findings import (
     sources_text,
 )
 from laggard.detectors.finding import Finding, Severity
-from laggard.detectors.flight_recorder import FrAnalysis
-from laggard.parsers.flight_recorder import FrTraceIssue
 from laggard.parsers.nccl_log import (
     IBV_WC_STATUS,
     NCCL_RESULTS,
@@ -438,89 +437,4 @@ def _network_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
             evidence={"host": host, "device": dev, "count": len(items), "message": w.message[:300],
              "source_line": w.source, "nccl_result": w.result},
             message=f"{len(items)}x NCCL network warning on {host} GPU {dev}: {w.message[:200]}"))
-    return out
-
-
-def fr_findings(source: str, analysis: FrAnalysis,
-                locations: dict[int, str]) -> list[Finding]:
-    """Findings from dumps matched across ranks."""
-    out = []
-    stragglers = list(analysis.stragglers)
-    for i, lag in enumerate(analysis.lagging):
-        primary = i == 0
-        shape = " x ".join("x".join(map(str, s)) for s in lag.input_sizes) or "?"
-        dtype = ", ".join(lag.input_dtypes) or "?"
-        ev: dict[str, Any] = {
-            "op": lag.op, "seq": lag.seq, "pg": lag.pg, "pg_desc": lag.pg_desc,
-            "members": list(lag.members), "present": list(lag.present),
-            "missing_ranks": list(lag.missing), "not_enqueued": list(lag.not_enqueued),
-            "no_dump": list(lag.no_dump), "unknown": list(lag.unknown),
-            "input_sizes": [list(s) for s in lag.input_sizes],
-            "input_dtypes": list(lag.input_dtypes),
-            "state": list(lag.state),
-            "last_enqueued": {str(r): s[0] for r, s in sorted(lag.status.items())},
-            "last_completed": {str(r): s[1] for r, s in sorted(lag.status.items())},
-        }
-        if primary:
-            ev["likely_stragglers"] = stragglers
-            ev["lagging_pgs"] = [x.pg for x in analysis.lagging]
-        where = [locations[r] for r in lag.missing if r in locations]
-        if where:
-            ev["locations"] = {str(r): locations[r] for r in lag.missing if r in locations}
-        missing_status = ", ".join(
-            f"rank {r} enq {lag.status[r][0]}/comp {lag.status[r][1]}"
-            for r in lag.missing if r in lag.status)
-        msg = (f"{lag.op} #{lag.seq} ({shape} {dtype}) of PG {lag.pg} ({lag.pg_desc}) was "
-               f"issued by {ranks_text(lag.present)} but never by "
-               f"{ranks_text(lag.missing)}" + (f" ({missing_status})" if missing_status else "")
-               + (f"; no dump from {ranks_text(lag.no_dump)}" if lag.no_dump else ""))
-        if primary and stragglers:
-            msg += (f". {ranks_text(stragglers).capitalize()} lag in {len(analysis.lagging)} "
-                    f"process group(s) ({', '.join(x.pg for x in analysis.lagging)}): they are the "
-                    f"likely stragglers; look at their GPUs and hosts first")
-        out.append(incident(
-            source=source,
-            kind="collective_timeout", severity=Severity.CRITICAL if primary else Severity.WARNING,
-            subject=f"{ranks_text(lag.missing)}",
-            evidence=ev,
-            message=msg))
-    for mm in analysis.mismatches:
-        parts = "; ".join(f"{ranks_text(r)}: {s[0]} {s[1:] if len(s) > 1 else ''}"
-                          for s, r in mm.signatures.items())
-        out.append(incident(
-            source=source, kind="collective_mismatch", severity=Severity.CRITICAL,
-            subject=f"PG {mm.pg} seq {mm.seq}",
-            evidence={"pg": mm.pg, "pg_desc": mm.pg_desc, "seq": mm.seq,
-             "signatures": [{"signature": repr(s), "ranks": list(r)}
-                            for s, r in mm.signatures.items()]},
-            message=f"collective #{mm.seq} of PG {mm.pg} ({mm.pg_desc}) has different ops, "
-                    f"sizes or "
-            f"dtypes across ranks ({parts[:300]}): a desync, not a slow rank"))
-    return out
-
-
-def fr_report_findings(source: str, issues: list[FrTraceIssue]) -> list[Finding]:
-    """Findings from torchfrtrace's printed report."""
-    out = []
-    for issue in issues:
-        if issue.kind == "not_all_joined":
-            missing = ranks_text(issue.missing_ranks)
-            out.append(incident(
-                source=source, kind="collective_timeout", severity=Severity.CRITICAL,
-                subject=f"{missing}",
-                evidence={"collective": issue.collective, "entry": issue.entry,
-                          "group": issue.group,
-                 "op": issue.op, "missing_ranks": list(issue.missing_ranks),
-                 "expected_ranks": issue.expected_ranks, "input_sizes": issue.input_sizes,
-                 "state": issue.state},
-                message=f"collective {issue.collective} ({issue.op}, group {issue.group}) was not "
-                f"joined by {missing} of {issue.expected_ranks}: {missing} never "
-                f"reached it (state {issue.state}); "
-                f"{'it is' if len(issue.missing_ranks) == 1 else 'they are'} the culprit"))
-        else:
-            out.append(incident(
-                source=source, kind="collective_mismatch", severity=Severity.CRITICAL,
-                subject="collective",
-                evidence={"detail": issue.detail},
-                message=f"torchfrtrace: {issue.detail}"))
     return out

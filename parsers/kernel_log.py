@@ -1,5 +1,8 @@
 """Pure parser for NVIDIA Xid and NVSwitch SXid lines in kernel-log text.
 
+(Longer than the house limit on purpose: one state machine reads the prefixes, continuation
+lines, wrapped headers and SXid follow-ups, and they share its state.)
+
 No I/O here: the XID collector (:mod:`laggard.collectors.xid`) and ``laggard analyze`` feed it
 lines from ``/dev/kmsg``, ``dmesg`` output, syslog files or journald output.
 
