@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from laggard.analyze import collectives, filetype, flight_recorder, gpu, network
+from laggard.analyze import collectives, filetype, flight_recorder, gpu, network, traces
 from laggard.analyze.findings import KINDS, report_dict, sort_findings
 from laggard.detectors.finding import Finding
 from laggard.detectors.flight_recorder import analyze_dumps
@@ -80,6 +80,7 @@ class _Inputs:
     findings: list[Finding] = field(default_factory=list)
     nccl_logs: list[tuple[str, NcclLog]] = field(default_factory=list)
     fr_dumps: dict[str, list[FlightRecorderDump]] = field(default_factory=lambda: defaultdict(list))
+    kineto: dict[str, list[traces.TraceSummary]] = field(default_factory=lambda: defaultdict(list))
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -167,6 +168,24 @@ def _read_dump(path: str, inputs: _Inputs) -> None:
     group.append(dump)
 
 
+def _read_trace(path: str, inputs: _Inputs) -> None:
+    with filetype.open_text(path) as f:
+        trace = traces.read_trace(f, path)
+    if not trace.steps:
+        inputs.notes.append(f"{path}: a profiler trace with no ProfilerStep ranges (profile "
+                            f"with a schedule and call prof.step()): nothing to break down")
+        return
+    group = inputs.kineto[os.path.dirname(path)]
+    clash = next((t for t in group if t.rank == trace.rank or (
+        t.world_size and trace.world_size and t.world_size != trace.world_size)), None)
+    if clash is not None:
+        inputs.notes.append(f"{path}: skipped: rank {trace.rank} of {trace.world_size} does "
+                            f"not fit beside {clash.source} (rank {clash.rank} of "
+                            f"{clash.world_size}): traces of two jobs in one directory?")
+        return
+    group.append(trace)
+
+
 def _world(dump: FlightRecorderDump) -> int | None:
     members = next((m for desc, m in dump.groups.values() if desc == "default_pg" and m), ())
     return len(members) or None
@@ -204,6 +223,7 @@ def _read_one(path: str, kind: str, inputs: _Inputs) -> None:
         "nccl_log": lambda: _read_log(path, kind, inputs),
         "mixed_log": lambda: _read_log(path, kind, inputs),
         "flight_recorder": lambda: _read_dump(path, inputs),
+        "kineto_trace": lambda: _read_trace(path, inputs),
         "fr_trace_report": lambda: inputs.findings.extend(flight_recorder.fr_report_findings(
             path, parse_fr_trace_report(filetype.iter_lines(path)))),
         "nccl_tests": lambda: inputs.findings.extend(network.nccl_tests_findings(
@@ -266,6 +286,8 @@ def analyze_paths(paths: list[str],
     findings = inputs.findings
     if inputs.nccl_logs:
         findings += collectives.nccl_findings(inputs.nccl_logs)
+    for _, group_traces in sorted(inputs.kineto.items()):
+        findings += traces.trace_findings(group_traces)
     for group, dumps in sorted(inputs.fr_dumps.items()):
         locations = collectives.rank_locations(
             collectives.job_inits(inputs.nccl_logs, {os.path.dirname(group)}))

@@ -42,7 +42,7 @@ __all__ = ["KINDS", "PROBE_BYTES", "detect", "open_text", "FileKindError"]
 KINDS = (
     "flight_recorder", "fr_trace_report", "nccl_inspector", "nccl_inspector_prom", "dcgm",
     "nvidia_smi_q", "nvidia_smi_csv", "nccl_tests", "proc_net_dev", "infiniband_listing",
-    "ibstat", "perfquery", "kernel_log", "nccl_log", "mixed_log",
+    "ibstat", "perfquery", "kernel_log", "nccl_log", "mixed_log", "kineto_trace",
 )
 #: Bytes read from each end of a file to decide its kind.
 PROBE_BYTES = 64 * 1024
@@ -98,6 +98,8 @@ def _looks_binary(head: bytes) -> bool:
 
 def _classify(text: str) -> str | None:
     stripped = text.lstrip()
+    if stripped.startswith("{") and '"traceEvents"' in text:
+        return "kineto_trace"  # PyTorch profiler's Chrome trace (distributedInfo has pg_config)
     if stripped.startswith(("{", "[")) and '"pg_config"' in text and '"entries"' in text:
         return "flight_recorder"
     if "Not all ranks joining collective" in text or "torchfrtrace" in text:
