@@ -27,8 +27,10 @@ test: venv
 	$(PY) -m pytest -q $(ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check agent collectors detectors dashboards integrations tests benchmarks
-	$(VENV)/bin/mypy agent collectors detectors
+	$(VENV)/bin/ruff check laggard_pkg agent collectors parsers detectors analyze dashboards \
+		integrations demo tests benchmarks scripts
+	$(VENV)/bin/mypy laggard_pkg agent collectors parsers detectors
+	scripts/lint-imports.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

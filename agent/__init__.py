@@ -1,4 +1,5 @@
-"""The node agent: CLI, config, daemon loop, exporter, UDP intake, record formats.
+"""The node agent (``laggard agent``): config, collector registry, sampler, exporter, UDP intake.
 
-Importable on a node without torch and without a GPU.
+Importable on a node without torch and without a GPU. The wire format it decodes is
+:mod:`laggard.wire`, shared with the training side.
 """

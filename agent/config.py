@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from laggard.wire import DEFAULT_INTAKE_ADDRESS, parse_address
+
+__all__ = ["AgentConfig", "DEFAULT_LISTEN_ADDRESS", "DEFAULT_INTAKE_ADDRESS", "parse_address"]
+
 #: 9400 is dcgm-exporter's and 9100 node_exporter's; laggard takes the next free pair.
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1:9477"
-#: UDP address the training ranks send StepRecords to (localhost: ranks run on this node).
-DEFAULT_INTAKE_ADDRESS = "127.0.0.1:9478"
 #: Exposition samples the intake's per-rank families may hold (``--intake.max-series``): about
 #: 130 ranks with five phases and two ops each, ~3 MB of text even with 64-character names.
 DEFAULT_MAX_SERIES = 20_000
@@ -82,15 +84,3 @@ class AgentConfig:
         for address in (self.listen_address, self.intake_address):
             if address:
                 parse_address(address)
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` accepted) into host and port.
-
-    Raises:
-        ValueError: no port, or a port outside 0..65535.
-    """
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise ValueError(f"address {address!r} is not host:port")
-    return host.strip("[]") or "0.0.0.0", int(port_text)

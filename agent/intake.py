@@ -30,20 +30,20 @@ from laggard.agent.config import (
     DEFAULT_MAX_SERIES,
     DEFAULT_RANK_TTL_SECONDS,
     MAX_NAMES_PER_RANK,
-    parse_address,
 )
 from laggard.agent.context import FindingLog
-from laggard.agent.histogram import DURATION_BUCKETS_SECONDS, Histogram
-from laggard.agent.records import (
+from laggard.agent.socket_drops import socket_drops
+from laggard.agent.supervisor import RestartableThread
+from laggard.collectors.histogram import DURATION_BUCKETS_SECONDS, Histogram
+from laggard.detectors.finding import JOB_FINDING_KINDS, Severity
+from laggard.wire import (
     MAX_DATAGRAM_BYTES,
     RecordError,
     StepRecord,
     WindowReport,
     decode_datagram,
+    parse_address,
 )
-from laggard.agent.socket_drops import socket_drops
-from laggard.agent.supervisor import RestartableThread
-from laggard.detectors.finding import JOB_FINDING_KINDS, Severity
 
 log = logging.getLogger(__name__)
 

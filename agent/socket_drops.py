@@ -10,24 +10,7 @@ from __future__ import annotations
 import os
 import socket
 
-
-def parse_udp_drops(text: str) -> dict[int, int]:
-    """Parse ``/proc/net/udp`` or ``/proc/net/udp6`` into ``{socket inode: drops}``.
-
-    Lines that do not have the kernel's 13 columns are skipped (a header, a truncated read).
-
-    Args:
-        text: the file's content.
-
-    Returns:
-        Cumulative drop count (datagrams) per socket inode.
-    """
-    drops: dict[int, int] = {}
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) >= 13 and fields[9].isdigit() and fields[12].isdigit():
-            drops[int(fields[9])] = int(fields[12])
-    return drops
+from laggard.parsers.proc_net_udp import parse_udp_drops
 
 
 def socket_drops(sock: socket.socket, net_root: str = "/proc/self/net") -> int | None:
@@ -47,6 +30,6 @@ def socket_drops(sock: socket.socket, net_root: str = "/proc/self/net") -> int |
     name = "udp6" if sock.family == socket.AF_INET6 else "udp"
     try:
         with open(os.path.join(net_root, name)) as f:
-            return parse_udp_drops(f.read()).get(inode)
+            return parse_udp_drops(f).get(inode)
     except OSError:
         return None

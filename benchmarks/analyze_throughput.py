@@ -26,8 +26,8 @@ import os
 import tempfile
 import time
 
-from laggard.agent.analyze import analyze_paths
-from laggard.collectors.kernel_log import KernelLogParser
+from laggard.analyze.cli import analyze_paths
+from laggard.parsers.kernel_log import KernelLogParser
 
 TARGET_LINES_PER_SECOND = 200_000
 

@@ -6,11 +6,11 @@ Run as root (network namespaces)::
     python benchmarks/cluster_compression.py                  # 2 nodes x 1 rank, both rates
     python benchmarks/cluster_compression.py --rates 1gbit --compressors none,sign
 
-For each link rate it builds an :class:`~laggard.integrations.netns.EmulatedCluster`, then for each
+For each link rate it builds an :class:`~laggard.demo.netns.EmulatedCluster`, then for each
 compressor launches one job across the nodes (``torch.distributed.run`` on gloo, one rank per
 node, so each rank's traffic is exactly its node's link): the demo's byte-level transformer
-(``demo_worker.ByteLM``) at a width where the gradient all-reduce dominates the step at 1 Gbit/s,
-the same seed and data for every compressor. Each rank times ``--steps`` steps after
+(``laggard.demo.model.ByteLM``) at a width where the gradient all-reduce dominates the step at
+1 Gbit/s, the same seed and data for every compressor. Each rank times ``--steps`` steps after
 ``--warmup``, reads its own ``eth0`` transmit counter before and after them (``/sys`` inside its
 namespace), and sums the bytes its hook said it sent (``CommTimer``). Printed per compressor:
 median step time, speed-up over ``none`` in the same cluster, mean loss of the last steps
@@ -40,9 +40,9 @@ def worker(args: argparse.Namespace) -> int:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
+    from laggard.demo.model import ByteBatches, ByteLM, load_stdlib_text
     from laggard.integrations.comm_timing import CommTimer
     from laggard.integrations.compression import make_hook
-    from laggard.integrations.demo_worker import ByteBatches, ByteLM, load_stdlib_text
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import tempfile
 
-    from laggard.integrations.cluster_demo import parse_rate
-    from laggard.integrations.netns import EmulatedCluster, LinkShape, NamespaceError
+    from laggard.demo.cluster import parse_rate
+    from laggard.demo.netns import EmulatedCluster, LinkShape, NamespaceError
 
     rates = [parse_rate(r) for r in args.rates.split(",")]
     compressors = [c for c in args.compressors.split(",") if c]

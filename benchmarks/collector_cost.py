@@ -136,7 +136,7 @@ def _free_port() -> int:
 def scrape_cost(scrapes: int, *flags: str) -> tuple[float, int]:
     """Median wall seconds of one GET /metrics from a real agent, and the body size."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "laggard.agent.cli", "agent", "--web.listen-address",
+    cmd = [sys.executable, "-m", "laggard.cli", "agent", "--web.listen-address",
            f"127.0.0.1:{port}", "--intake-address", "", "--collect-interval", "1", *flags]
     agent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -1,6 +1,6 @@
 """Gradient compression on the demo model: bytes, step time, loss parity, codec throughput.
 
-One invocation measures, with the demo's byte-level transformer (``demo_worker.ByteLM``, its
+One invocation measures, with the demo's byte-level transformer (``laggard.demo.model.ByteLM``, its
 ``load_stdlib_text`` data and ``BUCKET_CAP_MB`` DDP buckets, AdamW at the demo's 3e-3):
 
 1. **Training, every arm in one job.** W gloo ranks (``torch.distributed.run``); each rank holds
@@ -103,13 +103,13 @@ def worker(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from laggard.integrations.compression import make_hook
-    from laggard.integrations.demo_worker import (
+    from laggard.demo.model import (
         BUCKET_CAP_MB,
         ByteBatches,
         ByteLM,
         load_stdlib_text,
     )
+    from laggard.integrations.compression import make_hook
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -214,9 +214,9 @@ def codec_throughput(names: list[str], reps: int) -> list[dict[str, Any]]:
     """Per bucket and compressor: median hook seconds and copy seconds, alternated."""
     import torch
 
+    from laggard.demo.model import ByteLM
     from laggard.integrations.compression import make_hook
     from laggard.integrations.compression.bucket import FlatBucket
-    from laggard.integrations.demo_worker import ByteLM
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -310,7 +310,7 @@ def demo_buckets() -> list[list[Any]]:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from laggard.integrations.demo_worker import BUCKET_CAP_MB, ByteBatches, ByteLM
+    from laggard.demo.model import BUCKET_CAP_MB, ByteBatches, ByteLM
 
     torch.manual_seed(0)
     ddp = DistributedDataParallel(ByteLM(), bucket_cap_mb=BUCKET_CAP_MB)

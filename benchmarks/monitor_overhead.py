@@ -62,13 +62,13 @@ def worker(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from laggard.integrations.comm_timing import CommTimer, allreduce_timing_hook
-    from laggard.integrations.demo_worker import (
+    from laggard.demo.model import (
         BUCKET_CAP_MB,
         ByteBatches,
         ByteLM,
         load_stdlib_text,
     )
+    from laggard.integrations.comm_timing import CommTimer, allreduce_timing_hook
     from laggard.integrations.monitor import TrainingMonitor
 
     torch.set_num_threads(1)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
-
-from laggard.agent.config import AgentConfig
 
 
 class HostCollector:
@@ -50,6 +49,6 @@ class HostCollector:
                                 value=memory.available)
 
 
-def from_config(config: AgentConfig, context: object) -> HostCollector:
+def from_config(config: Any, context: object) -> HostCollector:
     """Registry factory."""
     return HostCollector()

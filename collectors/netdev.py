@@ -9,55 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from laggard.agent.config import AgentConfig
 from laggard.collectors.base import NoDataError
-
-_DEFAULT_COLUMNS = (
-    [f"receive_{c}" for c in ("bytes", "packets", "errs", "drop", "fifo", "frame", "compressed",
-                              "multicast")]
-    + [f"transmit_{c}" for c in ("bytes", "packets", "errs", "drop", "fifo", "colls", "carrier",
-                                 "compressed")]
-)
-
-
-def parse_proc_net_dev(text: str) -> dict[str, dict[str, int]]:
-    """Parse the text of ``/proc/net/dev``.
-
-    Lines that are neither the header nor an ``iface: counters`` row (an echoed command, a date
-    printed beside a copy of the file) are ignored, and so is a row whose counter count does not
-    match the header.
-
-    Args:
-        text: the file's content.
-
-    Returns:
-        interface name -> {``receive_bytes``, ``receive_packets``, ... ``transmit_compressed``}
-        -> counter value (int).
-    """
-    columns = list(_DEFAULT_COLUMNS)
-    devices: dict[str, dict[str, int]] = {}
-    for line in text.splitlines():
-        if "|" in line:
-            parts = line.split("|")
-            # "  face |bytes    packets errs drop ...|bytes    packets errs ..."
-            if len(parts) == 3 and "bytes" in parts[1] and "bytes" in parts[2]:
-                columns = [f"receive_{c}" for c in parts[1].split()] + [
-                    f"transmit_{c}" for c in parts[2].split()
-                ]
-            continue
-        name, sep, rest = line.partition(":")
-        name = name.strip()
-        if not sep or not name or " " in name:
-            continue
-        fields = rest.split()
-        if len(fields) != len(columns) or not all(f.isdigit() for f in fields):
-            continue
-        devices[name] = dict(zip(columns, map(int, fields), strict=True))
-    return devices
+from laggard.parsers.proc_net_dev import parse_proc_net_dev
 
 
 class NetdevCollector:
@@ -132,6 +90,6 @@ def _read_sysfs(path: str) -> str | None:
         return None
 
 
-def from_config(config: AgentConfig, context: object) -> NetdevCollector:
+def from_config(config: Any, context: object) -> NetdevCollector:
     """Registry factory."""
     return NetdevCollector(proc_root=config.proc_root, sysfs_root=config.sysfs_root)

@@ -11,7 +11,7 @@ Two sources, merged:
 * **the kernel log**: ``/dev/kmsg`` (records ``prio,seq,usec,flags;message``) or a syslog or
   journal file named by ``--path.kmsg``, read from its end at start without blocking; a rotated,
   truncated or vanished file is reopened. Lines go through
-  :class:`~laggard.collectors.kernel_log.KernelLogParser`.
+  :class:`~laggard.parsers.kernel_log.KernelLogParser`.
 
 An Xid that both sources report (same GPU, same code, within ``merge_window`` seconds) is counted
 once: each event of one source cancels at most one of the other, so three identical lines still
@@ -38,10 +38,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from laggard.collectors.base import NoDataError
-from laggard.collectors.kernel_log import KernelLogParser, SXidEvent, XidEvent
 from laggard.collectors.nvml_library import NvmlLibrary, shared_library
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.xid_catalog import xid_finding
+from laggard.parsers.kernel_log import KernelLogParser, SXidEvent, XidEvent
 
 log = logging.getLogger(__name__)
 

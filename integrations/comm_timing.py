@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from laggard.agent.records import CollectiveTiming
+from laggard.wire import CollectiveTiming
 
 if TYPE_CHECKING:
     import torch

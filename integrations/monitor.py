@@ -1,12 +1,12 @@
 """TrainingMonitor: times each training step's phases, reports them to the node agent, and names
 the straggler rank from inside the job.
 
-Per step, one :class:`~laggard.agent.records.StepRecord` UDP datagram goes to the node agent: fire
+Per step, one :class:`~laggard.wire.StepRecord` UDP datagram goes to the node agent: fire
 and forget on a non-blocking socket, so a missing, slow or crashed agent costs the job nothing but
 a counted drop. Every ``window_steps`` steps all ranks exchange the medians of their per-step
 statistics over the window with one ``all_gather`` (7 float64 per rank, whatever K), and
 rank 0 runs the straggler detector on the gathered window, logs a finding once when it is raised
-and once when it clears, and sends a :class:`~laggard.agent.records.WindowReport` to its agent.
+and once when it clears, and sends a :class:`~laggard.wire.WindowReport` to its agent.
 
 Usage, with DDP and the timing communication hook::
 
@@ -43,14 +43,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from laggard.agent.config import DEFAULT_INTAKE_ADDRESS, parse_address
-from laggard.agent.records import (
+from laggard.detectors.finding import Finding
+from laggard.wire import (
+    DEFAULT_INTAKE_ADDRESS,
     MAX_REPORT_RANKS,
     CollectiveTiming,
     StepRecord,
     WindowReport,
+    parse_address,
 )
-from laggard.detectors.finding import Finding
 
 if TYPE_CHECKING:
     import torch.distributed as dist

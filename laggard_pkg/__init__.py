@@ -1,8 +1,9 @@
 """laggard: find the straggler rank, the throttled GPU and the flipped bit in a training job.
 
-The subpackages map onto the repository's top-level folders (see pyproject.toml):
-``laggard.agent``, ``laggard.collectors``, ``laggard.detectors``, ``laggard.dashboards`` and
-``laggard.integrations``.
+The subpackages map onto the repository's top-level folders (see pyproject.toml and the README's
+"Layout"): ``laggard.parsers``, ``laggard.detectors``, ``laggard.collectors``, ``laggard.agent``,
+``laggard.analyze``, ``laggard.integrations``, ``laggard.demo`` and ``laggard.dashboards``;
+``laggard.cli`` is the ``laggard`` command and ``laggard.wire`` the training-to-agent format.
 """
 
 __version__ = "0.1.0"

@@ -47,9 +47,9 @@ class AgentProcess:
 
 
 def start_agent(*extra: str, timeout: float = 15.0) -> AgentProcess:
-    """Start ``python -m laggard.agent.cli agent`` and wait until /metrics answers."""
+    """Start ``python -m laggard.cli agent`` and wait until /metrics answers."""
     port, intake_port = free_port(), free_port(socket.SOCK_DGRAM)
-    cmd = [sys.executable, "-m", "laggard.agent.cli", "agent",
+    cmd = [sys.executable, "-m", "laggard.cli", "agent",
            "--web.listen-address", f"127.0.0.1:{port}",
            "--intake-address", f"127.0.0.1:{intake_port}", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import stop_agent
 
-from laggard.agent.records import StepRecord, WindowReport
+from laggard.wire import StepRecord, WindowReport
 
 
 def _value(text, name, labels=None):
@@ -99,7 +99,7 @@ def test_bad_flags_give_a_clear_error_and_status_2():
     import sys
 
     for flags in (["--collect-interval", "0.01"], ["--web.listen-address", "nonsense"]):
-        result = subprocess.run([sys.executable, "-m", "laggard.agent.cli", "agent", *flags],
+        result = subprocess.run([sys.executable, "-m", "laggard.cli", "agent", *flags],
                                 capture_output=True, text=True, timeout=30)
         assert result.returncode == 2
         assert "laggard agent:" in result.stderr
@@ -141,7 +141,7 @@ def test_an_address_in_use_is_named_in_the_error(agent_factory):
 
     agent = agent_factory()
     result = subprocess.run(
-        [sys.executable, "-m", "laggard.agent.cli", "agent",
+        [sys.executable, "-m", "laggard.cli", "agent",
          "--web.listen-address", f"127.0.0.1:{agent.port}", "--intake-address", "127.0.0.1:0"],
         capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
@@ -151,7 +151,7 @@ def test_an_address_in_use_is_named_in_the_error(agent_factory):
 def test_an_unknown_agent_flag_shows_the_agent_usage():
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "laggard.agent.cli", "agent", "--bogus"],
+    result = subprocess.run([sys.executable, "-m", "laggard.cli", "agent", "--bogus"],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "usage: laggard agent" in result.stderr

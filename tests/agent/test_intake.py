@@ -4,7 +4,7 @@ from prometheus_client import CollectorRegistry
 
 from laggard.agent.context import FindingLog
 from laggard.agent.intake import RankTable
-from laggard.agent.records import StepRecord, WindowReport
+from laggard.wire import StepRecord, WindowReport
 
 
 class _Wrap:

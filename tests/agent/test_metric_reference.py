@@ -7,7 +7,7 @@ import time
 from prometheus_client.parser import text_string_to_metric_families
 from support import FIXTURES, REPO
 
-from laggard.agent.records import CollectiveTiming, StepRecord, WindowReport
+from laggard.wire import CollectiveTiming, StepRecord, WindowReport
 
 
 def _documented() -> set[str]:

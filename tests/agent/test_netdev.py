@@ -5,7 +5,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from support import FIXTURES
 
 from laggard.collectors.base import NoDataError
-from laggard.collectors.netdev import NetdevCollector, parse_proc_net_dev
+from laggard.collectors.netdev import NetdevCollector
+from laggard.parsers.proc_net_dev import parse_proc_net_dev
 
 
 def test_corpus_net01_bridge_drops_and_bond_counters():

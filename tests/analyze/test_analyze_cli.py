@@ -13,13 +13,13 @@ import sys
 import pytest
 from support import FIXTURES, REPO
 
-from laggard.agent.cli import main
+from laggard.cli import main
 
 DIR = FIXTURES / "analyze"
 
 
 def analyze(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "laggard.agent.cli", "analyze", *args],
+    return subprocess.run([sys.executable, "-m", "laggard.cli", "analyze", *args],
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
@@ -294,7 +294,7 @@ def test_bad_inputs_are_answered_with_messages_not_tracebacks(tmp_path):
     result = analyze(str(tmp_path))
     assert result.returncode == 1 and "skipped" in result.stderr
     assert "Xid 119" in result.stdout
-    result = subprocess.run([sys.executable, "-m", "laggard.agent.cli", "analyze", "--bogus"],
+    result = subprocess.run([sys.executable, "-m", "laggard.cli", "analyze", "--bogus"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr
 
@@ -313,7 +313,7 @@ def test_a_large_log_streams_in_bounded_memory(tmp_path):
     # The child reports its own peak RSS from VmHWM, which belongs to its address space alone:
     # getrusage's ru_maxrss survives fork and exec, so it would report pytest's own size.
     code = ("import re, sys\n"
-            "from laggard.agent.cli import main\n"
+            "from laggard.cli import main\n"
             "rc = main(['analyze', '--json', sys.argv[1]])\n"
             "status = open('/proc/self/status').read()\n"
             "print(re.search(r'VmHWM:\\s+(\\d+) kB', status).group(1), file=sys.stderr)\n"

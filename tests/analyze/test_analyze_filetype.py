@@ -8,7 +8,7 @@ import os
 import pytest
 from support import FIXTURES
 
-from laggard.collectors.filetype import PROBE_BYTES, FileKindError, detect
+from laggard.analyze.filetype import PROBE_BYTES, FileKindError, detect
 
 DIR = FIXTURES / "analyze"
 

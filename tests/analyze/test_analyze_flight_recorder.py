@@ -10,12 +10,8 @@ import pickletools
 import pytest
 from support import FIXTURES
 
-from laggard.collectors.flight_recorder import (
-    DumpError,
-    analyze_dumps,
-    load_dump,
-    parse_fr_trace_report,
-)
+from laggard.detectors.flight_recorder import analyze_dumps
+from laggard.parsers.flight_recorder import DumpError, load_dump, parse_fr_trace_report
 
 DIR = FIXTURES / "analyze"
 NVRX = DIR / "fr_nvrx_gpu_error_2nd"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from support import FIXTURES
 
-from laggard.agent.incident_gpu import clock_event_findings, dcgm_findings
-from laggard.collectors.dcgm_exposition import dcgm_gpus, parse_exposition
-from laggard.collectors.nvidia_smi import (
+from laggard.analyze.gpu import clock_event_findings, dcgm_findings
+from laggard.parsers.exposition import dcgm_gpus, parse_exposition
+from laggard.parsers.nvidia_smi import (
     parse_nvidia_smi_csv,
     parse_nvidia_smi_q,
     reasons_from_bitmask,

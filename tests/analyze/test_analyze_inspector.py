@@ -12,11 +12,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from support import FIXTURES
 
 from laggard.collectors.base import NoDataError
-from laggard.collectors.nccl_inspector import (
-    InspectorStream,
-    NcclInspectorCollector,
-    parse_inspector_lines,
-)
+from laggard.collectors.nccl_inspector import NcclInspectorCollector
+from laggard.parsers.nccl_inspector import InspectorStream, parse_inspector_lines
 
 DIR = FIXTURES / "analyze" / "inspector"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from support import FIXTURES
 
-from laggard.collectors.nccl_log import (
+from laggard.parsers.nccl_log import (
     CollectiveMismatch,
     DesyncReport,
     NcclLogParser,

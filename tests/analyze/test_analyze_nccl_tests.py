@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from support import FIXTURES
 
-from laggard.agent.incident_network import nccl_tests_findings
-from laggard.collectors.nccl_tests import GIB, parse_nccl_tests
+from laggard.analyze.network import nccl_tests_findings
+from laggard.parsers.nccl_tests import GIB, parse_nccl_tests
 
 DIR = FIXTURES / "analyze"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from support import FIXTURES
 
-from laggard.agent.incident_network import ib_findings, netdev_findings
-from laggard.collectors.infiniband_listing import parse_ib_listing, parse_ibstat, parse_perfquery
-from laggard.collectors.netdev import parse_proc_net_dev
+from laggard.analyze.network import ib_findings, netdev_findings
+from laggard.parsers.infiniband_listing import parse_ib_listing, parse_ibstat, parse_perfquery
+from laggard.parsers.proc_net_dev import parse_proc_net_dev
 
 DIR = FIXTURES / "analyze"
 

@@ -6,7 +6,7 @@ import functools
 
 import pytest
 
-from laggard.integrations.netns import EmulatedCluster, LinkShape, NamespaceError
+from laggard.demo.netns import EmulatedCluster, LinkShape, NamespaceError
 
 
 @functools.cache

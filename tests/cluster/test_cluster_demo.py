@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from laggard.integrations.cluster_demo import (
+from laggard.demo.cluster import (
     DEMO_ALERT_FOR,
     demo_rules,
     measure_links,
     parse_rate,
     slow_links,
 )
-from laggard.integrations.netns import EmulatedCluster, LinkShape
+from laggard.demo.netns import EmulatedCluster, LinkShape
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def test_two_nodes_slowed_rank_is_named_with_node_cause_and_alert(tmp_path: Path
         pytest.skip("prometheus not installed (apt-get install prometheus)")
     out = tmp_path / "report.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "laggard.agent.cli", "cluster-demo", "--nodes", "2",
+        [sys.executable, "-m", "laggard.cli", "cluster-demo", "--nodes", "2",
          "--ranks-per-node", "2", "--rate", "1gbit", "--fault", "slow-rank", "--fault-node", "1",
          "--slowdown", "2.0", "--steps", "80", "--window", "8", "--fault-at-step", "16",
          "--timeout", "240",
@@ -86,7 +86,7 @@ def test_without_privileges_it_says_so_and_creates_nothing() -> None:
     before = set(subprocess.run(["ip", "netns", "list"], capture_output=True,
                                 text=True).stdout.split())
     done = subprocess.run(
-        [sys.executable, "-m", "laggard.agent.cli", "cluster-demo"],
+        [sys.executable, "-m", "laggard.cli", "cluster-demo"],
         capture_output=True, text=True, timeout=60, preexec_fn=_drop_all_capabilities,
     )
     assert done.returncode == 2, done.stderr
@@ -145,7 +145,7 @@ def _descendants(pid: int) -> set[int]:
 
 def _start_demo(*extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "laggard.agent.cli", "cluster-demo", "--nodes", "3",
+        [sys.executable, "-m", "laggard.cli", "cluster-demo", "--nodes", "3",
          "--steps", "400", "--timeout", "120", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -185,7 +185,7 @@ def test_the_timeout_stops_the_run_and_everything_is_removed() -> None:
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus not installed (apt-get install prometheus)")
     demo = subprocess.run(
-        [sys.executable, "-m", "laggard.agent.cli", "cluster-demo", "--nodes", "3",
+        [sys.executable, "-m", "laggard.cli", "cluster-demo", "--nodes", "3",
          "--steps", "100000", "--timeout", "8"],
         capture_output=True, text=True, timeout=120)
     out = demo.stdout + demo.stderr
@@ -208,7 +208,7 @@ def _names_of_dead_runs() -> list[str]:
 
 def test_a_wrong_flag_is_refused_before_anything_is_made() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "laggard.agent.cli", "cluster-demo",
+        [sys.executable, "-m", "laggard.cli", "cluster-demo",
          "--compression", "no-such-compressor"],
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 2

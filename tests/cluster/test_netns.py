@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from laggard.integrations.netns import (
+from laggard.demo.netns import (
     BENCHMARK_NET,
     EmulatedCluster,
     LinkShape,
@@ -78,7 +78,7 @@ def test_everything_is_removed_when_the_body_raises() -> None:
 
 HOLDER = """
 import sys, time
-from laggard.integrations.netns import EmulatedCluster, LinkShape
+from laggard.demo.netns import EmulatedCluster, LinkShape
 with EmulatedCluster(2, LinkShape(rate_bps=1e9, delay_s=0)) as cluster:
     cluster.popen(cluster.nodes[0], ["sleep", "60"])
     print(" ".join([cluster.bridge] + [n.netns for n in cluster.nodes]), flush=True)

@@ -14,7 +14,7 @@ from laggard.dashboards import catalog
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "laggard.agent.cli", "dashboards", *args],
+    return subprocess.run([sys.executable, "-m", "laggard.cli", "dashboards", *args],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -83,7 +83,7 @@ def test_without_the_sdk_writes_the_packaged_copies(tmp_path: Path) -> None:
     (shadow / "__init__.py").write_text("raise ImportError('no grafana-foundation-sdk here')\n")
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "laggard.agent.cli", "dashboards", "--out", str(out)],
+        [sys.executable, "-m", "laggard.cli", "dashboards", "--out", str(out)],
         capture_output=True, text=True, timeout=60,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(shadow.parent), os.environ.get("PYTHONPATH", "")])})

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from laggard.agent.cli import build_parser
+from laggard.cli import build_parser
 from laggard.dashboards.catalog import RULE_FILES, RULES_DIR, prometheus_rule_text
 
 REPO = Path(__file__).resolve().parents[2]

@@ -42,9 +42,9 @@ import pytest
 import yaml
 from support import FIXTURES, AgentProcess, free_port, start_agent, stop_agent
 
-from laggard.agent.records import CollectiveTiming, StepRecord, WindowReport
 from laggard.dashboards.catalog import RULE_FILES, RULES_DIR, render_dashboards
 from laggard.detectors.finding import Finding, Severity
+from laggard.wire import CollectiveTiming, StepRecord, WindowReport
 
 pytestmark = [
     pytest.mark.slow,
@@ -375,7 +375,7 @@ def test_demo_training_job_straggler_named_by_prometheus(
     pytest.importorskip("torch")
     launcher = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
-         "-m", "laggard.integrations.demo_worker", "--steps", "60", "--window", "5",
+         "-m", "laggard.demo.worker", "--steps", "60", "--window", "5",
          "--slow-rank", "1", "--slowdown", "2.0", "--slow-from", "0",
          "--intake-address", f"127.0.0.1:{agent.intake_port}",
          "--result", str(tmp_path / "result.json")],

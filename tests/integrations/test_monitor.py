@@ -16,9 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from laggard.agent.records import StepRecord, WindowReport, decode_datagram  # noqa: E402
 from laggard.integrations.comm_timing import CommTimer  # noqa: E402
 from laggard.integrations.monitor import STAT_NAMES, TrainingMonitor  # noqa: E402
+from laggard.wire import StepRecord, WindowReport, decode_datagram  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

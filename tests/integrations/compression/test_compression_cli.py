@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from laggard.integrations import demo
+from laggard.demo import local as demo
 from laggard.integrations.compression import COMPRESSORS, make_hook
 
 
@@ -17,7 +17,7 @@ def test_demo_offers_every_compressor() -> None:
 
 
 def test_unknown_compressor_is_refused_with_the_choices() -> None:
-    proc = subprocess.run([sys.executable, "-m", "laggard.agent.cli", "demo",
+    proc = subprocess.run([sys.executable, "-m", "laggard.cli", "demo",
                            "--compression", "zip"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "invalid choice: 'zip'" in proc.stderr and "powersgd" in proc.stderr

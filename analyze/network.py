@@ -6,15 +6,15 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from laggard.agent.incident import (
+from laggard.analyze.findings import (
     IncidentFinding,
     ranks_text,
 )
-from laggard.collectors.dcgm_exposition import Exposition
-from laggard.collectors.infiniband_listing import IbPort
-from laggard.collectors.nccl_inspector import InspectorRecord, InspectorStream
-from laggard.collectors.nccl_tests import GIB, NcclTestsResult
 from laggard.detectors.finding import Severity
+from laggard.parsers.exposition import Exposition
+from laggard.parsers.infiniband_listing import IbPort
+from laggard.parsers.nccl_inspector import InspectorRecord, InspectorStream
+from laggard.parsers.nccl_tests import GIB, NcclTestsResult
 
 #: A size counts as "at the plateau" once busbw reaches this share of the peak.
 PLATEAU_FRACTION = 0.9

@@ -2,7 +2,7 @@
 
 Starts a node agent (``laggard agent``) on free loopback ports, launches the training job with
 PyTorch's own launcher (``python -m torch.distributed.run --standalone``), one process per rank
-running :mod:`laggard.integrations.demo_worker` on the gloo backend, shows rank 0's progress,
+running :mod:`laggard.demo.worker` on the gloo backend, shows rank 0's progress,
 and ends with a report: per-rank medians, the straggler finding, communication per step, loss,
 and the agent's metrics URL. ``--report PATH`` writes the same as JSON.
 
@@ -111,7 +111,7 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     metrics_url = f"http://{metrics_address}/metrics"
     agent_log = tmp / "agent.log"
     agent = children.start(
-        [sys.executable, "-m", "laggard.agent.cli", "agent",
+        [sys.executable, "-m", "laggard.cli", "agent",
          "--web.listen-address", metrics_address, "--intake-address", intake_address,
          "--collect-interval", "0.5"],
         stdout=agent_log.open("w"), stderr=subprocess.STDOUT,
@@ -128,7 +128,7 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     launcher = children.start(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          "--nproc_per_node", str(args.world_size),
-         "-m", "laggard.integrations.demo_worker",
+         "-m", "laggard.demo.worker",
          "--steps", str(args.steps), "--window", str(args.window),
          "--slow-rank", str(args.slow_rank), "--slowdown", str(args.slowdown),
          "--slow-from", str(args.slow_from), "--seed", str(args.seed),
@@ -385,7 +385,7 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 def _with_free_port(address: str, kind: int) -> str:
     """``host:port``, with port 0 replaced by one that is free now."""
-    from laggard.agent.config import parse_address
+    from laggard.wire import parse_address
 
     host, port = parse_address(address)
     if port == 0:

@@ -9,15 +9,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from laggard.agent.incident import (
+from laggard.analyze.findings import (
     SEVERITY_ORDER,
     IncidentFinding,
 )
-from laggard.collectors.dcgm_exposition import DcgmGpu
-from laggard.collectors.kernel_log import SXidEvent, XidEvent
-from laggard.collectors.nvidia_smi import SmiGpu, reasons_from_bitmask
 from laggard.detectors import xid_catalog
 from laggard.detectors.finding import Severity
+from laggard.parsers.exposition import DcgmGpu
+from laggard.parsers.kernel_log import SXidEvent, XidEvent
+from laggard.parsers.nvidia_smi import SmiGpu, reasons_from_bitmask
 
 #: Most distinct pids/processes listed per Xid group.
 MAX_LISTED = 10

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from laggard.agent.records import (
+from laggard.wire import (
     MAX_DATAGRAM_BYTES,
     CollectiveTiming,
     RecordError,

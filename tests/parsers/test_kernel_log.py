@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pytest
 from support import FIXTURES
 
-from laggard.collectors.kernel_log import (
+from laggard.parsers.kernel_log import (
     KernelLogParser,
     SXidEvent,
     XidEvent,

@@ -1,7 +1,7 @@
 """``laggard cluster-demo``: a cluster on one machine, a fault on one node, and laggard naming it.
 
 N emulated nodes (network namespaces on one bridge, links shaped with ``tc``; see
-:mod:`laggard.integrations.netns`) each run a ``laggard agent`` and M training ranks; one job
+:mod:`laggard.demo.netns`) each run a ``laggard agent`` and M training ranks; one job
 spans all of them with ``torch.distributed`` on gloo over TCP, launched on every node by PyTorch's
 own launcher (``torch.distributed.run --nnodes N --node_rank i``); a real Prometheus on this
 machine scrapes every agent and evaluates laggard's alert rules. One fault is injected:
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from laggard.integrations.netns import (
+from laggard.demo.netns import (
     EmulatedCluster,
     LinkShape,
     NamespaceError,
@@ -433,7 +433,7 @@ def _worker_command(args: argparse.Namespace, cluster: EmulatedCluster, node: No
            "--nproc_per_node", str(args.ranks_per_node),
            "--master_addr", master.address, "--master_port", str(MASTER_PORT),
            "--max_restarts", "0",
-           "-m", "laggard.integrations.demo_worker",
+           "-m", "laggard.demo.worker",
            "--steps", str(args.steps), "--window", str(args.window),
            "--intake-address", f"127.0.0.1:{INTAKE_PORT}",
            "--compression", args.compression,
@@ -533,7 +533,7 @@ def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
     for node in nodes:
         log = open(workdir / f"agent-{node.name}.log", "w")  # noqa: SIM115 - process lifetime
         agents.append(cluster.popen(node, [
-            sys.executable, "-m", "laggard.agent.cli", "agent",
+            sys.executable, "-m", "laggard.cli", "agent",
             "--web.listen-address", f"{node.address}:{AGENT_PORT}",
             "--intake-address", f"127.0.0.1:{INTAKE_PORT}",
             "--node", node.name, "--collect-interval", "0.5", *off],

@@ -8,7 +8,7 @@ started here scrapes every node's agent.
 ::
 
     with EmulatedCluster(nodes=3, link=LinkShape(rate_bps=1e9)) as cluster:
-        proc = cluster.popen(cluster.nodes[1], ["python", "-m", "laggard.agent.cli", "agent"])
+        proc = cluster.popen(cluster.nodes[1], ["python", "-m", "laggard.cli", "agent"])
         cluster.shape(cluster.nodes[1], LinkShape(rate_bps=100e6))   # degrade one link
         print(cluster.link_counters(cluster.nodes[1]))
 

@@ -17,14 +17,14 @@ from support import free_port, scrape
 pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
-from laggard.integrations import demo  # noqa: E402
+from laggard.demo import local as demo  # noqa: E402
 
 #: Short runs: 3 ranks (the fewest that can outvote one), 10-step windows.
 SHORT = ["--world-size", "3", "--window", "10", "--slow-rank", "1"]
 
 
 def _start(*flags: str, metrics_port: int | None = None) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "laggard.agent.cli", "demo", *flags]
+    cmd = [sys.executable, "-m", "laggard.cli", "demo", *flags]
     if metrics_port is not None:
         cmd += ["--metrics-address", f"127.0.0.1:{metrics_port}"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -129,7 +129,7 @@ def test_ctrl_c_stops_every_process_the_demo_started():
 
 
 def test_bad_flags_get_a_clear_error_and_status_2():
-    proc = subprocess.run([sys.executable, "-m", "laggard.agent.cli", "demo",
+    proc = subprocess.run([sys.executable, "-m", "laggard.cli", "demo",
                            "--world-size", "4", "--slow-rank", "4"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

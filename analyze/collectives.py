@@ -9,13 +9,15 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from laggard.agent.incident import (
+from laggard.analyze.findings import (
     IncidentFinding,
     ranks_text,
     sources_text,
 )
-from laggard.collectors.flight_recorder import FrAnalysis, FrTraceIssue
-from laggard.collectors.nccl_log import (
+from laggard.detectors.finding import Severity
+from laggard.detectors.flight_recorder import FrAnalysis
+from laggard.parsers.flight_recorder import FrTraceIssue
+from laggard.parsers.nccl_log import (
     IBV_WC_STATUS,
     NCCL_RESULTS,
     InitComplete,
@@ -23,7 +25,6 @@ from laggard.collectors.nccl_log import (
     NcclWarning,
     WatchdogTimeout,
 )
-from laggard.detectors.finding import Severity
 
 
 def pci_from_nccl_bus_id(bus_id: str) -> str | None:

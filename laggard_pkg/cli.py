@@ -16,10 +16,10 @@ from laggard import __version__
 #: subcommand -> module implementing it
 SUBCOMMANDS: dict[str, str] = {
     "agent": "laggard.agent.daemon",
-    "demo": "laggard.integrations.demo",
-    "analyze": "laggard.agent.analyze",
+    "demo": "laggard.demo.local",
+    "analyze": "laggard.analyze.cli",
     "dashboards": "laggard.dashboards.cli",
-    "cluster-demo": "laggard.integrations.cluster_demo",
+    "cluster-demo": "laggard.demo.cluster",
 }
 
 
@@ -52,10 +52,10 @@ def _help_of(module_name: str) -> str:
     # Short help without importing (torch-heavy modules stay unimported).
     return {
         "laggard.agent.daemon": "run the node agent (serves /metrics)",
-        "laggard.integrations.demo": "train a small model on W local ranks and find the slow one",
-        "laggard.agent.analyze": "read logs and dumps after an incident and name the culprit",
+        "laggard.demo.local": "train a small model on W local ranks and find the slow one",
+        "laggard.analyze.cli": "read logs and dumps after an incident and name the culprit",
         "laggard.dashboards.cli": "write Grafana dashboards and Prometheus rules",
-        "laggard.integrations.cluster_demo": "emulate several nodes with network namespaces",
+        "laggard.demo.cluster": "emulate several nodes with network namespaces",
     }.get(module_name, "")
 
 

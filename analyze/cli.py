@@ -1,8 +1,8 @@
 """``laggard analyze PATH...``: read an incident's artifacts and name the culprit.
 
-Each file's kind is told from its content (:mod:`laggard.collectors.filetype`), it is parsed by
+Each file's kind is told from its content (:mod:`laggard.analyze.filetype`), it is parsed by
 that kind's parser (logs are streamed line by line, so a log of any size runs in bounded memory),
-and the rules of :mod:`laggard.agent.incident_gpu`, ``incident_collectives`` and
+and the rules of :mod:`laggard.analyze.gpu`, ``incident_collectives`` and
 ``incident_network`` turn what was parsed into findings. Watchdog timeouts of every NCCL log,
 and flight-recorder dumps of one directory, are compared across ranks together, since one
 rank's log alone cannot say who is behind.
@@ -22,35 +22,32 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from laggard.agent import incident_collectives as collectives
-from laggard.agent import incident_gpu as gpu
-from laggard.agent import incident_network as network
-from laggard.agent.incident import KINDS, IncidentFinding, sort_findings
-from laggard.collectors import filetype
-from laggard.collectors.dcgm_exposition import dcgm_gpus, parse_exposition
-from laggard.collectors.flight_recorder import (
+from laggard.analyze import collectives, filetype, gpu, network
+from laggard.analyze.findings import KINDS, IncidentFinding, sort_findings
+from laggard.detectors.flight_recorder import analyze_dumps
+from laggard.parsers.exposition import dcgm_gpus, parse_exposition
+from laggard.parsers.flight_recorder import (
     DumpError,
     FlightRecorderDump,
-    analyze_dumps,
     load_dump,
     parse_fr_trace_report,
 )
-from laggard.collectors.infiniband_listing import (
+from laggard.parsers.infiniband_listing import (
     parse_ib_listing,
     parse_ibstat,
     parse_perfquery,
 )
-from laggard.collectors.kernel_log import KernelLogParser
-from laggard.collectors.nccl_inspector import InspectorRecord, InspectorStream
-from laggard.collectors.nccl_log import (
+from laggard.parsers.kernel_log import KernelLogParser
+from laggard.parsers.nccl_inspector import InspectorRecord, InspectorStream
+from laggard.parsers.nccl_log import (
     MAX_EVENTS_PER_TYPE,
     NcclLog,
     NcclLogParser,
     parse_nccl_log,
 )
-from laggard.collectors.nccl_tests import parse_nccl_tests
-from laggard.collectors.netdev import parse_proc_net_dev
-from laggard.collectors.nvidia_smi import parse_nvidia_smi_csv, parse_nvidia_smi_q
+from laggard.parsers.nccl_tests import parse_nccl_tests
+from laggard.parsers.nvidia_smi import parse_nvidia_smi_csv, parse_nvidia_smi_q
+from laggard.parsers.proc_net_dev import parse_proc_net_dev
 
 HELP = "read logs and dumps after an incident and name the culprit"
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 WIRE_VERSION = 1
+#: UDP address the training ranks send StepRecords to (localhost: ranks run on this node).
+DEFAULT_INTAKE_ADDRESS = "127.0.0.1:9478"
 #: Largest datagram the agent accepts; anything larger is rejected as ``oversized``.
 MAX_DATAGRAM_BYTES = 8192
 #: Phase names with a meaning of their own; other names are accepted and exported as given.
@@ -407,3 +409,15 @@ def _duration(value: Any, what: str) -> float:
     if value < 0:
         raise RecordError("range", f"{what}: must be >= 0")
     return value
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` accepted) into host and port.
+
+    Raises:
+        ValueError: no port, or a port outside 0..65535.
+    """
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"address {address!r} is not host:port")
+    return host.strip("[]") or "0.0.0.0", int(port_text)

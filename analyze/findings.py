@@ -1,8 +1,8 @@
 """The finding type of ``laggard analyze`` and the helpers its rule modules share.
 
-The rules live in :mod:`laggard.agent.incident_gpu` (Xids, lost GPUs, clock events),
-:mod:`laggard.agent.incident_collectives` (watchdog timeouts, desyncs, flight-recorder dumps)
-and :mod:`laggard.agent.incident_network` (bus bandwidth, InfiniBand, interfaces). Each takes
+The rules live in :mod:`laggard.analyze.gpu` (Xids, lost GPUs, clock events),
+:mod:`laggard.analyze.collectives` (watchdog timeouts, desyncs, flight-recorder dumps)
+and :mod:`laggard.analyze.network` (bus bandwidth, InfiniBand, interfaces). Each takes
 what a parser produced and returns :class:`IncidentFinding` objects; they are pure (no I/O).
 The agent's detectors use :class:`~laggard.detectors.finding.Finding`; an incident report names
 a subject and a source file instead of rank/node/gpu fields.

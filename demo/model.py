@@ -1,0 +1,161 @@
+"""The demo's model and data: a small decoder-only transformer language model on bytes.
+
+The text is the Python standard library's own source (found with ``sysconfig``), as bytes: a
+vocabulary of 256 tokens, no tokenizer to download. Each rank samples its own batches. The demo
+worker, the tests and the benchmarks all train this model.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: Bytes of standard-library source read per rank (the first files in sorted path order).
+CORPUS_BYTES = 4 << 20
+#: DDP gradient bucket size in MB (DDP's default is 25).
+BUCKET_CAP_MB = 0.25
+
+
+# ----------------------------------------------------------------------------------- data
+def load_stdlib_text(max_bytes: int = CORPUS_BYTES) -> torch.Tensor:
+    """The Python standard library's ``.py`` sources as one byte sequence.
+
+    Args:
+        max_bytes: stop after this many bytes (files taken in sorted path order).
+
+    Returns:
+        (N,) uint8 tensor, N <= max_bytes.
+
+    Raises:
+        FileNotFoundError: the standard library directory holds no ``.py`` files.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(root.rglob("*.py")):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        chunks.append(data[: max_bytes - total])
+        total += len(chunks[-1])
+        if total >= max_bytes:
+            break
+    if not total:
+        raise FileNotFoundError(f"no Python sources under {root}")
+    return torch.from_numpy(np.frombuffer(b"".join(chunks), dtype=np.uint8).copy())
+
+
+class ByteBatches:
+    """Random windows of a byte sequence: next-token prediction batches.
+
+    Args:
+        text: (N,) uint8 tokens.
+        batch_size: sequences per batch.
+        seq_len: tokens per sequence (inputs; targets are shifted by one).
+        seed: generator seed (give each rank its own).
+    """
+
+    def __init__(self, text: torch.Tensor, batch_size: int, seq_len: int, seed: int) -> None:
+        self.text = text
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.generator = torch.Generator().manual_seed(seed)
+        self._offsets = torch.arange(seq_len + 1)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (inputs, targets), each (batch_size, seq_len) int64."""
+        starts = torch.randint(0, self.text.numel() - self.seq_len - 1, (self.batch_size, 1),
+                               generator=self.generator)
+        window = self.text[starts + self._offsets].long()
+        return window[:, :-1], window[:, 1:]
+
+
+# ---------------------------------------------------------------------------------- model
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention, then a 4x GELU MLP (GPT-2 layout)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, 4 * dim)
+        self.out = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(
+            2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class ByteLM(nn.Module):
+    """Decoder-only transformer over bytes (vocabulary 256).
+
+    Args:
+        dim: model width. heads: attention heads. layers: blocks. seq_len: context length.
+    """
+
+    def __init__(self, dim: int = 96, heads: int = 4, layers: int = 2, seq_len: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(256, dim)
+        self.position = nn.Parameter(torch.randn(seq_len, dim) * 0.02)
+        self.blocks = nn.Sequential(*(Block(dim, heads) for _ in range(layers)))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, 256)
+        self.throttle_seconds = 0.0  # extra backward compute per step (the slowed rank)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) int64 tokens -> (B, T, 256) logits."""
+        x = self.embed(tokens) + self.position[: tokens.shape[1]]
+        if self.throttle_seconds > 0:
+            x = Throttle.apply(x, self.throttle_seconds)
+        return self.head(self.ln(self.blocks(x)))
+
+
+# ----------------------------------------------------------------------- fault injection
+class Throttle(torch.autograd.Function):
+    """Identity whose backward runs ``seconds`` of extra matrix multiplies.
+
+    Placed after the embedding, its backward runs last, so the slowed rank's last gradient bucket
+    (the embedding's) is late, as on a GPU whose clocks are throttled. The extra work sits in the
+    backward pass, while the other ranks wait for that bucket: on a CPU-only machine with fewer
+    cores than ranks, compute added while every rank computes would also steal the others' CPU
+    and slow them too, which a slow GPU does not do to its peers.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, seconds: float) -> torch.Tensor:
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        burn(ctx.seconds)
+        return grad, None
+
+
+_BURN_A = torch.randn(96, 96)
+_BURN_OUT = torch.empty(96, 96)
+
+
+def burn(seconds: float) -> None:
+    """Run 96x96 float32 matrix multiplies for ``seconds`` of this thread's CPU time.
+
+    CPU time, not wall time: a fixed amount of work, which takes longer when the core is shared,
+    like a kernel on a slower GPU.
+    """
+    deadline = time.thread_time() + seconds
+    while time.thread_time() < deadline:
+        torch.mm(_BURN_A, _BURN_A, out=_BURN_OUT)
