@@ -143,7 +143,7 @@ def _inspector_json(text: str) -> bool:
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a few thousand "[" exhaust json's recursion
             return False
         return isinstance(obj, dict) and any(
             k in obj for k in ("coll_perf", "p2p_perf", "dump_stats", "proxy_trace",
