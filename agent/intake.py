@@ -351,35 +351,25 @@ class RankTable:
                                        "Datagrams accepted by the UDP intake.")
         accepted.add_metric([], self.accepted)
         yield accepted
-        rejected = CounterMetricFamily(
-            "laggard_intake_rejected_total",
-            "Datagrams dropped by the UDP intake, by reason.", labels=["reason"])
-        for reason in REJECT_REASONS:
-            rejected.add_metric([reason], self.rejected.get(reason, 0))
-        yield rejected
-        dropped = CounterMetricFamily(
+        yield _counter_by("laggard_intake_rejected_total",
+                          "Datagrams dropped by the UDP intake, by reason.",
+                          "reason", REJECT_REASONS, self.rejected)
+        yield _counter_by(
             "laggard_intake_dropped_total",
             "Parts of accepted datagrams not exported as series of their own: phase and op "
             "names past the per-rank cap or the series budget, scores and straggler flags past "
             "the budget (dropped), findings labelled outside the known vocabulary (exported as "
-            "other).", labels=["what"])
-        for what in DROP_WHATS:
-            dropped.add_metric([what], self.dropped.get(what, 0))
-        yield dropped
-        forgotten = CounterMetricFamily(
+            "other).", "what", DROP_WHATS, self.dropped)
+        yield _counter_by(
             "laggard_intake_ranks_forgotten_total",
             "Ranks forgotten with all their series, score and flags: stale (no record for the "
-            "rank TTL) or restart (new world size, or the step went back).", labels=["reason"])
-        resets = CounterMetricFamily(
+            "rank TTL) or restart (new world size, or the step went back).",
+            "reason", ("stale", "restart"), self.forgotten)
+        yield _counter_by(
             "laggard_intake_job_resets_total",
             "Times the job state from WindowReports (scores, flags) was dropped: stale (no "
             "report for the rank TTL) or restart (new world size, or the step went back).",
-            labels=["reason"])
-        for reason in ("stale", "restart"):
-            forgotten.add_metric([reason], self.forgotten.get(reason, 0))
-            resets.add_metric([reason], self.job_resets.get(reason, 0))
-        yield forgotten
-        yield resets
+            "reason", ("stale", "restart"), self.job_resets)
         yield GaugeMetricFamily("laggard_intake_ranks", "Ranks tracked by the intake.",
                                 value=len(self._ranks))
         yield GaugeMetricFamily(
@@ -467,6 +457,15 @@ class RankTable:
                 "1 while the in-job detector finds the whole job slower than its best (no single "
                 "rank to blame: shared storage, the fabric, a job-wide change).",
                 value=job.job_slowdown)
+
+
+def _counter_by(name: str, documentation: str, label: str, values: tuple[str, ...],
+                counts: Counter[str]) -> CounterMetricFamily:
+    """A counter family with one series per value of ``label`` (0 for those not counted yet)."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value in values:
+        family.add_metric([value], counts.get(value, 0))
+    return family
 
 
 class UdpIntake:

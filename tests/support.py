@@ -13,8 +13,23 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
+
+
+def registry_of(collector: object) -> CollectorRegistry:
+    """A fresh registry holding ``collector`` (anything with ``collect()``), not collected until
+    a test reads it."""
+
+    class _Lazy:
+        def collect(self):
+            return collector.collect()
+
+    registry = CollectorRegistry()
+    registry.register(_Lazy())
+    return registry
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:

@@ -14,7 +14,8 @@ import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
+from support import registry_of
 
 from laggard.agent.context import FindingLog
 from laggard.agent.intake import RankTable
@@ -129,14 +130,7 @@ def test_whatever_is_accepted_can_be_scraped(payloads):
         table.ingest(payload)
     assert table.accepted + sum(table.rejected.values()) == len(payloads)
     assert table.rejected["internal_error"] == 0
-
-    class _Wrap:
-        def collect(self):
-            return table.collect()
-
-    registry = CollectorRegistry()
-    registry.register(_Wrap())
-    text = generate_latest(registry).decode()
+    text = generate_latest(registry_of(table)).decode()
     assert "laggard_intake_datagrams_total" in text
 
 

@@ -2,7 +2,8 @@
 
 import re
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
+from support import registry_of
 
 from laggard.agent.context import FindingLog
 from laggard.agent.intake import RankTable
@@ -15,20 +16,6 @@ _BUDGETED = re.compile(
     r"^laggard_(rank_info|steps_total|rank_last_step|rank_last_seen_timestamp_seconds|"
     r"step_phase_seconds_\w+|step_seconds_\w+|collective_seconds_\w+|collective_bytes_total|"
     r"comm_\w+_total|straggler_score|straggler_active)\{")
-
-
-class _Wrap:
-    def __init__(self, table):
-        self.table = table
-
-    def collect(self):
-        return self.table.collect()
-
-
-def _registry(table):
-    registry = CollectorRegistry()
-    registry.register(_Wrap(table))
-    return registry
 
 
 class _Clock:
@@ -52,11 +39,11 @@ def test_long_names_from_many_ranks_stay_within_the_series_budget():
             collectives=[CollectiveTiming(_long("o", i), 0.01, 10) for i in range(16)],
             comm={"bytes": 1.0, "raw_bytes": 4.0, "total_seconds": 0.1, "exposed_seconds": 0.1},
         ).encode())
-    text = generate_latest(_registry(table)).decode()
+    text = generate_latest(registry_of(table)).decode()
     budgeted = [line for line in text.splitlines() if _BUDGETED.match(line)]
     # The accounting is exact or conservative, never short.
     assert len(budgeted) <= table.series <= 2000
-    r = _registry(table)
+    r = registry_of(table)
     assert r.get_sample_value("laggard_intake_series") == table.series
     assert r.get_sample_value("laggard_intake_rejected_total", {"reason": "series_limit"}) > 0
     assert r.get_sample_value("laggard_intake_dropped_total", {"what": "phase"}) > 0
@@ -73,13 +60,13 @@ def test_findings_with_fresh_label_strings_add_no_series():
         finding = {"detector": f"d{i}", "kind": f"k{i}", "severity": f"s{i}", "rank": 1}
         table.ingest(WindowReport(step=i, world_size=4, findings=[finding]).encode())
     assert findings.counts() == {("other", "other", "other"): 3000}
-    r = _registry(table)
+    r = registry_of(table)
     assert r.get_sample_value("laggard_intake_dropped_total", {"what": "finding_label"}) == 3000
     # Known detector, unknown kind: the detector stays, the kind becomes other, and no flag.
     table.ingest(WindowReport(step=4000, world_size=4, findings=[
         {"detector": "straggler", "kind": "zzz", "severity": "warning", "rank": 1}]).encode())
     assert findings.counts()[("straggler", "other", "warning")] == 1
-    assert _registry(table).get_sample_value(
+    assert registry_of(table).get_sample_value(
         "laggard_straggler_active", {"rank": "1", "kind": "other"}) is None
     # /findings keeps what was sent, beside the labels it was counted under.
     assert findings.recent()[-1]["labels_as_sent"] == ["straggler", "zzz", "warning"]
@@ -106,7 +93,7 @@ def test_a_rank_unseen_for_the_ttl_is_forgotten_with_its_score_and_flags():
     table.ingest(StepRecord(rank=0, world_size=2, step=1).encode())
     table.ingest(WindowReport(step=1, world_size=2, scores={0: 0.0}).encode())
     clock.now += 30  # rank 1 last seen 70 s ago, rank 0 and the job 30 s ago
-    r = _registry(table)
+    r = registry_of(table)
     assert r.get_sample_value("laggard_intake_ranks") == 1
     assert r.get_sample_value("laggard_steps_total", {"rank": "1"}) is None
     assert r.get_sample_value("laggard_straggler_active", {"rank": "1", "kind": "compute"}) is None
@@ -114,7 +101,7 @@ def test_a_rank_unseen_for_the_ttl_is_forgotten_with_its_score_and_flags():
     assert r.get_sample_value("laggard_straggler_score", {"rank": "0"}) == 0.0
     assert r.get_sample_value("laggard_intake_ranks_forgotten_total", {"reason": "stale"}) == 1
     clock.now += 31  # now everything is stale: nothing left, the budget back to zero
-    r = _registry(table)
+    r = registry_of(table)
     assert r.get_sample_value("laggard_intake_ranks") == 0
     assert r.get_sample_value("laggard_straggler_score", {"rank": "0"}) is None
     assert r.get_sample_value("laggard_straggler_report_timestamp_seconds") is None
@@ -129,10 +116,10 @@ def test_a_flag_of_a_rank_on_another_node_expires_with_the_job_reports():
     flag = {"detector": "straggler", "kind": "data", "severity": "warning", "rank": 7}
     table.ingest(WindowReport(step=20, world_size=8, findings=[flag]).encode())
     clock.now += 59
-    assert _registry(table).get_sample_value(
+    assert registry_of(table).get_sample_value(
         "laggard_straggler_active", {"rank": "7", "kind": "data"}) == 1
     clock.now += 2
-    assert _registry(table).get_sample_value(
+    assert registry_of(table).get_sample_value(
         "laggard_straggler_active", {"rank": "7", "kind": "data"}) is None
 
 
@@ -146,7 +133,7 @@ def test_bogus_ranks_expire_and_let_real_ones_in():
     assert table.rejected["rank_limit"] == 1
     clock.now += 61
     table.ingest(StepRecord(rank=0, world_size=2, step=1).encode())
-    r = _registry(table)
+    r = registry_of(table)
     assert r.get_sample_value("laggard_steps_total", {"rank": "0"}) == 1
     assert r.get_sample_value("laggard_intake_ranks") == 1
 
@@ -160,7 +147,7 @@ def test_a_job_restart_resets_the_rank_and_the_job_state():
     table.ingest(WindowReport(step=102, world_size=4, scores={1: 5.0}, findings=[flag]).encode())
     # The job restarts from a checkpoint: steps go back; the old flag and counts go.
     table.ingest(StepRecord(rank=1, world_size=4, step=50).encode())
-    r = _registry(table)
+    r = registry_of(table)
     assert r.get_sample_value("laggard_steps_total", {"rank": "1"}) == 1
     assert r.get_sample_value("laggard_straggler_active", {"rank": "1", "kind": "compute"}) is None
     assert r.get_sample_value("laggard_intake_ranks_forgotten_total", {"reason": "restart"}) == 1
@@ -169,7 +156,7 @@ def test_a_job_restart_resets_the_rank_and_the_job_state():
     table.ingest(WindowReport(step=60, world_size=4, findings=[flag0]).encode())
     table.ingest(WindowReport(step=61, world_size=2, scores={1: 0.1}).encode())
     table.ingest(StepRecord(rank=1, world_size=2, step=51).encode())
-    r = _registry(table)
+    r = registry_of(table)
     assert r.get_sample_value("laggard_straggler_active", {"rank": "0", "kind": "compute"}) is None
     assert r.get_sample_value("laggard_intake_job_resets_total", {"reason": "restart"}) == 2
     assert r.get_sample_value("laggard_rank_info", {"rank": "1", "node": "n0", "local_rank": "",
