@@ -51,8 +51,6 @@ from laggard.demo.netns import (
     check_can_create,
 )
 
-HELP = "emulate N nodes with network namespaces, run one job across them, inject a fault, name it"
-
 #: Ports inside every node's namespace (each node has its own network stack, so all share them).
 AGENT_PORT = 9477
 INTAKE_PORT = 9478

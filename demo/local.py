@@ -25,8 +25,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-HELP = "train a small model on W local ranks and find the slow one"
-
 #: Seconds to wait for the agent's /metrics to answer after starting it.
 AGENT_START_TIMEOUT = 15.0
 #: Seconds between SIGTERM and SIGKILL when stopping a child process.
