@@ -36,7 +36,6 @@ from laggard.agent.web import make_app, make_http_server
 
 log = logging.getLogger("laggard.agent")
 
-HELP = "run the node agent: sample GPUs, network and host, receive rank timings, serve /metrics"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -42,6 +42,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from laggard.demo.harness import free_port, wait_until_ready
 from laggard.wire import CollectiveTiming, StepRecord, WindowReport
 
 LONG = "x" * 56
@@ -64,12 +65,6 @@ def _send(sender: socket.socket, port: int, payloads: list[bytes], paced: bool) 
             while _receive_queue_bytes(port) > 64 * 1024:
                 time.sleep(0.001)
         sender.sendto(payload, ("127.0.0.1", port))
-
-
-def _free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -220,7 +215,7 @@ def main() -> int:
     args = parser.parse_args()
     rng = random.Random(args.seed)
 
-    port, intake_port = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
+    port, intake_port = free_port(), free_port(socket.SOCK_DGRAM)
     proc = subprocess.Popen(
         [sys.executable, "-m", "laggard.cli", "agent",
          "--web.listen-address", f"127.0.0.1:{port}",
@@ -229,15 +224,7 @@ def main() -> int:
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                _scrape(url)
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit("agent did not start") from None
-                time.sleep(0.1)
+        wait_until_ready(url, timeout=20, what="laggard agent", procs=[proc])
         time.sleep(1.5)  # one collector round
         baseline = _measure(url, proc.pid)
         scraper = _Scraper(url)
