@@ -50,8 +50,6 @@ from laggard.parsers.nccl_tests import parse_nccl_tests
 from laggard.parsers.nvidia_smi import parse_nvidia_smi_csv, parse_nvidia_smi_q
 from laggard.parsers.proc_net_dev import parse_proc_net_dev
 
-HELP = "read logs and dumps after an incident and name the culprit"
-
 #: Most files read from the directories given (a stray ``/`` must not walk the whole disk).
 MAX_FILES = 10_000
 #: Largest small-format file (nvidia-smi, /proc/net/dev, IB listing, exposition) read whole.
@@ -258,6 +256,9 @@ def analyze_paths(paths: list[str],
     for path, explicit in _walk(paths, inputs):
         try:
             file_kind = kind or filetype.detect(path)
+        except filetype.UnreadableFileError as exc:
+            inputs.errors.append(f"{path}: cannot read: {exc}")
+            continue
         except filetype.FileKindError as exc:
             if explicit:
                 inputs.errors.append(f"{path}: unknown kind: {exc}")
@@ -266,6 +267,10 @@ def analyze_paths(paths: list[str],
             continue
         except OSError as exc:
             inputs.errors.append(f"{path}: {exc.strerror or exc}")
+            continue
+        except Exception as exc:  # noqa: BLE001 - one odd file must not cost the others' report
+            inputs.errors.append(f"{path}: could not tell its kind "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})")
             continue
         before = len(inputs.findings)
         try:
@@ -282,18 +287,30 @@ def analyze_paths(paths: list[str],
             inputs.errors.append(f"{path}: not a valid {file_kind}: {exc}")
         except Exception as exc:  # noqa: BLE001 - one odd file must not cost the others' report
             inputs.errors.append(f"{path}: could not be analysed as {file_kind} "
-                                 f"({type(exc).__name__}: {exc})")
+                                 f"({type(exc).__name__}: {str(exc)[:200]})")
     findings = inputs.findings
     if inputs.nccl_logs:
-        findings += collectives.nccl_findings(inputs.nccl_logs)
-    for _, group_traces in sorted(inputs.kineto.items()):
-        findings += traces.trace_findings(group_traces)
+        try:
+            findings += collectives.nccl_findings(inputs.nccl_logs)
+        except Exception as exc:  # noqa: BLE001 - keep the per-file findings already made
+            inputs.errors.append(f"NCCL logs ({len(inputs.nccl_logs)}): cross-rank comparison "
+                                 f"failed ({type(exc).__name__}: {str(exc)[:200]})")
+    for directory, group_traces in sorted(inputs.kineto.items()):
+        try:
+            findings += traces.trace_findings(group_traces)
+        except Exception as exc:  # noqa: BLE001 - one set of traces must not cost the others
+            inputs.errors.append(f"{directory or '.'}: cross-rank trace analysis failed "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})")
     for group, dumps in sorted(inputs.fr_dumps.items()):
-        locations = collectives.rank_locations(
-            collectives.job_inits(inputs.nccl_logs, {os.path.dirname(group)}))
         source = (dumps[0].source if len(dumps) == 1
                   else f"{os.path.dirname(group) or '.'} ({len(dumps)} dumps)")
-        findings += flight_recorder.fr_findings(source, analyze_dumps(dumps), locations)
+        try:
+            locations = collectives.rank_locations(
+                collectives.job_inits(inputs.nccl_logs, {os.path.dirname(group)}))
+            findings += flight_recorder.fr_findings(source, analyze_dumps(dumps), locations)
+        except Exception as exc:  # noqa: BLE001 - one group's dumps must not cost the others
+            inputs.errors.append(f"{source}: cross-rank flight-recorder analysis failed "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})")
     return sort_findings(findings), inputs
 
 

@@ -34,10 +34,12 @@ import io
 import json
 import os
 import re
+import zlib
 from collections.abc import Iterator
 from typing import IO
 
-__all__ = ["KINDS", "PROBE_BYTES", "detect", "open_text", "FileKindError"]
+__all__ = ["KINDS", "PROBE_BYTES", "detect", "open_text", "FileKindError",
+           "UnreadableFileError"]
 
 KINDS = (
     "flight_recorder", "fr_trace_report", "nccl_inspector", "nccl_inspector_prom", "dcgm",
@@ -64,6 +66,11 @@ _NCCL = re.compile(r"ProcessGroupNCCL|WorkNCCL|NCCL (?:INFO|WARN|ABORT)|NCCL err
 
 class FileKindError(ValueError):
     """The file cannot be classified (binary, empty, or no known marker)."""
+
+
+class UnreadableFileError(FileKindError):
+    """The file cannot be read at all (a truncated or corrupt gzip stream): an input error,
+    not merely a file of no known kind."""
 
 
 def _open_binary(path: str) -> IO[bytes]:
@@ -145,7 +152,7 @@ def _inspector_json(text: str) -> bool:
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a few thousand "[" exhaust json's recursion
             return False
         return isinstance(obj, dict) and any(
             k in obj for k in ("coll_perf", "p2p_perf", "dump_stats", "proxy_trace",
@@ -157,11 +164,15 @@ def detect(path: str) -> str:
     """Return the kind of the file at ``path`` (one of :data:`KINDS`).
 
     Raises:
-        FileKindError: empty, binary, or no known marker in its first or last 64 KiB.
+        FileKindError: empty, binary, a truncated or corrupt gzip file, or no known marker in
+            its first or last 64 KiB.
         OSError: it cannot be opened or read.
     """
     with _open_binary(path) as f:
-        head = f.read(PROBE_BYTES)
+        try:
+            head = f.read(PROBE_BYTES)
+        except (EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError already
+            raise UnreadableFileError(f"truncated or corrupt gzip file: {exc}") from None
         if not head:
             raise FileKindError("empty file")
         if _PICKLE.match(head):
