@@ -60,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``laggard analyze``."""
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="files or directories (searched recursively): kernel logs, NCCL "
-                             "logs, flight-recorder dumps, nccl-tests output, nvidia-smi -q or "
-                             "CSV, dcgm-exporter output, /proc/net/dev, IB listings")
+                             "logs, flight-recorder dumps, PyTorch profiler (Kineto) traces "
+                             "(.json, .json.gz, one per rank), nccl-tests output, nvidia-smi "
+                             "-q or CSV, dcgm-exporter output, /proc/net/dev, IB listings")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON list of findings instead of a table")
     parser.add_argument("--kind", choices=filetype.KINDS, metavar="KIND",

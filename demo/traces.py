@@ -36,7 +36,7 @@ def _schedule(world: int, steps: int, slow_rank: int | None, slowdown: float,
 
 
 def _step_events(rank: int, world: int, step: int, t: float, corr: int,
-                 durations: dict[int, list[float]], transfer: float) \
+                 durations: dict[int, list[float]], transfer: float, digits: int) \
         -> tuple[list[dict[str, Any]], float, int]:
     """One rank's events of one step starting at ``t``; returns them, the next step's start
     and the next correlation id."""
@@ -48,14 +48,14 @@ def _step_events(rank: int, world: int, step: int, t: float, corr: int,
     events, launches, gpu = [], [], t + 50.0
     for k, dur in enumerate(durations[rank]):
         launches.append((t + 5 + 3 * k, corr))
-        events.append(_kernel("kernel", _COMPUTE_NAMES[k % 4], pid, 7, gpu, dur, corr))
+        events.append(_kernel("kernel", _COMPUTE_NAMES[k % 4], pid, 7, gpu, dur, corr, digits))
         gpu += dur
         corr += 1
         if k in buckets:
             start = gpu + 2.0  # this rank's bucket is ready: its NCCL kernel starts
             launches.append((t + 5 + 3 * k + 1, corr))
             events.append(_kernel("kernel", _NCCL, pid, 20, start, ready[k] + 2.0 + transfer
-                                  - start, corr,
+                                  - start, corr, digits,
                                   {"Process Group Name": "0",
                                    "Process Group Description": "default_pg",
                                    "Collective name": "allreduce", "Group size": world}))
@@ -63,7 +63,7 @@ def _step_events(rank: int, world: int, step: int, t: float, corr: int,
     copy_start = gpu + 5.0
     launches.append((t + 5 + 3 * kernels_per_step, corr))
     events.append(_kernel("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", pid, 7, copy_start,
-                          30.0, corr))
+                          30.0, corr, digits))
     corr += 1
     step_end = max(copy_start + 30.0, max(ready.values()) + 200.0) + 20.0
     events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}",
@@ -76,16 +76,17 @@ def _step_events(rank: int, world: int, step: int, t: float, corr: int,
 
 
 def _kernel(cat: str, name: str, pid: int, stream: int, ts: float, dur: float, corr: int,
-            extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": round(ts, 3),
-            "dur": round(dur, 3), "args": {"device": 0, "stream": stream, "correlation": corr,
+            digits: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    start, end = round(ts, digits), round(ts + dur, digits)
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": start,
+            "dur": round(end - start, digits), "args": {"device": 0, "stream": stream, "correlation": corr,
                                            "External id": corr, "context": 1, **(extra or {})}}
 
 
 def synthesize_gpu_traces(directory: str, *, world: int = 4, steps: int = 10,
                           slow_rank: int | None = None, slowdown: float = 0.3,
                           kernels_per_step: int = 40, seed: int = 0,
-                          gz: bool = False) -> list[str]:
+                          gz: bool = False, whole_microseconds: bool = False) -> list[str]:
     """Write one GPU-form trace per rank into ``directory``.
 
     Args:
@@ -94,6 +95,8 @@ def synthesize_gpu_traces(directory: str, *, world: int = 4, steps: int = 10,
         slow_rank: the rank whose compute kernels run ``1 + slowdown`` times longer, or None.
         kernels_per_step: compute kernels per step (two all-reduce buckets per step).
         seed: the schedule's random seed; ``gz``: gzip the files.
+        whole_microseconds: kernel times in whole microseconds (Kineto writes nanosecond
+            fractions; HTA rounds them down, so a comparison with HTA uses whole ones).
 
     Returns:
         The paths written (``rank<r>.pt.trace.json[.gz]``).
@@ -121,7 +124,8 @@ def synthesize_gpu_traces(directory: str, *, world: int = 4, steps: int = 10,
             transfer = rng.uniform(150.0, 170.0)
             for rank, f in enumerate(files):
                 events, t, corr = _step_events(rank, world, step, clocks[rank][0],
-                                               clocks[rank][1], durations, transfer)
+                                               clocks[rank][1], durations, transfer,
+                                               0 if whole_microseconds else 3)
                 clocks[rank] = (t, corr)
                 f.write(("" if step == 0 else ",\n") + ",\n".join(map(json.dumps, events)))
         for path, f in zip(paths, files, strict=True):
