@@ -79,8 +79,9 @@ def _kernel(cat: str, name: str, pid: int, stream: int, ts: float, dur: float, c
             digits: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     start, end = round(ts, digits), round(ts + dur, digits)
     return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": start,
-            "dur": round(end - start, digits), "args": {"device": 0, "stream": stream, "correlation": corr,
-                                           "External id": corr, "context": 1, **(extra or {})}}
+            "dur": round(end - start, digits),
+            "args": {"device": 0, "stream": stream, "correlation": corr, "External id": corr,
+                     "context": 1, **(extra or {})}}
 
 
 def synthesize_gpu_traces(directory: str, *, world: int = 4, steps: int = 10,
