@@ -289,7 +289,13 @@ def analyze_paths(paths: list[str],
         except Exception as exc:  # noqa: BLE001 - one odd file must not cost the others' report
             inputs.errors.append(f"{path}: could not be analysed as {file_kind} "
                                  f"({type(exc).__name__}: {str(exc)[:200]})")
-    findings = inputs.findings
+    return sort_findings(inputs.findings + _cross_file_findings(inputs)), inputs
+
+
+def _cross_file_findings(inputs: _Inputs) -> list[Finding]:
+    """Rules that compare files: NCCL logs of every rank, profiler traces and flight-recorder
+    dumps of one directory. A failure of one stage costs only that stage."""
+    findings: list[Finding] = []
     if inputs.nccl_logs:
         try:
             findings += collectives.nccl_findings(inputs.nccl_logs)
@@ -312,7 +318,7 @@ def analyze_paths(paths: list[str],
         except Exception as exc:  # noqa: BLE001 - one group's dumps must not cost the others
             inputs.errors.append(f"{source}: cross-rank flight-recorder analysis failed "
                                  f"({type(exc).__name__}: {str(exc)[:200]})")
-    return sort_findings(findings), inputs
+    return findings
 
 
 def _table(findings: list[Finding], errors: bool = False) -> str:
