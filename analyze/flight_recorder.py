@@ -82,10 +82,12 @@ def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
     if lag.hung_cpu:
         msg += f"; {ranks_text(lag.hung_cpu)} has {_HUNG_CPU}"
     if primary and stragglers:
-        msg += (f". {ranks_text(stragglers).capitalize()} lag in {len(analysis.lagging)} "
-                f"process group(s) "
-                f"({', '.join(x.pg for x in analysis.lagging)}): they are the likely "
-                f"stragglers; look at their GPUs and hosts first")
+        one = len(stragglers) == 1
+        msg += (f". {ranks_text(stragglers).capitalize()} {'lags' if one else 'lag'} in "
+                f"{len(analysis.lagging)} process group(s) "
+                f"({', '.join(x.pg for x in analysis.lagging)}): "
+                f"{'it is the likely straggler' if one else 'they are the likely stragglers'}; "
+                f"look at {'its GPU and host' if one else 'their GPUs and hosts'} first")
     return incident(
         source=source, kind="collective_timeout",
         severity=Severity.CRITICAL if primary else Severity.WARNING,
