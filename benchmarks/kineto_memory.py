@@ -10,7 +10,7 @@ GiB in all, then, each in a child process so that its peak resident set is its o
 Prints the set's size, each peak RSS (``getrusage(RUSAGE_CHILDREN).ru_maxrss``), the ratio of
 the two, analyze's CPU time and MB/s, and the load average (the machine is shared). Usage::
 
-    python benchmarks/kineto_memory.py [--gib 1.0] [--ranks 4] [--keep DIR]
+    python benchmarks/kineto_memory.py [--gib 1.0] [--ranks 4] [--keep DIR] [--reuse DIR]
 """
 
 from __future__ import annotations
@@ -46,20 +46,27 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--keep", help="write the set here and keep it")
+    parser.add_argument("--reuse", help="a set written before with --keep: analyse it only")
     args = parser.parse_args()
-    directory = args.keep or tempfile.mkdtemp(prefix="laggard-kineto-")
+    directory = args.reuse or args.keep or tempfile.mkdtemp(prefix="laggard-kineto-")
     steps = int(args.gib * (1 << 30) / args.ranks / _BYTES_PER_STEP)
     try:
         t0 = time.time()
-        paths = synthesize_gpu_traces(directory, world=args.ranks, steps=steps, slow_rank=1)
+        if args.reuse:
+            paths = [os.path.join(directory, n) for n in sorted(os.listdir(directory))]
+        else:
+            paths = synthesize_gpu_traces(directory, world=args.ranks, steps=steps,
+                                          slow_rank=1)
         size = sum(os.path.getsize(p) for p in paths)
-        print(f"trace set: {args.ranks} ranks x {steps} steps, {size / (1 << 20):.0f} MiB "
+        print(f"trace set: {len(paths)} files, {size / (1 << 20):.0f} MiB "
               f"(written in {time.time() - t0:.0f} s); load average "
-              f"{os.getloadavg()[0]:.1f}")
+              f"{os.getloadavg()[0]:.1f}", flush=True)
         largest = max(paths, key=os.path.getsize)
         # ru_maxrss of RUSAGE_CHILDREN is the largest child so far: run the smaller one first
+        t1 = time.time()
         rss_analyze, cpu, out = _child([sys.executable, "-m", "laggard.cli", "analyze",
                                         "--json", directory])
+        wall = time.time() - t1
         rss_load, cpu_load, _ = _child([sys.executable, "-c",
                                         f"import json; json.load(open({largest!r}))"])
         print(f"baseline json.load of one {os.path.getsize(largest) / (1 << 20):.0f} MiB "
@@ -67,10 +74,10 @@ def main() -> None:
         print(f"laggard analyze of all {size / (1 << 20):.0f} MiB: peak RSS "
               f"{rss_analyze:.0f} MiB ({rss_analyze / rss_load:.2f} x the baseline's), "
               f"{cpu:.1f} CPU s, {size / (1 << 20) / cpu:.1f} MiB/s")
-        print("straggler named:", '"straggler"' in out or "rank 1" in out)
+        print(f"analyze wall time {wall:.0f} s; its output ends: ...{out[-120:]!r}")
         print(f"load average after: {os.getloadavg()[0]:.1f}")
     finally:
-        if not args.keep:
+        if not (args.keep or args.reuse):
             shutil.rmtree(directory, ignore_errors=True)
 
 

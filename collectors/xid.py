@@ -16,8 +16,10 @@ Two sources, merged:
 An Xid that both sources report (same GPU, same code, within ``merge_window`` seconds) is counted
 once: each event of one source cancels at most one of the other, so three identical lines still
 count three. NVSwitch SXids (kernel log only) go to ``laggard_gpu_sxid_errors_total{device,sxid}``
-(``device`` = the switch's PCI address). Each Xid becomes a finding with the catalog's action;
-a fatal SXid a critical finding.
+(``device`` = the switch's PCI address). Each Xid becomes a finding with the catalog's action,
+each SXid one with the severity :func:`laggard.detectors.xid_catalog.sxid_lookup` gives (the
+driver's word for the event, else the Fabric Manager guide's class); SXid dump lines printed
+without a headline are reported after each batch of lines (``KernelLogParser.settle``).
 """
 
 from __future__ import annotations
