@@ -218,9 +218,9 @@ class RankTrace:
         # A step's GPU time runs from its first kernel to the next step's first kernel (the
         # gap between them is GPU idle time, waiting for the host), as HTA's iterations do;
         # the last step ends with its last kernel.
-        order = sorted(spans)
-        self._gpu_steps = {n: (spans[n][0], spans[order[i + 1]][0] if i + 1 < len(order)
-                               else spans[n][1]) for i, n in enumerate(order)}
+        in_order = sorted(spans)
+        self._gpu_steps = {n: (spans[n][0], spans[in_order[i + 1]][0] if i + 1 < len(in_order)
+                               else spans[n][1]) for i, n in enumerate(in_order)}
         keep = step_of >= 0
         return starts[keep], ends[keep], kinds[keep]
 
