@@ -22,8 +22,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from laggard.analyze import collectives, filetype, gpu, network
-from laggard.analyze.findings import KINDS, IncidentFinding, sort_findings
+from laggard.analyze import collectives, filetype, flight_recorder, gpu, network, traces
+from laggard.analyze.findings import KINDS, report_dict, sort_findings
+from laggard.detectors.finding import Finding
 from laggard.detectors.flight_recorder import analyze_dumps
 from laggard.parsers.exposition import dcgm_gpus, parse_exposition
 from laggard.parsers.flight_recorder import (
@@ -59,24 +60,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``laggard analyze``."""
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="files or directories (searched recursively): kernel logs, NCCL "
-                             "logs, flight-recorder dumps, nccl-tests output, nvidia-smi -q or "
-                             "CSV, dcgm-exporter output, /proc/net/dev, IB listings")
+                             "logs, flight-recorder dumps, PyTorch profiler (Kineto) traces "
+                             "(.json, .json.gz, one per rank), nccl-tests output, nvidia-smi "
+                             "-q or CSV, dcgm-exporter output, /proc/net/dev, IB listings")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON list of findings instead of a table")
     parser.add_argument("--kind", choices=filetype.KINDS, metavar="KIND",
                         help="treat every file as this kind instead of detecting it: "
                              + ", ".join(filetype.KINDS))
     parser.epilog = ("exit status: 0 nothing found, 1 findings, 2 an input could not be read. "
-                     "IncidentFinding kinds: " + ", ".join(KINDS) + ".")
+                     "Finding kinds: " + ", ".join(KINDS) + ".")
 
 
 @dataclass(slots=True)
 class _Inputs:
     """What was read, by kind, before the cross-file rules run."""
 
-    findings: list[IncidentFinding] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     nccl_logs: list[tuple[str, NcclLog]] = field(default_factory=list)
     fr_dumps: dict[str, list[FlightRecorderDump]] = field(default_factory=lambda: defaultdict(list))
+    kineto: dict[str, list[traces.TraceSummary]] = field(default_factory=lambda: defaultdict(list))
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -126,7 +129,7 @@ def _read_log(path: str, kind: str, inputs: _Inputs) -> None:
         # Every line the kernel-log rules use (Xid, SXid, "fallen off the bus", RmInitAdapter)
         # has one of these; the rest skip the regex parser, which is what lets a busy kernel
         # log stream at hundreds of thousands of lines per second.
-        if "NVRM" in line or "Xid" in line:
+        if "NVRM" in line or "Xid" in line or kernel.waiting:
             for event in kernel.feed(line):
                 evidence.add(event)
             evidence.add_line(line)
@@ -144,6 +147,47 @@ def _fr_group(path: str) -> str:
     # dumps of one job share a directory and a prefix: "/x/trace_3" -> "/x/trace_"
     return os.path.join(os.path.dirname(path), re.sub(r"\d+(\.\w+)?$", "",
                                                       os.path.basename(path)))
+
+
+def _read_dump(path: str, inputs: _Inputs) -> None:
+    dump = load_dump(path)
+    inputs.notes += [f"{path}: {note}" for note in dump.notes]
+    group = inputs.fr_dumps[_fr_group(path)]
+    other = next((d for d in group if dump.rank is not None and d.rank == dump.rank), None)
+    if other is not None:
+        # Two jobs' dumps in one directory: comparing them would invent lags.
+        inputs.notes.append(f"{path}: skipped: rank {dump.rank} was already read from "
+                            f"{other.source} (dumps of two jobs in one place?)")
+        return
+    world = _world(dump)
+    if world and any(_world(d) not in (None, world) for d in group):
+        inputs.notes.append(f"{path}: skipped: its default group has {world} ranks, the other "
+                            f"dumps beside it another number (a dump of another job?)")
+        return
+    group.append(dump)
+
+
+def _read_trace(path: str, inputs: _Inputs) -> None:
+    with filetype.open_text(path) as f:
+        trace = traces.read_trace(f, path)
+    if not trace.steps:
+        inputs.notes.append(f"{path}: a profiler trace with no ProfilerStep ranges (profile "
+                            f"with a schedule and call prof.step()): nothing to break down")
+        return
+    group = inputs.kineto[os.path.dirname(path)]
+    clash = next((t for t in group if t.rank == trace.rank or (
+        t.world_size and trace.world_size and t.world_size != trace.world_size)), None)
+    if clash is not None:
+        inputs.notes.append(f"{path}: skipped: rank {trace.rank} of {trace.world_size} does "
+                            f"not fit beside {clash.source} (rank {clash.rank} of "
+                            f"{clash.world_size}): traces of two jobs in one directory?")
+        return
+    group.append(trace)
+
+
+def _world(dump: FlightRecorderDump) -> int | None:
+    members = next((m for desc, m in dump.groups.values() if desc == "default_pg" and m), ())
+    return len(members) or None
 
 
 def _read_inspector(path: str, inputs: _Inputs) -> None:
@@ -177,8 +221,9 @@ def _read_one(path: str, kind: str, inputs: _Inputs) -> None:
         "kernel_log": lambda: _read_log(path, kind, inputs),
         "nccl_log": lambda: _read_log(path, kind, inputs),
         "mixed_log": lambda: _read_log(path, kind, inputs),
-        "flight_recorder": lambda: inputs.fr_dumps[_fr_group(path)].append(load_dump(path)),
-        "fr_trace_report": lambda: inputs.findings.extend(collectives.fr_report_findings(
+        "flight_recorder": lambda: _read_dump(path, inputs),
+        "kineto_trace": lambda: _read_trace(path, inputs),
+        "fr_trace_report": lambda: inputs.findings.extend(flight_recorder.fr_report_findings(
             path, parse_fr_trace_report(filetype.iter_lines(path)))),
         "nccl_tests": lambda: inputs.findings.extend(network.nccl_tests_findings(
             path, parse_nccl_tests(filetype.iter_lines(path)))),
@@ -203,7 +248,7 @@ def _read_one(path: str, kind: str, inputs: _Inputs) -> None:
 
 
 def analyze_paths(paths: list[str],
-                  kind: str | None = None) -> tuple[list[IncidentFinding], _Inputs]:
+                  kind: str | None = None) -> tuple[list[Finding], _Inputs]:
     """Read every file under ``paths`` and return the findings (sorted) and what was read.
 
     Never raises for bad input: unreadable files are listed in ``inputs.errors``.
@@ -212,6 +257,9 @@ def analyze_paths(paths: list[str],
     for path, explicit in _walk(paths, inputs):
         try:
             file_kind = kind or filetype.detect(path)
+        except filetype.UnreadableFileError as exc:
+            inputs.errors.append(f"{path}: cannot read: {exc}")
+            continue
         except filetype.FileKindError as exc:
             if explicit:
                 inputs.errors.append(f"{path}: unknown kind: {exc}")
@@ -241,27 +289,39 @@ def analyze_paths(paths: list[str],
         except Exception as exc:  # noqa: BLE001 - one odd file must not cost the others' report
             inputs.errors.append(f"{path}: could not be analysed as {file_kind} "
                                  f"({type(exc).__name__}: {str(exc)[:200]})")
-    findings = inputs.findings
+    return sort_findings(inputs.findings + _cross_file_findings(inputs)), inputs
+
+
+def _cross_file_findings(inputs: _Inputs) -> list[Finding]:
+    """Rules that compare files: NCCL logs of every rank, profiler traces and flight-recorder
+    dumps of one directory. A failure of one stage costs only that stage."""
+    findings: list[Finding] = []
     if inputs.nccl_logs:
         try:
             findings += collectives.nccl_findings(inputs.nccl_logs)
         except Exception as exc:  # noqa: BLE001 - keep the per-file findings already made
             inputs.errors.append(f"NCCL logs ({len(inputs.nccl_logs)}): cross-rank comparison "
                                  f"failed ({type(exc).__name__}: {str(exc)[:200]})")
+    for directory, group_traces in sorted(inputs.kineto.items()):
+        try:
+            findings += traces.trace_findings(group_traces)
+        except Exception as exc:  # noqa: BLE001 - one set of traces must not cost the others
+            inputs.errors.append(f"{directory or '.'}: cross-rank trace analysis failed "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})")
     for group, dumps in sorted(inputs.fr_dumps.items()):
         source = (dumps[0].source if len(dumps) == 1
                   else f"{os.path.dirname(group) or '.'} ({len(dumps)} dumps)")
         try:
             locations = collectives.rank_locations(
                 collectives.job_inits(inputs.nccl_logs, {os.path.dirname(group)}))
-            findings += collectives.fr_findings(source, analyze_dumps(dumps), locations)
+            findings += flight_recorder.fr_findings(source, analyze_dumps(dumps), locations)
         except Exception as exc:  # noqa: BLE001 - one group's dumps must not cost the others
             inputs.errors.append(f"{source}: cross-rank flight-recorder analysis failed "
                                  f"({type(exc).__name__}: {str(exc)[:200]})")
-    return sort_findings(findings), inputs
+    return findings
 
 
-def _table(findings: list[IncidentFinding], errors: bool = False) -> str:
+def _table(findings: list[Finding], errors: bool = False) -> str:
     if not findings:
         return "No findings in the inputs that could be read." if errors else "No findings."
     rows = [("SEVERITY", "KIND", "SUBJECT", "MESSAGE")]
@@ -279,7 +339,7 @@ def _table(findings: list[IncidentFinding], errors: bool = False) -> str:
         for f in culprits:
             if f.subject not in seen:
                 seen.add(f.subject)
-                lines.append(f"  {f.subject}: {f.kind} ({os.path.basename(f.source)})")
+                lines.append(f"  {f.subject}: {f.kind} ({os.path.basename(f.source or '')})")
     return "\n".join(lines)
 
 
@@ -288,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
     findings, inputs = analyze_paths(list(args.paths), getattr(args, "kind", None))
     try:
         if args.json:
-            json.dump([f.to_dict() for f in findings], sys.stdout, indent=2, default=str)
+            json.dump([report_dict(f) for f in findings], sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
         else:
             print(_table(findings, errors=bool(inputs.errors)))

@@ -38,12 +38,13 @@ import zlib
 from collections.abc import Iterator
 from typing import IO
 
-__all__ = ["KINDS", "PROBE_BYTES", "detect", "open_text", "FileKindError"]
+__all__ = ["KINDS", "PROBE_BYTES", "detect", "open_text", "FileKindError",
+           "UnreadableFileError"]
 
 KINDS = (
     "flight_recorder", "fr_trace_report", "nccl_inspector", "nccl_inspector_prom", "dcgm",
     "nvidia_smi_q", "nvidia_smi_csv", "nccl_tests", "proc_net_dev", "infiniband_listing",
-    "ibstat", "perfquery", "kernel_log", "nccl_log", "mixed_log",
+    "ibstat", "perfquery", "kernel_log", "nccl_log", "mixed_log", "kineto_trace",
 )
 #: Bytes read from each end of a file to decide its kind.
 PROBE_BYTES = 64 * 1024
@@ -65,6 +66,11 @@ _NCCL = re.compile(r"ProcessGroupNCCL|WorkNCCL|NCCL (?:INFO|WARN|ABORT)|NCCL err
 
 class FileKindError(ValueError):
     """The file cannot be classified (binary, empty, or no known marker)."""
+
+
+class UnreadableFileError(FileKindError):
+    """The file cannot be read at all (a truncated or corrupt gzip stream): an input error,
+    not merely a file of no known kind."""
 
 
 def _open_binary(path: str) -> IO[bytes]:
@@ -99,6 +105,8 @@ def _looks_binary(head: bytes) -> bool:
 
 def _classify(text: str) -> str | None:
     stripped = text.lstrip()
+    if stripped.startswith("{") and '"traceEvents"' in text:
+        return "kineto_trace"  # PyTorch profiler's Chrome trace (distributedInfo has pg_config)
     if stripped.startswith(("{", "[")) and '"pg_config"' in text and '"entries"' in text:
         return "flight_recorder"
     if "Not all ranks joining collective" in text or "torchfrtrace" in text:
@@ -164,7 +172,7 @@ def detect(path: str) -> str:
         try:
             head = f.read(PROBE_BYTES)
         except (EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError already
-            raise FileKindError(f"truncated or corrupt gzip file: {exc}") from None
+            raise UnreadableFileError(f"truncated or corrupt gzip file: {exc}") from None
         if not head:
             raise FileKindError("empty file")
         if _PICKLE.match(head):

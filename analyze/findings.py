@@ -1,56 +1,60 @@
-"""The finding type of ``laggard analyze`` and the helpers its rule modules share.
+"""How ``laggard analyze`` builds and orders findings, and the helpers its rule modules share.
 
 The rules live in :mod:`laggard.analyze.gpu` (Xids, lost GPUs, clock events),
 :mod:`laggard.analyze.collectives` (watchdog timeouts, desyncs, flight-recorder dumps)
 and :mod:`laggard.analyze.network` (bus bandwidth, InfiniBand, interfaces). Each takes
-what a parser produced and returns :class:`IncidentFinding` objects; they are pure (no I/O).
-The agent's detectors use :class:`~laggard.detectors.finding.Finding`; an incident report names
-a subject and a source file instead of rank/node/gpu fields.
+what a parser produced and returns :class:`~laggard.detectors.finding.Finding` objects (built
+by :func:`incident`, with a ``subject`` and a ``source`` file); they are pure (no I/O).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from laggard.detectors.finding import Severity
+from laggard.detectors.finding import Finding, Severity
 
-KINDS = ("xid", "sxid", "gpu_lost", "collective_timeout", "collective_mismatch",
-         "nccl_network_error", "busbw", "clock_event", "ib_port", "netdev")
+KINDS = ("xid", "sxid", "gpu_lost", "collective_timeout", "collective_stuck", "p2p_stall",
+         "collective_mismatch", "straggler", "nccl_network_error", "busbw", "clock_event",
+         "ib_port", "netdev", "step_breakdown")
 SEVERITY_ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
-@dataclass(slots=True)
-class IncidentFinding:
-    """One line of ``laggard analyze``'s report.
+#: ``detector`` of every finding ``laggard analyze`` builds.
+DETECTOR = "analyze"
 
-    Attributes:
+
+def incident(*, source: str, kind: str, severity: Severity, subject: str,
+             evidence: dict[str, Any], message: str) -> Finding:
+    """One line of ``laggard analyze``'s report, as the project's one result type.
+
+    Args:
         source: file(s) it was read from.
         kind: one of :data:`KINDS`.
         severity: info / warning / critical.
         subject: what is at fault (``GPU 0000:9b:00``, ``ranks 9, 14``, ``mlx5_1 port 1``).
         evidence: the numbers (JSON-serialisable).
         message: one line a person can act on.
+
+    Returns:
+        A :class:`~laggard.detectors.finding.Finding` with ``detector="analyze"``.
     """
-
-    source: str
-    kind: str
-    severity: Severity
-    subject: str
-    evidence: dict[str, Any]
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``--json`` form."""
-        return {"source": self.source, "kind": self.kind, "severity": self.severity.value,
-                "subject": self.subject, "evidence": self.evidence, "message": self.message}
+    return Finding(detector=DETECTOR, kind=kind, severity=severity, message=message,
+                   subject=subject, source=source, evidence=evidence)
 
 
-def sort_findings(findings: Iterable[IncidentFinding]) -> list[IncidentFinding]:
+def report_dict(finding: Finding) -> dict[str, Any]:
+    """The ``--json`` form of one finding: exactly ``source, kind, severity, subject, evidence,
+    message`` (the schema ``laggard analyze --json`` has always printed)."""
+    return {"source": finding.source or "", "kind": finding.kind,
+            "severity": finding.severity.value, "subject": finding.subject or "",
+            "evidence": finding.evidence, "message": finding.message}
+
+
+def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
     """Most severe first, then by kind, subject and source (stable, deterministic)."""
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], KINDS.index(f.kind),
-                                           f.subject, f.source))
+                                           f.subject or "", f.source or ""))
 
 
 def ranks_text(ranks: Iterable[int]) -> str:

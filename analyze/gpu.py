@@ -11,10 +11,10 @@ from typing import Any
 
 from laggard.analyze.findings import (
     SEVERITY_ORDER,
-    IncidentFinding,
+    incident,
 )
 from laggard.detectors import xid_catalog
-from laggard.detectors.finding import Severity
+from laggard.detectors.finding import Finding, Severity
 from laggard.parsers.exposition import DcgmGpu
 from laggard.parsers.kernel_log import SXidEvent, XidEvent
 from laggard.parsers.nvidia_smi import SmiGpu, reasons_from_bitmask
@@ -100,7 +100,7 @@ def _iso(epoch: float | None) -> str | None:
         timespec="seconds")
 
 
-def kernel_findings(source: str, evidence: KernelEvidence) -> list[IncidentFinding]:
+def kernel_findings(source: str, evidence: KernelEvidence) -> list[Finding]:
     """Xid groups (by code and GPU), SXid groups (by code and switch), lost GPUs."""
     out = []
     for (xid, pci), g in sorted(evidence.xids.items()):
@@ -122,25 +122,30 @@ def kernel_findings(source: str, evidence: KernelEvidence) -> list[IncidentFindi
             ev["processes"] = known
         who = "; ".join(f"{p['process'] or '?'} (pid {p['pid'] if p['pid'] is not None else '?'})"
                         f"{' x' + str(p['count']) if p['count'] > 1 else ''}" for p in known)
-        out.append(IncidentFinding(
-            source, "xid", info.severity, f"GPU {pci}", ev,
-            f"{g.count}x Xid {xid} ({info.name}: {info.description}) on GPU {pci}"
+        out.append(incident(
+            source=source, kind="xid", severity=info.severity,
+            subject=f"GPU {pci}",
+            evidence=ev,
+            message=f"{g.count}x Xid {xid} ({info.name}: {info.description}) on GPU {pci}"
             f"{', ' + who if who else ''}; action: {info.action.value.replace('_', ' ')}"))
         if xid == 79:
             out.append(_gpu_lost(source, pci, "fell off the bus (Xid 79)",
                                  {"xid": 79, "count": g.count}))
     for (sxid, pci), sx in sorted(evidence.sxids.items()):
-        fatal = (sx["severity"] or "").lower() == "fatal"
+        info = xid_catalog.sxid_lookup(sxid, sx["severity"])
         links = sorted(set(sx["links"]))
-        out.append(IncidentFinding(
-            source, "sxid", Severity.CRITICAL if fatal else Severity.WARNING,
-            f"NVSwitch {pci}",
-            {"sxid": sxid, "pci_bus_id": pci, "device": sx["device"], "count": sx["count"],
-             "links": links, "severity": sx["severity"], "message": sx["message"]},
-            f"{sx['count']}x SXid {sxid} ({sx['severity'] or 'severity not printed'}) on "
-            f"{sx['device'] or 'NVSwitch'} {pci}"
-            f"{', link ' + ', '.join(map(str, links)) if links else ''}: {sx['message']}; "
-            f"{'the NVLink fabric is degraded: drain the node' if fatal else 'watch the link'}"))
+        said = sx["severity"] or f"no severity printed; {info.catalog_class} per the catalog"
+        out.append(incident(
+            source=source, kind="sxid", severity=info.severity,
+            subject=f"NVSwitch {pci}",
+            evidence={"sxid": sxid, "name": info.name, "pci_bus_id": pci,
+                      "device": sx["device"], "count": sx["count"], "links": links,
+                      "severity": sx["severity"], "catalog_class": info.catalog_class,
+                      "message": sx["message"]},
+            message=f"{sx['count']}x SXid {sxid} ({info.name}; {said}) on "
+                    f"{sx['device'] or 'NVSwitch'} {pci}"
+                    f"{', link ' + ', '.join(map(str, links)) if links else ''}: "
+                    f"{sx['message']}; {info.action}"))
     for pci, entry in sorted(evidence.rm_init_failures.items()):
         out.append(_gpu_lost(source, pci[:-2] if pci.count(".") else pci,
                              f"failed to initialise ({entry['count']}x RmInitAdapter failed, "
@@ -150,10 +155,12 @@ def kernel_findings(source: str, evidence: KernelEvidence) -> list[IncidentFindi
     return out
 
 
-def _gpu_lost(source: str, pci: str, what: str, ev: dict[str, Any]) -> IncidentFinding:
-    return IncidentFinding(source, "gpu_lost", Severity.CRITICAL, f"GPU {pci}",
-                   {"pci_bus_id": pci, **ev},
-                   f"GPU {pci} {what}: it is unusable until the node is rebooted or the GPU "
+def _gpu_lost(source: str, pci: str, what: str, ev: dict[str, Any]) -> Finding:
+    return incident(
+        source=source, kind="gpu_lost", severity=Severity.CRITICAL,
+        subject=f"GPU {pci}",
+        evidence={"pci_bus_id": pci, **ev},
+        message=f"GPU {pci} {what}: it is unusable until the node is rebooted or the GPU "
                    f"reset; drain the node and check the PCIe link, power and the GPU")
 
 
@@ -165,7 +172,7 @@ _REASON_SEVERITY = {
 }
 
 
-def clock_event_findings(source: str, gpus: list[SmiGpu]) -> list[IncidentFinding]:
+def clock_event_findings(source: str, gpus: list[SmiGpu]) -> list[Finding]:
     """One finding per GPU with a throttling clock-event reason active."""
     out = []
     for gpu in gpus:
@@ -194,14 +201,16 @@ def clock_event_findings(source: str, gpus: list[SmiGpu]) -> list[IncidentFindin
         if gpu.sm_clock_mhz and gpu.sm_clock_max_mhz and gpu.sm_clock_mhz >= gpu.sm_clock_max_mhz:
             note = "; the SM clock is at its maximum, so the flags contradict the clocks " \
                    "(reported as printed)"
-        out.append(IncidentFinding(
-            source, "clock_event", severity, f"GPU {name}", ev,
-            f"GPU {name}{' (' + gpu.product_name + ')' if gpu.product_name else ''}: clock "
+        out.append(incident(
+            source=source, kind="clock_event", severity=severity,
+            subject=f"GPU {name}",
+            evidence=ev,
+            message=f"GPU {name}{' (' + gpu.product_name + ')' if gpu.product_name else ''}: clock "
             f"event reasons active: {', '.join(slowing)}{'; ' + state if state else ''}{note}"))
     return out
 
 
-def dcgm_findings(source: str, gpus: list[DcgmGpu]) -> list[IncidentFinding]:
+def dcgm_findings(source: str, gpus: list[DcgmGpu]) -> list[Finding]:
     """Xids and clock-event reasons that dcgm-exporter reported."""
     out = []
     for g in gpus:
@@ -210,12 +219,13 @@ def dcgm_findings(source: str, gpus: list[DcgmGpu]) -> list[IncidentFinding]:
         if xid:
             info = xid_catalog.lookup(int(xid))
             pci = _short_pci(g.pci_bus_id) if g.pci_bus_id else None
-            out.append(IncidentFinding(
-                source, "xid", info.severity, f"GPU {pci or name}",
-                {"xid": int(xid), "name": info.name, "pci_bus_id": pci, "count": 1,
+            out.append(incident(
+                source=source, kind="xid", severity=info.severity,
+                subject=f"GPU {pci or name}",
+                evidence={"xid": int(xid), "name": info.name, "pci_bus_id": pci, "count": 1,
                  "gpu": g.gpu, "uuid": g.uuid, "action": info.action.value,
                  "note": "DCGM_FI_DEV_XID_ERRORS holds the last Xid, not a count"},
-                f"DCGM reports Xid {int(xid)} ({info.name}) on GPU {name}; action: "
+                message=f"DCGM reports Xid {int(xid)} ({info.name}) on GPU {name}; action: "
                 f"{info.action.value.replace('_', ' ')}"))
         mask = g.get("clock_event_reasons")
         if mask:

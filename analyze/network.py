@@ -7,10 +7,10 @@ import statistics
 from collections import defaultdict
 
 from laggard.analyze.findings import (
-    IncidentFinding,
+    incident,
     ranks_text,
 )
-from laggard.detectors.finding import Severity
+from laggard.detectors.finding import Finding, Severity
 from laggard.parsers.exposition import Exposition
 from laggard.parsers.infiniband_listing import IbPort
 from laggard.parsers.nccl_inspector import InspectorRecord, InspectorStream
@@ -20,7 +20,7 @@ from laggard.parsers.nccl_tests import GIB, NcclTestsResult
 PLATEAU_FRACTION = 0.9
 
 
-def nccl_tests_findings(source: str, result: NcclTestsResult) -> list[IncidentFinding]:
+def nccl_tests_findings(source: str, result: NcclTestsResult) -> list[Finding]:
     """Peak busbw, busbw at 1 GiB, sizes below the plateau after reaching it, wrong results."""
     peak = result.peak
     if peak is None:
@@ -59,7 +59,11 @@ def nccl_tests_findings(source: str, result: NcclTestsResult) -> list[IncidentFi
         msg += f"; {wrong} WRONG results: data corruption on some rank"
     if result.avg_busbw is not None:
         msg += f" (the trailer's average {result.avg_busbw:g} GB/s is over all sizes)"
-    return [IncidentFinding(source, "busbw", severity, result.test or "nccl-tests", ev, msg)]
+    return [incident(
+        source=source, kind="busbw", severity=severity,
+        subject=result.test or "nccl-tests",
+        evidence=ev,
+        message=msg)]
 
 
 def _size(n: int) -> str:
@@ -70,7 +74,7 @@ def _size(n: int) -> str:
 
 
 def inspector_findings(source: str, records: list[InspectorRecord],
-                       streams: list[InspectorStream]) -> list[IncidentFinding]:
+                       streams: list[InspectorStream]) -> list[Finding]:
     """Bus bandwidth per communicator and op from NCCL Inspector records."""
     groups: dict[tuple, list[InspectorRecord]] = defaultdict(list)
     for r in records:
@@ -89,16 +93,19 @@ def inspector_findings(source: str, records: list[InspectorRecord],
               "msg_size_bytes_max": max(r.msg_size_bytes for r in rs),
               "dropped_records": dropped, "marker_count_mismatches": mismatched,
               "hosts": sorted({r.hostname for r in rs if r.hostname})}
-        out.append(IncidentFinding(
-            source, "busbw", Severity.INFO, f"{op} on {comm}", ev,
-            f"NCCL Inspector: {len(rs)} {op} on communicator {comm} ({ranks_text(ranks)} of "
+        out.append(incident(
+            source=source, kind="busbw", severity=Severity.INFO,
+            subject=f"{op} on {comm}",
+            evidence=ev,
+            message=f"NCCL Inspector: {len(rs)} {op} on communicator {comm} "
+                    f"({ranks_text(ranks)} of "
             f"{n_ranks or '?'}): busbw median "
             f"{ev['busbw_gbps_median']} GB/s (min {ev['busbw_gbps_min']}, max "
             f"{ev['busbw_gbps_max']})"))
     return out
 
 
-def inspector_prom_findings(source: str, exposition: Exposition) -> list[IncidentFinding]:
+def inspector_prom_findings(source: str, exposition: Exposition) -> list[Finding]:
     """Bus bandwidth per op and size bucket from Inspector's Prometheus textfile."""
     times = {}
     for s in exposition.samples:
@@ -111,18 +118,19 @@ def inspector_prom_findings(source: str, exposition: Exposition) -> list[Inciden
             continue
         op = s.labels.get("collective") or s.labels.get("p2p_operation") or "?"
         size, gpu = s.labels.get("message_size"), s.labels.get("gpu")
-        out.append(IncidentFinding(
-            source, "busbw", Severity.INFO, f"{op} {size} on {s.labels.get('node', '?')} {gpu}",
-            {"op": op, "message_size": size, "busbw_gbps": s.value, "gpu": gpu,
+        out.append(incident(
+            source=source, kind="busbw", severity=Severity.INFO,
+            subject=f"{op} {size} on {s.labels.get('node', '?')} {gpu}",
+            evidence={"op": op, "message_size": size, "busbw_gbps": s.value, "gpu": gpu,
              "exec_time_us": times.get((op, size, gpu)), "nranks": s.labels.get("nranks"),
              "comm_name": s.labels.get("comm_name"), "algo_proto": s.labels.get("algo_proto"),
              "node": s.labels.get("node")},
-            f"NCCL Inspector: {op} of {size} on {s.labels.get('node', '?')} {gpu}: busbw "
+            message=f"NCCL Inspector: {op} of {size} on {s.labels.get('node', '?')} {gpu}: busbw "
             f"{s.value:g} GB/s, {times.get((op, size, gpu), '?')} us"))
     return out
 
 
-def ib_findings(source: str, ports: list[IbPort]) -> list[IncidentFinding]:
+def ib_findings(source: str, ports: list[IbPort]) -> list[Finding]:
     """Ports down (critical), links that went down (warning), other error counters (info)."""
     out = []
     for p in ports:
@@ -147,9 +155,11 @@ def ib_findings(source: str, ports: list[IbPort]) -> list[IncidentFinding]:
         rest = {k: v for k, v in errors.items() if k != "link_downed"}
         if rest:
             parts.append("error counters " + ", ".join(f"{k}={v}" for k, v in rest.items()))
-        out.append(IncidentFinding(
-            source, "ib_port", severity, f"{p.device} port {p.port}", ev,
-            f"{p.device} port {p.port} ({p.rate or 'rate ?'}, {p.link_layer or '?'}): "
+        out.append(incident(
+            source=source, kind="ib_port", severity=severity,
+            subject=f"{p.device} port {p.port}",
+            evidence=ev,
+            message=f"{p.device} port {p.port} ({p.rate or 'rate ?'}, {p.link_layer or '?'}): "
             + "; ".join(parts)
             + ("; reseat or replace the cable/transceiver and check the switch port"
                if severity is not Severity.INFO else "")))
@@ -160,7 +170,7 @@ _NETDEV_FAULTS = ("errs", "fifo", "frame", "carrier", "colls")
 
 
 def netdev_findings(source: str, devices: dict[str, dict[str, int]],
-                    taken_at: str | None = None) -> list[IncidentFinding]:
+                    taken_at: str | None = None) -> list[Finding]:
     """Interfaces with errors (warning) or drops (info) in ``/proc/net/dev``."""
     out = []
     for dev, c in sorted(devices.items()):
@@ -174,8 +184,10 @@ def netdev_findings(source: str, devices: dict[str, dict[str, int]],
                                                           "multicast", "fifo", "frame")},
               "taken_at": taken_at}
         what = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in {**faults, **drops}.items())
-        out.append(IncidentFinding(
-            source, "netdev", Severity.WARNING if faults else Severity.INFO, dev, ev,
-            f"{dev}: {what} (counters since boot"
+        out.append(incident(
+            source=source, kind="netdev", severity=Severity.WARNING if faults else Severity.INFO,
+            subject=dev,
+            evidence=ev,
+            message=f"{dev}: {what} (counters since boot"
             f"{', snapshot ' + taken_at if taken_at else ''})"))
     return out

@@ -16,8 +16,10 @@ Two sources, merged:
 An Xid that both sources report (same GPU, same code, within ``merge_window`` seconds) is counted
 once: each event of one source cancels at most one of the other, so three identical lines still
 count three. NVSwitch SXids (kernel log only) go to ``laggard_gpu_sxid_errors_total{device,sxid}``
-(``device`` = the switch's PCI address). Each Xid becomes a finding with the catalog's action;
-a fatal SXid a critical finding.
+(``device`` = the switch's PCI address). Each Xid becomes a finding with the catalog's action,
+each SXid one with the severity :func:`laggard.detectors.xid_catalog.sxid_lookup` gives (the
+driver's word for the event, else the Fabric Manager guide's class); SXid dump lines printed
+without a headline are reported after each batch of lines (``KernelLogParser.settle``).
 """
 
 from __future__ import annotations
@@ -39,8 +41,7 @@ from prometheus_client.metrics_core import Metric
 from laggard.collectors.base import NoDataError
 from laggard.collectors.nvml_library import NvmlLibrary, shared_library
 from laggard.collectors.tailer import FileTailer
-from laggard.detectors.finding import Finding, Severity
-from laggard.detectors.xid_catalog import xid_finding
+from laggard.detectors.xid_catalog import sxid_finding, xid_finding
 from laggard.parsers.kernel_log import KernelLogParser, SXidEvent, XidEvent
 
 log = logging.getLogger(__name__)
@@ -304,6 +305,8 @@ class XidCollector:
             for line in lines:
                 for event in self.parser.feed(line):
                     self._on_kernel_event(event)
+            for event in self.parser.settle():  # SXid dump lines no headline claimed
+                self._on_kernel_event(event)
         if not nvml_ok and not self._kernel_log_ok:
             raise NoDataError("no NVML and no readable kernel log")
         while True:
@@ -324,7 +327,10 @@ class XidCollector:
             else:
                 self._dropped_series += 1
             if self.findings is not None:
-                self.findings.add(sxid_finding(event, self.node))
+                self.findings.add(sxid_finding(
+                    sxid=event.sxid, pci_bus_id=event.pci_bus_id, link=event.link,
+                    printed=event.severity, message=event.message, device=event.device,
+                    node=self.node))
             return
         gpu = self._pci_to_gpu.get(event.pci_bus_id)
         if self.counter.is_new(event.pci_bus_id, event.xid, "kernel_log"):
@@ -383,23 +389,6 @@ class XidCollector:
         self._stop.set()
         if self.kernel_log is not None:
             self.kernel_log.close()
-
-
-def sxid_finding(event: SXidEvent, node: str | None) -> Finding:
-    """A finding for one NVSwitch SXid: critical when the driver calls it fatal (the fabric
-    manager then takes the link or switch out: the job's NVLink traffic is affected), else info.
-    """
-    fatal = event.severity == "fatal"
-    link = f" link {event.link}" if event.link is not None else ""
-    return Finding(
-        detector="xid", kind="sxid", severity=Severity.CRITICAL if fatal else Severity.INFO,
-        node=node,
-        message=(f"{'Fatal' if fatal else 'Non-fatal'} SXid {event.sxid} on NVSwitch "
-                 f"{event.pci_bus_id}{link}: {event.message}"
-                 + ("; drain the node and check the NVSwitch fabric" if fatal else "")),
-        evidence={"sxid": event.sxid, "pci_bus_id": event.pci_bus_id, "link": event.link,
-                  "severity": event.severity, "device": event.device},
-    )
 
 
 def from_config(config: Any, context: Any) -> XidCollector:

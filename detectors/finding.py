@@ -35,6 +35,9 @@ class Finding:
         local_rank: local rank on ``node``, if any.
         step: training step at which it was raised, if any.
         evidence: the numbers that triggered it (JSON-serialisable).
+        subject: what is at fault, in words, where rank/node/gpu cannot say it (an offline
+            report names ``GPU 0000:9b:00``, ``NVSwitch 0000:05:00.0``, ``ranks 9, 14``).
+        source: file(s) the finding was read from (``laggard analyze``), if any.
     """
 
     detector: str
@@ -47,11 +50,17 @@ class Finding:
     local_rank: int | None = None
     step: int | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    subject: str | None = None
+    source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-serialisable dict (severity as its string value)."""
+        """Return a JSON-serialisable dict (severity as its string value); ``subject`` and
+        ``source`` appear only when set, so the agent's and the wire's form is unchanged."""
         out = asdict(self)
         out["severity"] = self.severity.value
+        for key in ("subject", "source"):
+            if out[key] is None:
+                del out[key]
         return out
 
 

@@ -332,3 +332,187 @@ def xid_finding(*, xid: int, pci_bus_id: str, gpu: int | None, message: str = ""
                   "driver_message": message[:200], "fatal_token": fatal_token,
                   "source": source, "catalog": CATALOG_URL},
     )
+
+
+# ---- NVSwitch SXids ---------------------------------------------------------------------------
+#
+# NVIDIA Fabric Manager User Guide (DU-09883-001), appendix "NVSwitch SXid Errors": tables
+# "Non-Fatal NVSwitch SXid Errors", "Fatal NVSwitch SXid Errors" (fatal to the port's partition:
+# reset the access port / restart the guest VM) and "Always Fatal NVSwitch SXid Errors" (fatal to
+# the whole fabric: restart the host). Codes the guide does not list are "unknown".
+
+#: code -> (class, name); class is ``non_fatal``, ``fatal`` or ``always_fatal``.
+_SXID_TABLE = """
+11004|non_fatal|Ingress invalid ACL
+11012|non_fatal|Single bit ECC error
+11021|non_fatal|Single bit ECC error
+11022|non_fatal|Single bit ECC error
+11023|non_fatal|Single bit ECC error
+12021|non_fatal|Single bit ECC error
+12023|non_fatal|Single bit ECC error
+15008|non_fatal|Single bit ECC error
+15011|non_fatal|Single bit ECC error
+19049|non_fatal|Single bit ECC error
+19055|non_fatal|Single bit ECC error
+19057|non_fatal|Single bit ECC error
+19059|non_fatal|Single bit ECC error
+19062|non_fatal|Single bit ECC error
+19065|non_fatal|Single bit ECC error
+19068|non_fatal|Single bit ECC error
+19071|non_fatal|Single bit ECC error
+20001|non_fatal|TX Replay Error
+20012|non_fatal|Broken/inconsistent connection
+22013|non_fatal|Minion Link DLREQ interrupt
+24001|non_fatal|Single bit ECC error
+24002|non_fatal|Single bit ECC error
+24003|non_fatal|Single bit ECC error
+11001|fatal|Ingress invalid command
+11009|fatal|Ingress invalid VCSet
+11013|fatal|Ingress header DBE
+11018|fatal|Ingress RID DBE
+11019|fatal|Ingress RLAN DBE
+11020|fatal|Ingress control parity
+12001|fatal|Egress crossbar overflow
+12002|fatal|Egress packet route
+12022|fatal|Egress input ECC DBE error
+12024|fatal|Egress output ECC DBE error
+12025|fatal|Egress credit overflow
+12026|fatal|Egress destination request ID error
+12027|fatal|Egress destination response ID error
+12028|fatal|Egress non-posted PRIV error
+12030|fatal|Egress control parity error
+12031|fatal|Egress credit parity error
+12032|fatal|Egress flit type mismatch
+14017|fatal|TS ATO timeout
+15001|fatal|Route buffer over/underflow
+15006|fatal|Route transdone over/underflow
+15009|fatal|Route GLT DBE
+15010|fatal|Route parity
+15012|fatal|Route incoming DBE
+15013|fatal|Route credit parity
+19047|fatal|NCISOC HDR ECC DBE Error
+19048|fatal|NCISOC DAT ECC DBE Error
+19054|fatal|HDR RAM ECC DBE Error
+19056|fatal|DAT0 RAM ECC DBE Error
+19058|fatal|DAT1 RAM ECC DBE Error
+19060|fatal|CREQ RAM HDR ECC DBE Error
+19061|fatal|CREQ RAM DAT ECC DBE Error
+19063|fatal|Response RAM HDR ECC DBE Error
+19064|fatal|Response RAM DAT ECC DBE Error
+19066|fatal|COM RAM HDR ECC DBE Error
+19067|fatal|COM RAM DAT ECC DBE Error
+19069|fatal|RSP1 RAM HDR ECC DBE Error
+19070|fatal|RSP1 RAM DAT ECC DBE Error
+19084|fatal|AN1 Heartbeat Timeout Error
+20034|fatal|LTSSM Fault Up
+22012|fatal|Minion Link NA interrupt
+24004|fatal|Sourcetrack TCEN0 crumbstore DBE
+23001|always_fatal|Ingress SRC-VC buffer overflow
+23002|always_fatal|Ingress SRC-VC buffer underflow
+23003|always_fatal|Egress DST-VC credit overflow
+23004|always_fatal|Egress DST-VC credit underflow
+23005|always_fatal|Ingress packet burst error
+23006|always_fatal|Ingress packet sticky error
+23007|always_fatal|Possible bubbles at ingress
+23008|always_fatal|Ingress packet invalid dst error
+23009|always_fatal|Ingress packet parity error
+23010|always_fatal|Ingress SRC-VC buffer overflow
+23011|always_fatal|Ingress SRC-VC buffer underflow
+23012|always_fatal|Egress DST-VC credit overflow
+23013|always_fatal|Egress DST-VC credit underflow
+23014|always_fatal|Ingress packet burst error
+23015|always_fatal|Ingress packet sticky error
+23016|always_fatal|Possible bubbles at ingress
+"""
+
+_SXID_ROWS = {int(code): (cls, name) for code, cls, name in
+              (line.split("|", 2) for line in _SXID_TABLE.strip().splitlines())}
+
+#: The driver's severity word for one event (``NVSWITCH_REPORT_FATAL`` / ``_NONFATAL`` /
+#: ``_CORRECTABLE`` in ``src/common/nvswitch``) -> finding severity.
+_PRINTED_SEVERITY = {"fatal": Severity.CRITICAL, "nonfatal": Severity.WARNING,
+                     "correctable": Severity.INFO}
+_CLASS_SEVERITY = {"always_fatal": Severity.CRITICAL, "fatal": Severity.CRITICAL,
+                   "non_fatal": Severity.WARNING, "unknown": Severity.WARNING}
+
+
+@dataclass(frozen=True, slots=True)
+class SXidInfo:
+    """What the Fabric Manager guide and the line say about one SXid event.
+
+    Attributes:
+        sxid: the code.
+        name: the guide's name, or ``"UNKNOWN"``.
+        catalog_class: ``non_fatal``, ``fatal``, ``always_fatal`` or ``unknown``.
+        printed: the severity word the driver printed for this event (``fatal``, ``nonfatal``,
+            ``correctable``), None when the line carried none (a ``Data {...}`` line alone).
+        severity: the finding's severity: the printed word when there is one (the driver
+            decides per event: ``NVSWITCH_REPORT_CONTAIN`` reports one code as fatal or not),
+            else the catalog class.
+        action: what to do, from the guide's recovery column.
+    """
+
+    sxid: int
+    name: str
+    catalog_class: str
+    printed: str | None
+    severity: Severity
+    action: str
+
+
+def sxid_lookup(sxid: int, printed: str | None = None) -> SXidInfo:
+    """The one place SXid severity is decided (the agent's XID collector and ``laggard
+    analyze`` both call it).
+
+    Args:
+        sxid: the SXid number.
+        printed: ``"fatal"``, ``"nonfatal"`` or ``"correctable"`` as the line said, or None.
+
+    Returns:
+        The :class:`SXidInfo`; an unlisted code is ``unknown`` (warning when nothing was
+        printed).
+    """
+    catalog_class, name = _SXID_ROWS.get(sxid, ("unknown", "UNKNOWN"))
+    severity = _PRINTED_SEVERITY.get(printed or "", _CLASS_SEVERITY[catalog_class])
+    if catalog_class == "always_fatal":
+        severity = Severity.CRITICAL  # fatal to the whole fabric whatever the line says
+    if catalog_class == "always_fatal":
+        action = "restart the host to reset the whole NVLink fabric"
+    elif severity is Severity.CRITICAL:
+        action = ("the NVLink fabric is degraded: drain the node, reset the NVSwitch port "
+                  "(restart its partition); inspect the switch if it recurs")
+    elif severity is Severity.WARNING:
+        action = "watch the link; no job impact unless it repeats"
+    else:
+        action = "corrected by the switch: nothing to do"
+    return SXidInfo(sxid=sxid, name=name, catalog_class=catalog_class, printed=printed,
+                    severity=severity, action=action)
+
+
+def sxid_finding(*, sxid: int, pci_bus_id: str, link: int | None, printed: str | None,
+                 message: str, device: str | None, node: str | None) -> Finding:
+    """A finding for one NVSwitch SXid event, severity from :func:`sxid_lookup`.
+
+    Args:
+        sxid: SXid number.
+        pci_bus_id: the switch's ``"dddd:bb:dd.f"``.
+        link: NVLink port, if the line names one.
+        printed: the driver's severity word for the event, None when the line printed none.
+        message: the driver's text.
+        device: the switch device name (``nvidia-nvswitch1``), if printed.
+        node: this node's name.
+
+    Returns:
+        A :class:`Finding` with ``detector="xid"``, ``kind="sxid"``.
+    """
+    info = sxid_lookup(sxid, printed)
+    where = f" link {link}" if link is not None else ""
+    said = {"fatal": "Fatal", "nonfatal": "Non-fatal", "correctable": "Correctable"}.get(
+        printed or "", f"{info.catalog_class.replace('_', '-')} per the catalog")
+    return Finding(
+        detector="xid", kind="sxid", severity=info.severity, node=node,
+        message=(f"SXid {sxid} ({info.name}, {said}) on NVSwitch {pci_bus_id}{where}: "
+                 f"{message}; {info.action}"),
+        evidence={"sxid": sxid, "name": info.name, "pci_bus_id": pci_bus_id, "link": link,
+                  "severity": printed, "catalog_class": info.catalog_class, "device": device},
+    )

@@ -33,7 +33,7 @@ import pickle
 import re
 import tokenize
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -95,6 +95,7 @@ class FrEntry:
         state: ``scheduled``, ``started`` or ``completed``.
         time_created_ns: when it was enqueued (ns since the epoch); ``timeout_ms``.
         record_id: position in the rank's ring buffer.
+        retired: whether the recorder retired it (its work finished), None when not dumped.
     """
 
     rank: int | None
@@ -113,6 +114,12 @@ class FrEntry:
     time_created_ns: int | None
     timeout_ms: int | None
     record_id: int | None
+    retired: bool | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Completed, or retired by the recorder (gloo leaves ``state`` at ``scheduled``)."""
+        return self.state == "completed" or bool(self.retired)
 
     @property
     def signature(self) -> tuple:
@@ -123,11 +130,15 @@ class FrEntry:
 
 @dataclass(frozen=True, slots=True)
 class PgStatus:
-    """``pg_status`` of one group on one rank (-1: none yet)."""
+    """``pg_status`` of one group on one rank (-1: none yet): sequence numbers of the last
+    collective enqueued, started and completed (and of point-to-point operations, which newer
+    versions count apart: ``last_*_p2p``, None when not dumped)."""
 
     last_enqueued: int
     last_started: int
     last_completed: int
+    last_enqueued_p2p: int | None = None
+    last_completed_p2p: int | None = None
 
 
 @dataclass(slots=True)
@@ -152,6 +163,7 @@ class FlightRecorderDump:
     entries: list[FrEntry]
     source: str = ""
     nccl_version: str | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
@@ -234,6 +246,7 @@ def parse_dump(raw: dict[str, Any], rank: int | None = None, source: str = "") -
             output_dtypes=_names(e.get("output_dtypes")),
             state=str(e.get("state", "")), time_created_ns=_int(e.get("time_created_ns")),
             timeout_ms=_int(e.get("timeout_ms")), record_id=_int(e.get("record_id")),
+            retired=e["retired"] if isinstance(e.get("retired"), bool) else None,
         ))
     status_by_id = {}
     for key, st in pg_status.items():
@@ -241,12 +254,35 @@ def parse_dump(raw: dict[str, Any], rank: int | None = None, source: str = "") -
             status_by_id[str(key)] = PgStatus(
                 _count(st.get("last_enqueued_collective"), -1),
                 _count(st.get("last_started_collective"), -1),
-                _count(st.get("last_completed_collective"), -1))
+                _count(st.get("last_completed_collective"), -1),
+                _int(st.get("last_enqueued_p2p")), _int(st.get("last_completed_p2p")))
     status = {pg_id_to_name[k]: v for k, v in status_by_id.items() if k in pg_id_to_name}
+    version = str(raw.get("version", ""))
     return FlightRecorderDump(
-        rank=rank, version=str(raw.get("version", "")), groups=groups, status=status,
+        rank=rank, version=version, groups=groups, status=status,
         status_by_id=status_by_id, entries=entries, source=source,
-        nccl_version=raw.get("nccl_version") or raw.get("comm_lib_version"))
+        nccl_version=raw.get("nccl_version") or raw.get("comm_lib_version") or None,
+        notes=_format_notes(raw, version))
+
+
+#: Newest dump format version whose fields this reader was written against (torch 2.13 writes
+#: "2.10"); a newer one is read by the same field names, with a note.
+KNOWN_VERSION = (2, 10)
+_KNOWN_KEYS = frozenset({"version", "pg_config", "pg_status", "entries", "nccl_version",
+                         "comm_lib_version", "dump_ts", "stacks", "frames", "pg_status_p2p"})
+
+
+def _format_notes(raw: dict[str, Any], version: str) -> list[str]:
+    notes = []
+    parts = re.findall(r"\d+", version)
+    if len(parts) >= 2 and (int(parts[0]), int(parts[1])) > KNOWN_VERSION:
+        notes.append(f"dump format version {version} is newer than "
+                     f"{KNOWN_VERSION[0]}.{KNOWN_VERSION[1]}, the newest known: read by the "
+                     f"known field names")
+    unknown = sorted(str(k) for k in raw if k not in _KNOWN_KEYS)
+    if unknown:
+        notes.append(f"unknown top-level field(s) ignored: {', '.join(unknown[:8])}")
+    return notes
 
 
 _PICKLE_MAGIC = re.compile(rb"^\x80[\x02-\x05]")

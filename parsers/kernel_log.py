@@ -1,5 +1,8 @@
 """Pure parser for NVIDIA Xid and NVSwitch SXid lines in kernel-log text.
 
+(Longer than the house limit on purpose: one state machine reads the prefixes, continuation
+lines, wrapped headers and SXid follow-ups, and they share its state.)
+
 No I/O here: the XID collector (:mod:`laggard.collectors.xid`) and ``laggard analyze`` feed it
 lines from ``/dev/kmsg``, ``dmesg`` output, syslog files or journald output.
 
@@ -27,15 +30,29 @@ Messages recognised, with the printf formats of NVIDIA's open-gpu-kernel-modules
                                                    [ caused by previous Xid %d]
     NVRM: Xid (PCI:%04x:%02x:%02x): %d, %s                      (no process context, newer drivers)
     NVRM: Xid (%04x:%02x:%02x): %d, %s                           (older drivers, no "PCI:")
-    nvidia-nvswitch%d: SXid (PCI:%04x:%02x:%02x.%x): %05d, Fatal|Non-fatal, Link %02d %s
+    [nvidia-nvswitch%d: ]SXid (PCI:%04x:%02x:%02x.%x): %05d, Fatal|Non-fatal|Correctable, Link %02d
+    [nvidia-nvswitch%d: ]SXid (PCI:...): %05d, Fatal|Non-fatal, %s, instance=%d, chiplet=%d
+    [nvidia-nvswitch%d: ]SXid (PCI:...): %05d, Severity %d Engine instance %02d Sub-engine ...
+    [nvidia-nvswitch%d: ]SXid (PCI:...): %05d, Data {0x%08x, 0x%08x, ...}
     NVRM: The NVIDIA GPU %04x:%02x:%02x.%x
     NVRM: (PCI ID: %04x:%04x) installed in this system has
     NVRM: fallen off the bus and is not responding to commands.   (no Xid number: reported as 79)
 
 ``pid`` is ``'<unknown>'`` (quotes included) when the channel has no owner, and may be empty.
-NVLink5 Xids (144-150) carry a ``Fatal``/``Nonfatal`` token in their message. An SXid error is
-reported as one ``Fatal, Link N`` line followed by ``Severity ... Engine instance`` and
-``Data {...}`` lines for the same event: only the first counts.
+NVLink5 Xids (144-150) carry a ``Fatal``/``Nonfatal`` token in their message.
+
+An SXid event is printed as a headline (``Fatal|Non-fatal|Correctable, Link N ...``) followed by
+the error-log dump (``Severity S Engine instance ...`` and ``Data {...}`` lines, from
+``_nvswitch_dump_error_entry``): those follow-ups are not counted again. A dump line whose
+headline is not there (the driver logged data only, or the excerpt lost it) is an event of its
+own: ``Severity 1`` is fatal, ``Severity 0`` non-fatal, a ``Data`` line alone carries no
+severity (``laggard.detectors.xid_catalog.sxid_lookup`` then decides from the code). Such a line
+is held until :data:`SXID_ORPHAN_LINES` more lines pass, :meth:`KernelLogParser.flush` or
+:meth:`KernelLogParser.settle`; a headline of the same switch and code arriving first claims it
+(it was the tail of a cut headline).
+
+Indented copies of whole lines are read as lines. An Xid or SXid line cut inside its header (a
+terminal or syslog wrap) is joined with the next line.
 
 Timestamps: ``timestamp`` is epoch seconds where the line carries a wall-clock time. ``--ctime``
 stamps are read in this machine's local time zone (as ``dmesg`` printed them). Syslog stamps
@@ -174,13 +191,24 @@ _PID_NAME = re.compile(
 _CAUSED_BY = re.compile(r"\s*caused by previous Xid (\d+)\s*$")
 _FATAL_TOKEN = re.compile(r"(?<![\w-])(Fatal|Non-?fatal)(?![\w-])", re.IGNORECASE)
 _SXID = re.compile(
-    r"(?P<device>nvidia-nvswitch\d*): SXid \(PCI:(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:"
+    r"(?:(?P<device>nvidia-nvswitch\d*): )?SXid \(PCI:(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:"
     r"[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?)\): (?P<sxid>\d+)(?:,\s*(?P<rest>.*))?$"
 )
-_SXID_SEVERITY = re.compile(r"^(?P<sev>Fatal|Non-?fatal)(?:,\s*Link (?P<link>\d+))?\s*(?P<msg>.*)$",
-                            re.IGNORECASE)
-# Follow-up lines of an SXid already counted ("Severity 1 Engine instance 60 ...", "Data {...}").
-_SXID_FOLLOW_UP = re.compile(r"^(?:Severity \d+|Data \{)")
+# The headline of one event (``NVSWITCH_REPORT_FATAL`` / ``_NONFATAL`` / ``_CORRECTABLE``:
+# "%s, Link %02d %s%s"; ``NVSWITCH_REPORT_PRI_ERROR_*``: "%s, %s, instance=%d, chiplet=%d").
+_SXID_SEVERITY = re.compile(
+    r"^(?P<sev>Fatal|Non-?fatal|Correctable)(?:,\s*Link (?P<link>\d+))?,?\s*(?P<msg>.*)$",
+    re.IGNORECASE)
+# The error-log dump that follows (``_nvswitch_dump_error_entry``): "Severity %d Engine instance
+# %02d Sub-engine instance %02d" (severity 1 = NVSWITCH_ERROR_SEVERITY_FATAL, 0 = NONFATAL) and
+# one or two "Data {0x%08x, ...}" lines (9 words: flags + data[0..7]; then data[8..15] when any
+# is set). Printed after a headline they are its follow-ups; printed alone they are the event.
+_SXID_ENTRY = re.compile(r"^Severity (?P<sev>\d+) Engine instance (?P<engine>\d+)")
+_SXID_DATA = re.compile(r"^Data \{(?P<words>[^}]*)\}?")
+# An Xid/SXid line cut inside its header ("NVRM: Xid (PCI:0000:3", "SXid (PCI:0000:05:00.0): ").
+_CUT_HEADER = re.compile(r"S?Xid \((?:PCI:)?[0-9a-fA-F:.]*$|S?Xid \([^)]*\):\s*\d*,?\s*$")
+#: Input lines an SXid dump line without its headline waits for one before it is its own event.
+SXID_ORPHAN_LINES = 64
 _FALLEN_START = re.compile(rf"NVRM: The NVIDIA GPU ({_HEX}{{4,8}}):({_HEX}{{2}}):({_HEX}{{2}})")
 _FALLEN_END = "fallen off the bus"
 _FALLEN_NEXT = ("NVRM: (PCI ID", "NVRM: installed", "NVRM: fallen")
@@ -234,6 +262,12 @@ class KernelLogParser:
         self._pending_text: list[str] = []
         self._pending_pci = ""
         self._pending_stamp = _Stamp(None, None)
+        self._wrapped: tuple[str, _Stamp, str] | None = None  # an Xid line cut in its header
+        # switch pci -> (sxid, what its last SXid line was: head / entry / data9 / data)
+        self._sxid_last: dict[str, tuple[int, str]] = {}
+        # (switch pci, sxid) -> dump lines with no headline: (line number, batch, event)
+        self._orphans: dict[tuple[str, int], list[tuple[int, int, SXidEvent]]] = {}
+        self._generation = 0
 
     # -- public ----------------------------------------------------------------------------
 
@@ -247,7 +281,12 @@ class KernelLogParser:
             Events completed by this line (usually zero or one).
         """
         self.lines += 1
-        line = line.rstrip("\r\n")
+        events = self._feed(line.rstrip("\r\n"))
+        if self._orphans and self.lines % 8 == 0:
+            events += self._expire(self.lines - SXID_ORPHAN_LINES)
+        return events
+
+    def _feed(self, line: str) -> list[KernelEvent]:
         kmsg = _KMSG.match(line)
         if kmsg:
             uptime = int(kmsg.group(3)) / 1e6
@@ -258,21 +297,61 @@ class KernelLogParser:
                 events += self._message(part, stamp, raw=line, continuation=i > 0)
             return events
         if line[:1] in (" ", "\t"):
-            if not line.strip() or not self._pending:
+            if self._pending or self._wrapped is not None:
+                return self._message(line.strip(), self._last, raw=line, continuation=True)
+            if "Xid" not in line:
                 return []  # an indented line outside a multi-line message: kmsg dictionary etc.
-            return self._message(line.strip(), self._last, raw=line, continuation=True)
+            line = line.strip()  # an indented copy of a whole line (a report, a quoted log)
         stamp, message = self._strip_prefix(line)
         return self._message(message, stamp, raw=line, continuation=False)
+
+    @property
+    def waiting(self) -> bool:
+        """True while a message is split across lines (a wrapped header, an unfinished "fallen
+        off the bus"): the next line must be fed even if it names no Xid."""
+        return self._wrapped is not None or bool(self._pending)
 
     def flush(self) -> list[KernelEvent]:
         """End of input: give up any unfinished multi-line message.
 
         Returns:
-            Events still pending (none today: an unfinished "fallen off the bus" message is
-            incomplete and is not reported).
+            SXid dump lines still waiting for a headline, each as its own event (an unfinished
+            "fallen off the bus" message is incomplete and is not reported).
         """
         self._drop_pending()
-        return []
+        if self._wrapped is not None:
+            self.skipped += 1
+            self._wrapped = None
+        return self._expire(None)
+
+    def settle(self) -> list[KernelEvent]:
+        """For a live source read in batches: report the SXid dump lines that waited a whole
+        batch for a headline (call once per batch, after feeding it).
+
+        Returns:
+            Those events.
+        """
+        events = self._expire(None, generation=self._generation)
+        self._generation += 1
+        return events
+
+    def _expire(self, before_line: int | None, generation: int | None = None) \
+            -> list[KernelEvent]:
+        out: list[KernelEvent] = []
+        for key in list(self._orphans):
+            keep = []
+            for line_no, gen, event in self._orphans[key]:
+                old = (before_line is None or line_no <= before_line) and (
+                    generation is None or gen < generation)
+                if old:
+                    out.append(event)
+                else:
+                    keep.append((line_no, gen, event))
+            if keep:
+                self._orphans[key] = keep
+            else:
+                del self._orphans[key]
+        return out
 
     # -- prefixes ----------------------------------------------------------------------------
 
@@ -345,6 +424,10 @@ class KernelLogParser:
                     self._drop_pending()
                 return []
             self._drop_pending()  # another message started: that was not the one we waited for
+        if self._wrapped is not None:
+            event = self._unwrap(text)
+            if event is not None:
+                return [event]
         if continuation:
             return []
         if "Xid" in text:
@@ -378,12 +461,58 @@ class KernelLogParser:
         if m := _XID.search(text):
             return _xid_event(m, stamp, raw)
         if m := _SXID.search(text):
-            rest = m.group("rest") or ""
-            if _SXID_FOLLOW_UP.match(rest):
-                return None
-            return _sxid_event(m, rest, stamp, raw)
+            return self._sxid_line(m, stamp, raw)
         if _XID_LOOKALIKE.search(text) and ("NVRM" in text or "nvswitch" in text):
-            self.skipped += 1  # names an Xid but does not follow the driver's format
+            if _CUT_HEADER.search(text):
+                self._wrapped = (text, stamp, raw)  # a terminal or syslog wrap: join the next
+            else:
+                self.skipped += 1  # names an Xid but does not follow the driver's format
+        return None
+
+    def _unwrap(self, text: str) -> KernelEvent | None:
+        assert self._wrapped is not None
+        head, stamp, raw = self._wrapped
+        self._wrapped = None
+        for joined in (head + text, head + " " + text):
+            if (m := _XID.search(joined)) or (m := _SXID.search(joined)):
+                self._wrapped = None
+                if m.re is _XID:
+                    return _xid_event(m, stamp, raw + "\n" + text)
+                return self._sxid_line(m, stamp, raw + "\n" + text)
+        self.skipped += 1
+        return None
+
+    def _sxid_line(self, m: re.Match[str], stamp: _Stamp, raw: str) -> SXidEvent | None:
+        """One SXid line: a headline is an event; a dump line (``Severity``/``Data``) is the
+        follow-up of the headline or dump line before it on the same switch and code, or else
+        an event of its own, held until no headline claims it (see :data:`SXID_ORPHAN_LINES`).
+        """
+        rest = m.group("rest") or ""
+        pci, sxid = _switch_pci(m.group("pci")), int(m.group("sxid"))
+        entry = _SXID_ENTRY.match(rest)
+        data = None if entry else _SXID_DATA.match(rest)
+        if entry is None and data is None:
+            # Dump lines of this code still waiting belong to a headline cut from the excerpt.
+            self._orphans.pop((pci, sxid), None)
+            self._sxid_last[pci] = (sxid, "head")
+            return _sxid_event(m, rest, stamp, raw)
+        words = len(data["words"].split(",")) if data else 0
+        last = self._sxid_last.get(pci)
+        follows = last is not None and last[0] == sxid and (
+            (entry is not None and last[1] == "head")
+            or (data is not None and last[1] in ("head", "entry"))
+            or (data is not None and last[1] == "data9" and words == 8))
+        self._sxid_last[pci] = (sxid, "entry" if entry else "data9" if words == 9 else "data")
+        if follows:
+            return None
+        printed = None if entry is None else "fatal" if entry["sev"] == "1" else "nonfatal"
+        event = SXidEvent(
+            sxid=sxid, pci_bus_id=pci, link=int(entry["engine"]) if entry else None,
+            severity=printed, timestamp=stamp.timestamp, uptime_seconds=stamp.uptime,
+            message=rest.strip(), raw=raw, device=m.group("device"))
+        if len(self._orphans) < 1024:
+            self._orphans.setdefault((pci, sxid), []).append(
+                (self.lines, self._generation, event))
         return None
 
 
@@ -431,18 +560,22 @@ def _xid_event(m: re.Match[str], stamp: _Stamp, raw: str) -> XidEvent:
     )
 
 
+def _switch_pci(text: str) -> str:
+    dom, _, tail = text.lower().partition(":")
+    return f"{int(dom, 16):04x}:{tail}"
+
+
 def _sxid_event(m: re.Match[str], rest: str, stamp: _Stamp, raw: str) -> SXidEvent:
     severity: str | None = None
     link: int | None = None
     message = rest
     if sev := _SXID_SEVERITY.match(rest):
-        severity = "fatal" if sev.group("sev").lower() == "fatal" else "nonfatal"
+        word = sev.group("sev").lower()
+        severity = word if word in ("fatal", "correctable") else "nonfatal"
         link = int(sev.group("link")) if sev.group("link") else None
         message = sev.group("msg")
-    pci = m.group("pci").lower()
-    dom, _, tail = pci.partition(":")
     return SXidEvent(
-        sxid=int(m.group("sxid")), pci_bus_id=f"{int(dom, 16):04x}:{tail}", link=link,
+        sxid=int(m.group("sxid")), pci_bus_id=_switch_pci(m.group("pci")), link=link,
         severity=severity, timestamp=stamp.timestamp, uptime_seconds=stamp.uptime,
         message=message.strip(), raw=raw, device=m.group("device"),
     )

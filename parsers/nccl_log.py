@@ -110,6 +110,9 @@ class WatchdogTimeout:
         elapsed_ms: milliseconds the collective had run when the watchdog fired.
         timestamp: the glog stamp (``1206 18:44:12.715298746``, month-day, no year) if any.
         raw: the (rejoined) line.
+        pg: the process group's id from a ``[PG P ...]`` / ``[PG ID P ...]`` prefix, else None
+            (``[Rank R]`` alone names no group).
+        pg_desc: the group's description when the prefix prints one (``default_pg``).
     """
 
     rank: int | None
@@ -123,6 +126,8 @@ class WatchdogTimeout:
     elapsed_ms: int | None
     timestamp: str | None
     raw: str
+    pg: str | None = None
+    pg_desc: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -548,6 +553,8 @@ def _watchdog(m: re.Match[str], line: str) -> WatchdogTimeout:
         numel_out=_int_or_none(fields.get("NumelOut")), tensor_shape=fields.get("TensorShape"),
         timeout_ms=_int_or_none(fields.get("Timeout(ms)")), elapsed_ms=int(m["elapsed"]),
         timestamp=glog.group(1) if glog else None, raw=line,
+        pg=prefix["pg"] if prefix is not None else None,
+        pg_desc=prefix["desc"] if prefix is not None else None,
     )
 
 

@@ -87,3 +87,18 @@ def stop_agent(agent: AgentProcess) -> tuple[int, str]:
     return agent.proc.returncode, out
 
 
+
+
+def analyze_json(*paths: str) -> tuple[int, list[dict]]:
+    """Run ``laggard analyze --json PATH...`` through the CLI's entry point in this process
+    (cheaper than a process per call); returns the exit status and the parsed findings."""
+    import contextlib
+    import io
+    import json
+
+    from laggard.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["analyze", "--json", *paths])
+    return rc, json.loads(out.getvalue())
