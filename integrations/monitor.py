@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
     from laggard.integrations.comm_timing import CommTimer
+    from laggard.integrations.tracer import CollectiveTracer
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,10 @@ class TrainingMonitor:
         comm_timer: the CommTimer of the job's DDP communication hook; gives each step's
             collective timings and exposed wait. Without it, collective wait is the time spent in
             a phase named ``"collective_wait"``, if any.
+        tracer: a :class:`~laggard.integrations.tracer.CollectiveTracer`: every collective of
+            its groups (FSDP2, DDP through ``CommTimer(tracer=...)``, async ``Work``); without
+            a comm_timer it gives the step's collective timings, and its per-group times ride
+            in the window gather so rank 0 can tell who waited for whom and name a slow link.
         group: process group for the window ``all_gather``; None uses the default group when
             its backend is gloo and otherwise creates a gloo group (the statistics are CPU
             tensors). Every rank must construct its monitor at the same point, as for any
@@ -183,6 +188,14 @@ class TrainingMonitor:
         measures the scheduler; a thread waiting on a collective uses no CPU, so nothing is
         moved). Step time and collective times stay wall time."""
 
+        link_probe_bytes: int | None = None
+        """Payload of the per-window link probe (``laggard.integrations.link_probe``): each
+        rank times a round trip to its ring successor so rank 0 can name a slow link. None:
+        64 KiB when a tracer is given, else off; 0: off."""
+
+        link: Any = None
+        """``laggard.detectors.link.LinkDetector.Config`` for rank 0; None for defaults."""
+
         integrity: Any = None
         """A ``laggard.integrations.integrity.GradientIntegrity`` whose window fingerprints ride
         in this gather (its int64 vector as float64 words after the statistics), checked on every
@@ -195,6 +208,8 @@ class TrainingMonitor:
                 raise ValueError(f"window_steps {self.window_steps} outside [2, 10000]")
             if self.history_windows < 0:
                 raise ValueError("history_windows must be >= 0")
+            if self.link_probe_bytes is not None and not 0 <= self.link_probe_bytes <= 64 << 20:
+                raise ValueError("link_probe_bytes must be in [0, 64 MiB]")
             if self.phase_clock not in _PHASE_CLOCKS:
                 raise ValueError(f"phase_clock must be one of {sorted(_PHASE_CLOCKS)}")
 
@@ -203,6 +218,7 @@ class TrainingMonitor:
         config: TrainingMonitor.Config | None = None,
         *,
         comm_timer: CommTimer | None = None,
+        tracer: CollectiveTracer | None = None,
         group: dist.ProcessGroup | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -210,6 +226,7 @@ class TrainingMonitor:
     ) -> None:
         self.config = config if config is not None else TrainingMonitor.Config()
         self.comm_timer = comm_timer
+        self.tracer = tracer
         self.stats = MonitorStats()
         self.findings: list[Finding] = []
         self.cleared: list[Finding] = []
@@ -240,6 +257,7 @@ class TrainingMonitor:
             self._group = dist_mod.new_group(backend="gloo")
             self._own_group = True
         self._identities: list[tuple[str, int]] | None = None
+        self._group_keys: list[Any] = []
         self._detector: Any = None
         if self._detect and self.rank == 0 and self.world_size < _MIN_RANKS_TO_COMPARE:
             # Two ranks cannot out-vote each other: the detector needs a majority to compare a
@@ -248,6 +266,7 @@ class TrainingMonitor:
                         "so only step records are sent", _MIN_RANKS_TO_COMPARE, self.world_size)
         if self._detect and self.rank == 0:
             self._detector = _make_detector(self.config.straggler)  # not in the first window
+        self._trace = _trace_extension(self) if tracer is not None else None
 
     # ----------------------------------------------------------------- the training-loop API
     def step(self) -> _StepContext:
@@ -300,8 +319,11 @@ class TrainingMonitor:
             self._gather_window(step)
 
     def _record_step(self, step: int, end: float) -> None:
-        comm = self.comm_timer.take_step() if self.comm_timer is not None else None
-        exposed = comm.exposed_interval if comm is not None else None
+        comm: Any = self.comm_timer.take_step() if self.comm_timer is not None else None
+        if self._trace is not None:
+            traced = self._trace.take_step(step)
+            comm = comm if comm is not None else traced
+        exposed = getattr(comm, "exposed_interval", None)
         if self._clock is not time.perf_counter:
             exposed = None  # other clocks do not advance while the thread waits
         phases: dict[str, float] = {}
@@ -320,6 +342,9 @@ class TrainingMonitor:
         data = phases.get("data", 0.0)
         compute = (sum(v for k, v in phases.items() if k not in _NOT_COMPUTE) if phases
                    else max(0.0, step_seconds - wait))
+        if comm is not None and exposed is None and self._clock is time.perf_counter:
+            # blocking collectives (FSDP2 on gloo) sat inside the wall-clock phases
+            compute = max(0.0, compute - (wait if self.comm_timer is None else 0.0))
         column = step % self.config.window_steps
         w = self._window
         w[_COMPUTE, column] = compute
@@ -378,12 +403,16 @@ class TrainingMonitor:
 
             if self._identities is None:
                 identities: list[Any] = [None] * self.world_size
-                dist.all_gather_object(identities, (self.node, self.local_rank),
+                keys = self._trace.group_keys() if self._trace is not None else []
+                dist.all_gather_object(identities, (self.node, self.local_rank, keys),
                                        group=self._group)
-                self._identities = identities
+                self._identities = [(node, lr) for node, lr, _ in identities]
+                self._group_keys = [k for _, _, k in identities]
             # Per-rank medians over the window: a fixed len(STAT_NAMES) float64 per rank,
             # whatever K, robust to one slow step (a garbage-collection pause).
             local = torch.from_numpy(window_medians(self._window))
+            if self._trace is not None:
+                local = torch.cat([local, torch.from_numpy(self._trace.vector(self._group))])
             if integrity is not None:
                 local = torch.cat([local, integrity.window_vector().view(torch.float64)])
             gathered = [torch.empty_like(local) for _ in range(self.world_size)]
@@ -396,12 +425,13 @@ class TrainingMonitor:
                            "straggler detection off", step, exc)
             return
         matrix = torch.stack(gathered)
+        extra = len(STAT_NAMES) + (self._trace.size if self._trace is not None else 0)
         if integrity is not None:
             from laggard.integrations.integrity import IntegrityError
 
             try:
                 found = integrity.check_window(
-                    matrix[:, len(STAT_NAMES):].contiguous().view(torch.int64))
+                    matrix[:, extra:].contiguous().view(torch.int64))
             except IntegrityError as exc:  # policy "raise": report it, then stop the job
                 self._report_integrity(step, exc.findings)
                 raise
@@ -409,6 +439,9 @@ class TrainingMonitor:
         if self.rank == 0:
             try:
                 self.analyse_window(step, matrix[:, :len(STAT_NAMES)].numpy())
+                if self._trace is not None:
+                    self._trace.analyse(step, matrix[:, len(STAT_NAMES):extra].numpy(),
+                                        self._group_keys)
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("detector", exc)
 
@@ -533,6 +566,12 @@ class _PhaseContext:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
         self._intervals.append((self._name, self._start, self._clock()))
         return False
+
+
+def _trace_extension(monitor: TrainingMonitor) -> Any:
+    from laggard.integrations.trace_window import TraceExtension
+
+    return TraceExtension(monitor)
 
 
 def _make_detector(config: Any) -> Any:
