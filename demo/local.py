@@ -26,14 +26,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from laggard.detectors.window import STAT_NAMES, columns_of
+
 HELP = "train a small model on W local ranks and find the slow one"
 
 #: Seconds to wait for the agent's /metrics to answer after starting it.
 AGENT_START_TIMEOUT = 15.0
 #: Seconds between SIGTERM and SIGKILL when stopping a child process.
 STOP_GRACE = 5.0
-#: Columns of the per-window medians the worker reports (laggard.integrations.monitor).
-_COMPUTE, _DATA, _WAIT, _STEP, _COLLECTIVE, _BYTES = 0, 1, 2, 4, 5, 6
 #: ``laggard.integrations.compression.COMPRESSORS`` (not imported: that imports torch).
 COMPRESSION_CHOICES = ("none", "fp16", "sign", "topk", "powersgd")
 
@@ -177,20 +177,17 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
     windows = result["windows"]
     after = [w for w in windows if w["step"] - args.window + 1 >= args.slow_from]
     chosen = after or windows
+    columns = columns_of(result.get("stat_names", STAT_NAMES))
+    names = ("compute_seconds", "collective_wait_seconds", "data_seconds", "step_seconds",
+             "collective_seconds", "comm_bytes")
     ranks = []
     for rank in range(result["world_size"]):
-        def median(column: int, rank: int = rank) -> float | None:
-            return _median([w["medians"][rank][column] for w in chosen])
+        def median(name: str, rank: int = rank) -> float | None:
+            if name not in columns:
+                return None
+            return _median([w["medians"][rank][columns[name]] for w in chosen])
 
-        ranks.append({
-            "rank": rank,
-            "compute_seconds_median": median(_COMPUTE),
-            "collective_wait_seconds_median": median(_WAIT),
-            "data_seconds_median": median(_DATA),
-            "step_seconds_median": median(_STEP),
-            "collective_seconds_median": median(_COLLECTIVE),
-            "comm_bytes_median": median(_BYTES),
-        })
+        ranks.append({"rank": rank, **{f"{name}_median": median(name) for name in names}})
     collective = _median([r["collective_seconds_median"] for r in ranks])
     comm_bytes = _median([r["comm_bytes_median"] for r in ranks])
     fp32_bytes = result.get("fp32_allreduce_bytes")

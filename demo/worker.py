@@ -37,9 +37,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from laggard.demo.model import BUCKET_CAP_MB, ByteBatches, ByteLM, load_stdlib_text
 from laggard.detectors.straggler import StragglerDetector
+from laggard.detectors.window import STAT_NAMES
 from laggard.integrations.comm_timing import CommTimer
 from laggard.integrations.compression.wire import ring_allreduce_bytes
-from laggard.integrations.monitor import STAT_NAMES, TrainingMonitor
+from laggard.integrations.monitor import TrainingMonitor
 
 log = logging.getLogger("laggard.demo")
 

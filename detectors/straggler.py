@@ -33,15 +33,12 @@ from typing import Any
 import numpy as np
 
 from laggard.detectors.finding import Finding, Severity
+from laggard.detectors.window import SUMMARY_FIELDS
 
 DETECTOR = "straggler"
-#: Per-rank values gathered once per window, in this order (all durations in seconds).
-SUMMARY_FIELDS = (
-    "compute_seconds",
-    "data_seconds",
-    "collective_wait_seconds",
-    "transfer_seconds",
-)
+#: Fewest reporting ranks the detector compares (``Config.min_ranks``' default and floor): with
+#: two there is no majority to say who is slow.
+MIN_RANKS = 3
 #: Scales a median absolute deviation to the standard deviation of a normal distribution
 #: (1 / Phi^-1(3/4); Rousseeuw & Croux 1993).
 MAD_TO_SIGMA = 1.4826
@@ -252,9 +249,9 @@ class StragglerDetector:
         """Windows over which the per-window cross-rank noise is pooled (median of MADs): a
         lower bound on the noise, so a small job's estimate does not rest on a few ranks."""
 
-        min_ranks: int = 3
-        """Fewest reporting ranks for a comparison: with two there is no majority to say who
-        is slow."""
+        min_ranks: int = MIN_RANKS
+        """Fewest reporting ranks for a comparison (at least :data:`MIN_RANKS`: with two there
+        is no majority to say who is slow)."""
 
         job_slowdown_threshold: float = 0.10
         """Report a whole-job slowdown when the median rank's work per step (each rank's
@@ -277,8 +274,8 @@ class StragglerDetector:
                 raise ValueError("noise_history_windows must be >= 1")
             if self.corroboration_ratio < 0:
                 raise ValueError("corroboration_ratio must be >= 0")
-            if self.min_ranks < 3:
-                raise ValueError(f"min_ranks must be >= 3, got {self.min_ranks}")
+            if self.min_ranks < MIN_RANKS:
+                raise ValueError(f"min_ranks must be >= {MIN_RANKS}, got {self.min_ranks}")
             if self.job_slowdown_threshold <= 0:
                 raise ValueError("job_slowdown_threshold must be > 0")
             if self.max_rank < 1:

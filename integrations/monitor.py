@@ -44,8 +44,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from laggard.detectors.finding import Finding
+from laggard.detectors.window import STAT, STAT_NAMES, detector_summaries, summarize_window
 from laggard.wire import (
     DEFAULT_INTAKE_ADDRESS,
+    MAX_REPORT_FINDINGS,
     MAX_REPORT_RANKS,
     CollectiveTiming,
     StepRecord,
@@ -61,33 +63,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Per-step statistics each rank keeps over a window (rows of ``TrainingMonitor._window``).
-#: The first four are the straggler detector's ``SUMMARY_FIELDS``; ``transfer_seconds`` stays NaN:
-#: launch-to-completion minus the exposed wait is the *hidden* time (backward compute overlapped
-#: with communication), not a link's transfer time, and would blame the slow rank's link.
-STAT_NAMES = (
-    "compute_seconds",          # phases other than data, minus exposed collective time
-    "data_seconds",             # the "data" phase
-    "collective_wait_seconds",  # exposed collective time (CommTimer) or the "collective_wait" phase
-    "transfer_seconds",         # not measured: NaN
-    "step_seconds",             # wall time of the step
-    "collective_seconds",       # launch-to-completion collective time (union over buckets)
-    "comm_bytes",               # payload bytes handed to collectives
-)
-_COMPUTE, _DATA, _WAIT, _TRANSFER, _STEP, _COLLECTIVE, _BYTES = range(len(STAT_NAMES))
 #: Phase names that are not the rank's own compute.
 _NOT_COMPUTE = frozenset({"data", "collective_wait"})
 #: ``Config.phase_clock`` -> clock of the phase timers, in seconds.
-#: Fewest ranks the straggler detector compares (``StragglerDetector.Config.min_ranks``).
-_MIN_RANKS_TO_COMPARE = 3
 _PHASE_CLOCKS: dict[str, Callable[[], float]] = {
     "wall": time.perf_counter,
     "thread_cpu": time.thread_time,
 }
 #: Per-step collective entries sent in one StepRecord; beyond it they are merged per op.
 _MAX_COLLECTIVES_PER_RECORD = 32
-#: Findings (raised or cleared) carried by one WindowReport.
-_MAX_REPORT_FINDINGS = 16
 
 
 @dataclass(slots=True)
@@ -259,13 +243,14 @@ class TrainingMonitor:
         self._identities: list[tuple[str, int]] | None = None
         self._group_keys: list[Any] = []
         self._detector: Any = None
-        if self._detect and self.rank == 0 and self.world_size < _MIN_RANKS_TO_COMPARE:
-            # Two ranks cannot out-vote each other: the detector needs a majority to compare a
-            # rank against. Say so once rather than report nothing silently.
-            log.warning("laggard: straggler detection needs at least %d ranks; this job has %d, "
-                        "so only step records are sent", _MIN_RANKS_TO_COMPARE, self.world_size)
         if self._detect and self.rank == 0:
             self._detector = _make_detector(self.config.straggler)  # not in the first window
+            min_ranks = self._detector.config.min_ranks
+            if self.world_size < min_ranks:
+                # The detector needs a majority to compare a rank against (and the user may
+                # ask for more ranks than that). Say so once rather than report nothing.
+                log.warning("laggard: straggler detection needs at least %d ranks; this job "
+                            "has %d, so only step records are sent", min_ranks, self.world_size)
         self._trace = _trace_extension(self) if tracer is not None else None
 
     # ----------------------------------------------------------------- the training-loop API
@@ -347,13 +332,14 @@ class TrainingMonitor:
             compute = max(0.0, compute - (wait if self.comm_timer is None else 0.0))
         column = step % self.config.window_steps
         w = self._window
-        w[_COMPUTE, column] = compute
-        w[_DATA, column] = data
-        w[_WAIT, column] = wait
-        w[_TRANSFER, column] = np.nan
-        w[_COLLECTIVE, column] = comm.total_seconds if comm is not None else wait
-        w[_STEP, column] = step_seconds
-        w[_BYTES, column] = comm.bytes if comm is not None else 0
+        w[STAT["compute_seconds"], column] = compute
+        w[STAT["data_seconds"], column] = data
+        w[STAT["collective_wait_seconds"], column] = wait
+        w[STAT["transfer_seconds"], column] = np.nan
+        w[STAT["collective_seconds"], column] = comm.total_seconds if comm is not None else wait
+        w[STAT["step_seconds"], column] = step_seconds
+        w[STAT["comm_bytes"], column] = comm.bytes if comm is not None else 0
+        w[STAT["link_probe_seconds"], column] = np.nan  # set for the window at the gather
         if self._sock is not None:
             record = StepRecord(
                 rank=self.rank, world_size=self.world_size, step=step,
@@ -410,9 +396,11 @@ class TrainingMonitor:
                 self._group_keys = [k for _, _, k in identities]
             # Per-rank medians over the window: a fixed len(STAT_NAMES) float64 per rank,
             # whatever K, robust to one slow step (a garbage-collection pause).
+            if self._trace is not None:
+                self._window[STAT["link_probe_seconds"]] = self._trace.probe(self._group)
             local = torch.from_numpy(window_medians(self._window))
             if self._trace is not None:
-                local = torch.cat([local, torch.from_numpy(self._trace.vector(self._group))])
+                local = torch.cat([local, torch.from_numpy(self._trace.window.vector())])
             if integrity is not None:
                 local = torch.cat([local, integrity.window_vector().view(torch.float64)])
             gathered = [torch.empty_like(local) for _ in range(self.world_size)]
@@ -440,15 +428,16 @@ class TrainingMonitor:
             try:
                 self.analyse_window(step, matrix[:, :len(STAT_NAMES)].numpy())
                 if self._trace is not None:
-                    self._trace.analyse(step, matrix[:, len(STAT_NAMES):extra].numpy(),
-                                        self._group_keys)
+                    self._trace.analyse(
+                        step, matrix[:, len(STAT_NAMES):extra].numpy(), self._group_keys,
+                        edge_seconds=matrix[:, STAT["link_probe_seconds"]].numpy())
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("detector", exc)
 
     def _report_integrity(self, step: int, findings: list[Finding]) -> None:
         """Rank 0 sends gradient-integrity findings to its agent (laggard_findings_total)."""
         if findings and self.rank == 0 and self._sock is not None:
-            docs = [f.to_dict() for f in findings[:_MAX_REPORT_FINDINGS]]
+            docs = [f.to_dict() for f in findings[:MAX_REPORT_FINDINGS]]
             self._send(WindowReport(step=step, world_size=self.world_size, findings=docs).encode())
 
     def analyse_window(self, step: int, medians: np.ndarray) -> list[Finding]:
@@ -475,7 +464,7 @@ class TrainingMonitor:
         window = RankWindow.from_summaries(
             step=step,
             ranks=np.arange(ranks, dtype=np.int64),
-            summaries=medians[:, :_STEP],
+            summaries=detector_summaries(medians),
             world_size=self.world_size,
             nodes=[node for node, _ in identities],
             local_ranks=None if any(lr is None for _, lr in identities)
@@ -503,12 +492,13 @@ class TrainingMonitor:
             top = sorted(scores, key=scores.__getitem__, reverse=True)[:MAX_REPORT_RANKS]
             scores = {r: scores[r] for r in top}
         docs = []
-        for finding in findings[:_MAX_REPORT_FINDINGS]:
+        for finding in findings[:MAX_REPORT_FINDINGS]:
             doc = finding.to_dict()
             if finding.evidence.get("cleared"):
                 doc["cleared"] = True
             docs.append(doc)
-        job = medians[:, [_COLLECTIVE, _WAIT, _BYTES]].mean(axis=0)
+        job = medians[:, [STAT["collective_seconds"], STAT["collective_wait_seconds"],
+                          STAT["comm_bytes"]]].mean(axis=0)
         report = WindowReport(
             step=step, world_size=self.world_size, scores=scores, findings=docs,
             comm={"total_seconds": float(job[0]), "exposed_seconds": float(job[1]),
@@ -591,7 +581,8 @@ def _initialized_dist() -> Any:
 
 
 def window_medians(window: np.ndarray) -> np.ndarray:
-    """One rank's summary of a window: the median of each statistic over its K steps.
+    """One rank's summary of a window: each column reduced over its K steps
+    (:func:`laggard.detectors.window.summarize_window`).
 
     Args:
         window: ``(len(STAT_NAMES), K)`` float64 per-step statistics.
@@ -599,9 +590,7 @@ def window_medians(window: np.ndarray) -> np.ndarray:
     Returns:
         ``(len(STAT_NAMES),)`` float64; ``transfer_seconds`` is NaN (not measured).
     """
-    out = np.median(window, axis=1)
-    out[_TRANSFER] = np.nan
-    return out
+    return summarize_window(window)
 
 
 def _capped(collectives: list[CollectiveTiming]) -> list[CollectiveTiming]:

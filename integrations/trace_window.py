@@ -2,13 +2,14 @@
 
 Each rank keeps a ``(max_groups, K)`` float64 block: row ``j`` holds, per step of the window,
 the summed issue-to-completion seconds of its ``j``-th watched group's collectives (NaN for an
-empty slot). After the block comes one float64, the rank's link-probe round trip (NaN when not
-probed). Blocks of all ranks are gathered with the window's statistics; rank 0 lines the groups
+empty slot). The block rides after the window's statistics (``laggard.detectors.window``; the
+link probe's round trip is one of those columns, ``link_probe_seconds``) in the same gather:
+per-step values cannot be a column, which holds one value per rank. Rank 0 lines the groups
 up by their member lists (exchanged once, with the ranks' identities) and computes, per group,
 who arrived last, each member's wait and the group's transfer time
 (:func:`laggard.detectors.link.group_waits`), and feeds the link detector.
 
-Size per rank: ``max_groups * K + 1`` float64 (8 groups, K = 20: 1.3 KB).
+Size per rank: ``max_groups * K`` float64 (8 groups, K = 20: 1.3 KB).
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ class TraceWindow:
         self.tracer = tracer
         self.slots = tracer.config.max_groups
         self.block = np.full((self.slots, window_steps), np.nan)
-        self.probe_seconds = float("nan")
 
     def add_step(self, column: int, step: TraceStep) -> None:
         """Store one step's per-group seconds in column ``column`` (0 for a group that ran
@@ -56,8 +56,8 @@ class TraceWindow:
             self.block[info.index, column] = g.seconds if g is not None else 0.0
 
     def vector(self) -> np.ndarray:
-        """``(max_groups * K + 1,)`` float64: the block, row-major, then the probe time."""
-        return np.concatenate([self.block.ravel(), [self.probe_seconds]])
+        """``(max_groups * K,)`` float64: the block, row-major."""
+        return self.block.ravel().copy()
 
     def group_keys(self) -> list[tuple[int, ...]]:
         """Member lists (global ranks) of this rank's slots, in slot order."""
@@ -66,7 +66,7 @@ class TraceWindow:
     @property
     def size(self) -> int:
         """Length of :meth:`vector`."""
-        return self.block.size + 1
+        return self.block.size
 
 
 def analyse_groups(vectors: np.ndarray, keys: list[list[tuple[int, ...]]], slots: int,
@@ -74,7 +74,7 @@ def analyse_groups(vectors: np.ndarray, keys: list[list[tuple[int, ...]]], slots
     """Rank 0: per distinct watched group, who waited for whom over the window.
 
     Args:
-        vectors: ``(R, slots * K + 1)`` float64, row r = rank r's :meth:`TraceWindow.vector`.
+        vectors: ``(R, slots * K)`` float64, row r = rank r's :meth:`TraceWindow.vector`.
         keys: per rank, its slots' member lists (:meth:`TraceWindow.group_keys`).
         slots: ``max_groups``.
         window_steps: K.
@@ -123,6 +123,7 @@ class TraceExtension:
         self._probe: Any = None
         self.groups: list[tuple[str, GroupWait]] = []
         self.last_step: TraceStep | None = None
+        self.probe_seconds = float("nan")
         self.detector = LinkDetector(monitor.config.link) if monitor.rank == 0 else None
 
     @property
@@ -141,9 +142,10 @@ class TraceExtension:
         """This rank's slots' member lists (sent once with the identities)."""
         return self.window.group_keys()
 
-    def vector(self, group: Any) -> np.ndarray:
-        """Probe this rank's link (every rank at the same point), then the block to gather."""
-        self.window.probe_seconds = float("nan")
+    def probe(self, group: Any) -> float:
+        """Probe this rank's link (every rank at the same point, before the gather); returns
+        the round trip in seconds, NaN when off or failed."""
+        self.probe_seconds = float("nan")
         if self.probe_bytes > 0 and self.monitor.world_size >= _MIN_PROBE_RANKS:
             try:
                 if self._probe is None:
@@ -151,25 +153,28 @@ class TraceExtension:
 
                     self._probe = LinkProbe(group, self.monitor.rank, self.monitor.world_size,
                                             self.probe_bytes)
-                self.window.probe_seconds = self._probe.run()
+                self.probe_seconds = self._probe.run()
             except Exception as exc:  # noqa: BLE001 - no probe; the gather still runs
                 self.probe_bytes = 0
                 self.monitor._log_once("probe", "laggard: link probe failed (%r); off", exc)
-        return self.window.vector()
+        return self.probe_seconds
 
-    def analyse(self, step: int, block: np.ndarray, keys: list[Any]) -> list[Finding]:
+    def analyse(self, step: int, block: np.ndarray, keys: list[Any], *,
+                edge_seconds: np.ndarray) -> list[Finding]:
         """Rank 0: group waits and the link detector on the gathered blocks.
 
         Args:
             step: last step of the window.
-            block: ``(R, size)`` float64, the gathered :meth:`vector` of every rank.
+            block: ``(R, size)`` float64, the gathered :meth:`TraceWindow.vector` of every
+                rank.
             keys: per rank, its slots' member lists.
+            edge_seconds: ``(R,)`` float64, each rank's ``link_probe_seconds``.
         """
         m = self.monitor
         self.groups = analyse_groups(block, keys, self.window.slots, m.config.window_steps)
         identities = m._identities or [(m.node, None)] * block.shape[0]
         assert self.detector is not None
-        findings = self.detector.update(step=step, edge_seconds=block[:, -1],
+        findings = self.detector.update(step=step, edge_seconds=edge_seconds,
                                         nodes=[node for node, _ in identities],
                                         groups=self.groups)
         for finding in findings:

@@ -16,8 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from laggard.detectors.window import STAT, STAT_NAMES  # noqa: E402
 from laggard.integrations.comm_timing import CommTimer  # noqa: E402
-from laggard.integrations.monitor import STAT_NAMES, TrainingMonitor  # noqa: E402
+from laggard.integrations.monitor import TrainingMonitor  # noqa: E402
 from laggard.wire import StepRecord, WindowReport, decode_datagram  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -228,16 +229,18 @@ def test_agent_address_empty_sends_nothing():
 def _window(rng: np.random.Generator, slow_rank: int | None, ranks: int = 4) -> np.ndarray:
     """Per-rank window medians (R, 7): 30 ms compute, 10 ms wait, a few % of noise."""
     medians = np.zeros((ranks, len(STAT_NAMES)))
-    medians[:, 0] = 0.030 * (1 + 0.01 * rng.standard_normal(ranks))
-    medians[:, 1] = 0.001
-    medians[:, 2] = 0.010 * (1 + 0.01 * rng.standard_normal(ranks))
-    medians[:, 3] = np.nan
-    medians[:, 6] = 1e6
+    compute, data, wait = (STAT[n] for n in ("compute_seconds", "data_seconds",
+                                             "collective_wait_seconds"))
+    medians[:, compute] = 0.030 * (1 + 0.01 * rng.standard_normal(ranks))
+    medians[:, data] = 0.001
+    medians[:, wait] = 0.010 * (1 + 0.01 * rng.standard_normal(ranks))
+    medians[:, STAT["transfer_seconds"]] = np.nan
+    medians[:, STAT["comm_bytes"]] = 1e6
     if slow_rank is not None:
-        medians[slow_rank, 0] *= 1.3
-        medians[slow_rank, 2] = 0.001  # the others wait for it; it waits least
-    medians[:, 4] = medians[:, 0].max() + medians[:, 1] + 0.002
-    medians[:, 5] = medians[:, 2] + 0.002
+        medians[slow_rank, compute] *= 1.3
+        medians[slow_rank, wait] = 0.001  # the others wait for it; it waits least
+    medians[:, STAT["step_seconds"]] = medians[:, compute].max() + medians[:, data] + 0.002
+    medians[:, STAT["collective_seconds"]] = medians[:, wait] + 0.002
     return medians
 
 

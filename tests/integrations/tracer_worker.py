@@ -85,7 +85,7 @@ def main(out_dir: str) -> None:
                          "exposed": last.exposed_seconds, "total": last.total_seconds})
     groups = [(label, gw.ranks.tolist(), gw.arrived_last.tolist(), gw.steps)
               for label, gw in monitor._trace.groups]  # type: ignore[union-attr]
-    probe = monitor._trace.window.probe_seconds  # type: ignore[union-attr]
+    probe = monitor._trace.probe_seconds  # type: ignore[union-attr]
 
     # DDP through CommTimer(tracer=...)
     timer = CommTimer(tracer=tracer)
