@@ -65,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="gradient compression in the DDP communication hook: none (the "
                              "timed fp32 all-reduce), fp16, sign (1-bit, error feedback), topk "
                              "(1%%, error feedback), powersgd (rank 4) (default: none)")
+    parser.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp",
+                        help="data parallelism: ddp (DistributedDataParallel, default) or fsdp "
+                             "(FSDP2 fully_shard per block, ZeRO-3)")
+    parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
+                        help="fsdp: issue each all-gather when its block needs it, not before")
     parser.add_argument("--inject-bitflip", default="", metavar="SPEC",
                         help="flip one bit and watch the gradient-integrity checks name the rank: "
                              "rank=R,step=S,bucket=B,element=E,bit=N,where=W with W in "
@@ -133,7 +138,8 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
          "--slow-rank", str(args.slow_rank), "--slowdown", str(args.slowdown),
          "--slow-from", str(args.slow_from), "--seed", str(args.seed),
          "--intake-address", intake_address, "--result", str(result_path),
-         "--compression", args.compression, "--inject-bitflip", args.inject_bitflip],
+         "--compression", args.compression, "--inject-bitflip", args.inject_bitflip,
+         "--parallel", args.parallel, *([] if args.prefetch else ["--no-prefetch"])],
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
         stderr=subprocess.PIPE,
     )
@@ -216,6 +222,9 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
             "hidden_seconds": (None if collective is None or exposed is None
                                else max(0.0, collective - exposed)),
         },
+        "parallel": result.get("parallel", "ddp"),
+        "prefetch": result.get("prefetch", True),
+        "step_comm": result.get("step_comm", {}),
         "table_from_step": chosen[0]["step"] - args.window + 1 if chosen else 0,
         # findings that ended during the run (the detector's "cleared" findings)
         "cleared": [{"detector": f.get("detector"), "kind": f.get("kind"),
@@ -251,7 +260,9 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
     for f in others:
         lines.append(f"also: {f['message']} (step {f['step']})")
     comm = report["comm"]
-    if comm["bytes"]:
+    if report.get("parallel") == "fsdp":
+        lines.append(_fsdp_line(report))
+    elif comm["bytes"]:
         lines.append(
             f"communication per step ({comm['hook']}): {comm['bytes'] / 1e6:.3f} MB sent per "
             f"rank{_ratio(comm.get('compression_ratio'))}, "
@@ -375,6 +386,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
             return f"--inject-bitflip: {exc}"
         if flip.rank >= args.world_size or flip.step >= args.steps:
             return "--inject-bitflip: rank and step must lie inside the run"
+    if args.parallel == "fsdp" and (args.compression != "none" or args.inject_bitflip):
+        return "--compression and --inject-bitflip are DDP communication hooks: use --parallel ddp"
     if args.world_size < 3:
         print("laggard demo: note: naming a straggler needs at least 3 ranks", file=sys.stderr)
     return None
@@ -418,6 +431,17 @@ def _ranks_seen_by_agent(url: str) -> list[int] | None:
             if sample.name == "laggard_steps_total" and sample.value > 0:
                 ranks.add(int(sample.labels["rank"]))
     return sorted(ranks)
+
+
+def _fsdp_line(report: dict[str, Any]) -> str:
+    """FSDP2's per-step collectives, exposed vs hidden, for the text report."""
+    sc, comm = report.get("step_comm") or {}, report["comm"]
+    mb = (comm.get("bytes") or 0) / 1e6
+    return (f"communication per step (FSDP2, prefetch {'on' if report.get('prefetch') else 'off'}"
+            f"): {mb:.3f} MB sent per rank, all-gather {_ms(sc.get('allgather_seconds'))} ms, "
+            f"reduce-scatter {_ms(sc.get('reduce_scatter_seconds'))} ms; "
+            f"{_ms(sc.get('exposed_seconds'))} ms exposed (the training thread blocked), "
+            f"{_ms(sc.get('hidden_seconds'))} ms hidden behind compute")
 
 
 def _median(values: list[float | None]) -> float | None:

@@ -1,5 +1,6 @@
 """One rank of ``laggard demo``: a small decoder-only transformer language model trained with DDP
-on gloo, timed by TrainingMonitor, one rank optionally slowed.
+(or FSDP2 with ``--parallel fsdp``) on gloo, timed by TrainingMonitor and a CollectiveTracer, one
+rank optionally slowed.
 
 Launched by ``laggard demo`` through PyTorch's own launcher::
 
@@ -20,6 +21,7 @@ report needs to ``--result``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
@@ -41,6 +43,7 @@ from laggard.detectors.window import STAT_NAMES
 from laggard.integrations.comm_timing import CommTimer
 from laggard.integrations.compression.wire import ring_allreduce_bytes
 from laggard.integrations.monitor import TrainingMonitor
+from laggard.integrations.tracer import CollectiveTracer
 
 log = logging.getLogger("laggard.demo")
 
@@ -73,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--print-every", type=int, default=20)
     p.add_argument("--compression", default="none")
     p.add_argument("--inject-bitflip", default="")
+    p.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp")
+    p.add_argument("--no-prefetch", dest="prefetch", action="store_false")
     return p.parse_args(argv)
 
 
@@ -111,10 +116,12 @@ def integrity_hook(ddp: DistributedDataParallel, name: str, timer: CommTimer,
     return state, integrity
 
 
-def calibrate(model: DistributedDataParallel, batches: ByteBatches) -> float:
-    """Median forward+backward CPU seconds of this rank, measured without gradient sync."""
+def calibrate(model: torch.nn.Module, batches: ByteBatches) -> float:
+    """Median forward+backward CPU seconds of this rank (DDP: without gradient sync; FSDP2:
+    with its collectives, which cost the training thread little CPU)."""
     times = []
-    with model.no_sync():
+    no_sync = getattr(model, "no_sync", contextlib.nullcontext)
+    with no_sync():
         for _ in range(CALIBRATION_STEPS):
             x, y = batches.next()
             start = time.thread_time()
@@ -136,14 +143,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = ByteLM()
     batches = ByteBatches(load_stdlib_text(), batch_size=8, seq_len=64,
                           seed=args.seed * 1000 + rank)
-    # Small buckets (the model has ~0.3 M parameters): several all-reduces per step, so
-    # communication can overlap backward as in a large job with 25 MB buckets.
-    ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
-    timer = CommTimer()
-    state, integrity = integrity_hook(ddp, args.compression, timer, args.inject_bitflip)
-    if integrity is None:
-        state, hook = comm_hook(args.compression, timer)
-        ddp.register_comm_hook(state, hook)
+    tracer = CollectiveTracer()  # after init_process_group: watches the default group
+    ddp, timer, state, integrity = parallelize(model, args, tracer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     slowed = rank == args.slow_rank and args.slowdown > 1.0
     own_seconds = calibrate(ddp, batches)
@@ -157,8 +158,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                                straggler=StragglerDetector.Config(
                                    min_slowdown=MIN_SLOWDOWN,
                                    job_slowdown_threshold=JOB_SLOWDOWN_THRESHOLD)),
-        comm_timer=timer,
+        comm_timer=timer, tracer=tracer,
     )
+    per_step: list[list[float]] = []
     losses: dict[int, float] = {}
     local_losses: list[float] = []
     step_times: list[float] = []
@@ -177,6 +179,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
         step_times.append(time.perf_counter() - start)
+        per_step.append(_step_comm(monitor))
         local_losses.append(loss.item())
         if step == 0 or step == args.steps - 1:
             losses[step] = global_mean(loss.item())  # same call on every rank
@@ -185,7 +188,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             print(f"step {step:5d}/{args.steps}  loss {loss.item():6.3f}  "
                   f"step {1e3 * float(np.median(recent)):6.1f} ms", flush=True)
     monitor.close()
-    state.close()  # a two-stage hook's worker thread and second group
+    if state is not None:
+        state.close()  # a two-stage hook's worker thread and second group
     tail = local_losses[-args.window:]
     grad_bytes = 4 * sum(p.numel() for p in model.parameters())
     return {
@@ -204,6 +208,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "findings": [f.to_dict() for f in monitor.findings]
         + ([f.to_dict() for f in integrity.findings] if integrity is not None else []),
         "cleared": [f.to_dict() for f in monitor.cleared],
+        "parallel": args.parallel, "prefetch": args.prefetch,
+        # per step after --slow-from (all steps when it is 0): median seconds of each
+        "step_comm": dict(zip(STEP_COMM, np.median(np.array(
+            per_step[args.slow_from:] or per_step), axis=0).tolist(), strict=True)),
+        "tracer": dict(tracer.stats),
         "monitor": {
             "records_sent": monitor.stats.records_sent,
             "send_dropped": monitor.stats.send_dropped,
@@ -212,6 +221,41 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "internal_errors": monitor.stats.internal_errors,
         },
     }
+
+
+#: What ``_step_comm`` returns, per step.
+STEP_COMM = ("allgather_seconds", "reduce_scatter_seconds", "allreduce_seconds",
+             "collective_seconds", "exposed_seconds", "hidden_seconds")
+
+
+def _step_comm(monitor: TrainingMonitor) -> list[float]:
+    """The last step's traced collective seconds, in :data:`STEP_COMM` order."""
+    t = monitor._trace.last_step if monitor._trace is not None else None
+    if t is None:
+        return [0.0] * len(STEP_COMM)
+    return [t.op_seconds("allgather"), t.op_seconds("reduce_scatter"),
+            t.op_seconds("allreduce"), t.total_seconds, t.exposed_seconds, t.hidden_seconds]
+
+
+def parallelize(model: ByteLM, args: argparse.Namespace,
+                tracer: CollectiveTracer) -> tuple[Any, CommTimer | None, Any, Any]:
+    """Wrap the model for ``--parallel``: ``(model to call, CommTimer or None, hook state or
+    None, GradientIntegrity or None)``. DDP feeds the tracer through its timed hook; FSDP2
+    through its timed all-gather and reduce-scatter."""
+    if args.parallel == "fsdp":
+        from laggard.demo.fsdp import shard
+
+        shard(model, tracer, prefetch=args.prefetch)
+        return model, None, None, None
+    # Small buckets (the model has ~0.3 M parameters): several all-reduces per step, so
+    # communication can overlap backward as in a large job with 25 MB buckets.
+    ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
+    timer = CommTimer(tracer=tracer)
+    state, integrity = integrity_hook(ddp, args.compression, timer, args.inject_bitflip)
+    if integrity is None:
+        state, hook = comm_hook(args.compression, timer)
+        ddp.register_comm_hook(state, hook)
+    return ddp, timer, state, integrity
 
 
 def _json_floats(rows: list[list[float]]) -> list[list[float | None]]:

@@ -183,6 +183,8 @@ class LinkDetector:
             out = [s for s in range(ranks) if nodes[s] == node and slow[s]]
             if not out or node == nodes[r]:
                 continue
+            if not self._fast_elsewhere(node, slow, nodes):
+                continue  # every cross-node edge touches it: which end is slow is unknowable
             found.add(node)
             peers = sorted({r, *[(s + 1) % ranks for s in out]})
             member = [s for s in range(ranks) if nodes[s] == node]
@@ -197,6 +199,14 @@ class LinkDetector:
                 "groups": _group_evidence(groups, member),
             }
         return found
+
+    @staticmethod
+    def _fast_elsewhere(node: str, slow: np.ndarray, nodes: list[str]) -> bool:
+        """A cross-node edge touching neither end ``node`` is fast: the other links are fine,
+        so the slow edges are ``node``'s (with two nodes, nothing says which end is slow)."""
+        ranks = len(nodes)
+        return any(not slow[r] and node not in (nodes[r], nodes[(r + 1) % ranks])
+                   and nodes[r] != nodes[(r + 1) % ranks] for r in range(ranks))
 
     def _finding(self, node: str, step: int, windows: int) -> Finding:
         ev = dict(self._evidence[node])

@@ -8,9 +8,14 @@ rounds (even senders, odd senders, and the wrap-around edge when R is odd), so e
 its two links to itself. ``laggard.detectors.link.LinkDetector`` names a node whose incoming and
 outgoing edges are both slow.
 
-Cost: two or three round trips of ``nbytes`` per window on the monitor's gloo group
-(64 KiB: about 0.5 ms on a 1 Gbit/s link, 5 ms on 100 Mbit/s), on the training thread, every
-``window_steps`` steps. ``TrainingMonitor.Config(link_probe_bytes=0)`` turns it off.
+The payload must be larger than what a link passes at burst speed (a switch's or a token
+bucket's burst: ``laggard cluster-demo`` shapes with a 96 KiB bucket), or the probe measures
+latency, not rate: 256 KiB by default. Each probe runs :data:`REPEATS` times and keeps the
+fastest, so one scheduling hiccup of a loaded host does not look like a slow link.
+
+Cost: ``2 x`` two or three round trips of ``nbytes`` per window on the monitor's gloo group
+(256 KiB: about 2 ms each on a 1 Gbit/s link, 20 ms on 100 Mbit/s), on the training thread,
+every ``window_steps`` steps. ``TrainingMonitor.Config(link_probe_bytes=0)`` turns it off.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Any
 #: Tags of the probe's point-to-point messages (distinct from anything a job is likely to use).
 _TAG = 0x1A66
 _ROUNDS = 3
+#: Probes per window; the fastest is kept (scheduling noise only ever adds time).
+REPEATS = 2
 
 
 class LinkProbe:
@@ -51,6 +58,14 @@ class LinkProbe:
         return rank % 2
 
     def run(self) -> float:
+        """Probe :data:`REPEATS` times; returns this rank's fastest round trip, seconds.
+
+        Every rank of the group must call it at the same point (it is a collective step).
+        Raises whatever torch.distributed raises (the monitor counts it and stops probing).
+        """
+        return min(self._once() for _ in range(REPEATS))
+
+    def _once(self) -> float:
         """Probe once; returns this rank's round trip to its successor, seconds.
 
         Every rank of the group must call it at the same point (it is a collective step).

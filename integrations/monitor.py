@@ -175,7 +175,7 @@ class TrainingMonitor:
         link_probe_bytes: int | None = None
         """Payload of the per-window link probe (``laggard.integrations.link_probe``): each
         rank times a round trip to its ring successor so rank 0 can name a slow link. None:
-        64 KiB when a tracer is given, else off; 0: off."""
+        256 KiB when a tracer is given, else off; 0: off."""
 
         link: Any = None
         """``laggard.detectors.link.LinkDetector.Config`` for rank 0; None for defaults."""

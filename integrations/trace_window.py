@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 #: Probe payload when ``Config.link_probe_bytes`` is None and a tracer is given.
-DEFAULT_PROBE_BYTES = 64 << 10
+DEFAULT_PROBE_BYTES = 256 << 10
 #: Fewest ranks for the probe to be worth it: the link detector compares >= 3 edges.
 _MIN_PROBE_RANKS = 3
 

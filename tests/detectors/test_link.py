@@ -71,3 +71,22 @@ def test_bad_probe_times_are_counted_and_too_few_edges_compare_nothing():
     assert det.update(step=0, edge_seconds=np.array([np.nan, -1, 0.001]),
                       nodes=["a", "b", "c"]) == []
     assert det.stats == {"windows": 1, "too_few_edges": 1, "invalid_edges": 2}
+
+
+def test_two_nodes_cannot_say_which_end_of_their_link_is_slow():
+    # 2 nodes x 2 ranks: both cross-node edges (1->2, 3->0) touch both nodes
+    nodes = ["node0", "node0", "node1", "node1"]
+    det = LinkDetector()
+    for w in range(8):
+        edges = np.array([0.001, 0.010, 0.001, 0.010])
+        assert det.update(step=w, edge_seconds=edges, nodes=nodes) == []
+
+
+def test_with_several_ranks_per_node_the_node_is_named():
+    nodes = ["n0", "n0", "n1", "n1", "n2", "n2"]
+    det = LinkDetector()
+    found = []
+    for w in range(5):  # n1's link: edges 1->2 (in) and 3->4 (out) slow; 5->0 fast
+        found += det.update(step=w, edge_seconds=np.array([1e-3, 9e-3, 1e-4, 9e-3, 1e-4, 1e-3]),
+                            nodes=nodes)
+    assert [(f.node, f.rank, f.evidence["peers"]) for f in found] == [("n1", 2, [1, 4])]
