@@ -49,21 +49,29 @@ class PhaseDriver:
         self._errors_logged = False
 
     def start(self, model: Any = None) -> None:
-        """Build the tracer and monitor (every rank, same point) and hook ``model``'s
-        collectives; called once the process group exists (a trainer's setup hook)."""
+        """Build the tracer and monitor (every rank, same point) and hook the collectives of
+        ``model`` (one module or a list of model parts); called once the process group exists
+        (a trainer's setup hook)."""
         if self.monitor is not None:
             return
         try:
             self.tracer = CollectiveTracer() if self.trace else None
-            if model is not None and self.tracer is not None:
-                self.comm_timer = hook_collectives(model, self.tracer)
+            parts = model if isinstance(model, list | tuple) else [model]
+            for part in parts:
+                if part is not None and self.tracer is not None:
+                    self.comm_timer = hook_collectives(part, self.tracer) or self.comm_timer
             self.monitor = TrainingMonitor(self.config, comm_timer=self.comm_timer,
                                            tracer=self.tracer)
         except Exception as exc:  # noqa: BLE001 - an adapter never stops training
             self._error("start", exc)
 
-    def begin_step(self) -> None:
-        """The step starts now; the time since the last step ended was the data phase."""
+    def begin_step(self, *, data_before: bool = True) -> None:
+        """The step starts now.
+
+        Args:
+            data_before: the time since the last step ended was the data phase (trainers that
+                fetch the next batch between steps); False where the step fetches its own.
+        """
         m = self.monitor
         if m is None:
             return
@@ -71,7 +79,7 @@ class PhaseDriver:
             self._step = m.step()
             self._step.__enter__()
             now = m._clock()
-            if self._last_end is not None:
+            if data_before and self._last_end is not None:
                 m._intervals.append(("data", self._last_end, now))
         except Exception as exc:  # noqa: BLE001
             self._error("begin_step", exc)
@@ -98,6 +106,17 @@ class PhaseDriver:
             self._last_end = self.monitor._clock()
         except Exception as exc:  # noqa: BLE001
             self._error("end_step", exc)
+
+    def abort_step(self, exc: BaseException) -> None:
+        """The step failed (the trainer's exception goes on): drop it, record nothing."""
+        if self._step is None:
+            return
+        try:
+            self._close_phase()
+            step, self._step = self._step, None
+            step.__exit__(type(exc), exc, exc.__traceback__)
+        except Exception as err:  # noqa: BLE001
+            self._error("abort_step", err)
 
     def close(self) -> None:
         """Close the monitor (socket, its own gather group)."""
