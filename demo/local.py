@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="steps per detection window (default: 20)")
     parser.add_argument("--seed", type=int, default=0, help="model and data seed (default: 0)")
     parser.add_argument("--report", metavar="PATH", help="also write the report as JSON")
+    parser.add_argument("--windows", metavar="PATH",
+                        help="also keep rank 0's gathered windows as JSON lines (what "
+                             "`laggard report PATH --html OUT` reads)")
     parser.add_argument("--metrics-address", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="where the demo's agent serves /metrics (default: a free "
                              "loopback port)")
@@ -125,6 +128,8 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     print(f"laggard demo: {args.world_size} ranks, {args.steps} steps, {injected}; "
           f"agent metrics at {metrics_url}", flush=True)
     result_path = tmp / "result.json"
+    windows_path = Path(args.windows) if args.windows else tmp / "windows.jsonl"
+    windows_path.unlink(missing_ok=True)  # the monitor appends
     launcher = children.start(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          "--nproc_per_node", str(args.world_size),
@@ -133,7 +138,8 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
          "--slow-rank", str(args.slow_rank), "--slowdown", str(args.slowdown),
          "--slow-from", str(args.slow_from), "--seed", str(args.seed),
          "--intake-address", intake_address, "--result", str(result_path),
-         "--compression", args.compression, "--inject-bitflip", args.inject_bitflip],
+         "--compression", args.compression, "--inject-bitflip", args.inject_bitflip,
+         "--windows", str(windows_path)],
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
         stderr=subprocess.PIPE,
     )
@@ -201,7 +207,8 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
         "world_size": result["world_size"],
         "steps": result["steps"],
         "injected": {"rank": args.slow_rank, "slowdown": args.slowdown,
-                     "from_step": args.slow_from},
+                     "from_step": args.slow_from,
+                     "measured_slowdown": _measured_slowdown(ranks, args)},
         "findings": findings,
         "ranks": ranks,
         "loss": result["loss"],
@@ -222,6 +229,15 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
                      "rank": f.get("rank"), "step": f.get("step")}
                     for f in result.get("cleared", [])],
     }
+
+
+def _measured_slowdown(ranks: list[dict[str, Any]], args: argparse.Namespace) -> float | None:
+    """The slowed rank's compute over the other ranks' median, minus 1 (None if unslowed)."""
+    if args.slowdown <= 1.0 or not 0 <= args.slow_rank < len(ranks):
+        return None
+    own = ranks[args.slow_rank]["compute_seconds_median"]
+    others = _median([r["compute_seconds_median"] for r in ranks if r["rank"] != args.slow_rank])
+    return None if own is None or not others else own / others - 1
 
 
 def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) -> str:
