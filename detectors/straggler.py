@@ -108,7 +108,9 @@ class StragglerDetector:
             ``too_few_ranks_windows``, ``missing_rank_reports`` (ranks absent from a window
             whose world size is known), ``invalid_ranks`` (negative, duplicate or out of range),
             ``invalid_durations`` (NaN, infinite or negative values dropped),
-            ``world_size_changes``.
+            ``world_size_changes``, ``step_regressions`` (a window's step at or before the
+            previous one: a restart), ``window_length_changes`` (steps between windows changed).
+            None of these raises or clears a finding by itself.
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -214,9 +216,13 @@ class StragglerDetector:
                 "invalid_ranks",
                 "invalid_durations",
                 "world_size_changes",
+                "step_regressions",
+                "window_length_changes",
             ),
             0,
         )
+        self._last_step: int | None = None
+        self._window_length: int | None = None
         self._world_size: int | None = None
         # (k / sigma, log10 run length) -> h / sigma (a cache: bisection per window is wasted)
         self._intervals: dict[tuple[float, float], float] = {}
@@ -301,6 +307,23 @@ class StragglerDetector:
         self.stats["invalid_ranks"] += int(ranks.size - keep.sum())
         return ranks[keep], [a[keep] for a in signals]
 
+    def _check_steps(self, step: int) -> None:
+        """Count a step counter that went back (a rank restarted from a checkpoint) and a
+        change of steps per window; both windows are still used (their durations are valid)."""
+        try:
+            step = int(step)
+        except (TypeError, ValueError):
+            return
+        last, length = self._last_step, self._window_length
+        if last is not None:
+            if step <= last:
+                self.stats["step_regressions"] += 1
+            else:
+                if length is not None and step - last != length:
+                    self.stats["window_length_changes"] += 1
+                self._window_length = step - last
+        self._last_step = step
+
     def update(self, window: RankWindow) -> list[Finding]:
         """Take one window; return the findings raised or cleared by it.
 
@@ -314,6 +337,7 @@ class StragglerDetector:
         re-shards its work, so the old baselines no longer apply).
         """
         self.stats["windows"] += 1
+        self._check_steps(window.step)
         cleaned = self._clean(window)
         if cleaned is None:
             self.stats["malformed_windows"] += 1

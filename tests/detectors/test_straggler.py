@@ -406,3 +406,73 @@ def test_random_garbage_never_raises() -> None:
     assert stats["malformed_windows"] > 0 and stats["invalid_durations"] > 0
     assert stats["invalid_ranks"] > 0 and stats["world_size_changes"] > 0
     assert all(np.isfinite(v) for v in detector.scores.values())
+
+
+# -- sequential evidence: what adds up, what does not, and hysteresis ---------------------------
+
+def _active_after(windows: list[RankWindow]) -> tuple[StragglerDetector, list]:
+    detector = StragglerDetector()
+    return detector, run(detector, windows)
+
+
+def test_one_extreme_window_neither_raises_nor_wipes_out_evidence() -> None:
+    # A single window 10x slower (a stall the window median did not absorb): no finding.
+    spike = [make_window(i, compute_factor={6: 10.0} if i == 8 else {}) for i in range(20)]
+    assert raised(run(StragglerDetector(), spike)) == []
+    # One very fast window in the middle of a steady 10% straggler delays it by at most a window.
+    steady = [make_window(i, compute_factor={6: 1.10} if i != FIRST + 1 else {6: 0.5})
+              for i in range(20)]
+    events = raised(run(StragglerDetector(), steady))
+    assert [(f.rank) for _, f in events] == [6]
+    assert events[0][0] <= FIRST + M_WINDOWS + 1
+
+
+def test_a_small_steady_excess_adds_up() -> None:
+    """5% compute excess at 2% jitter: never a clear outlier in one window, named all the same."""
+    windows = [make_window(i, ranks=64, jitter=0.02, compute_factor={9: 1.05}) for i in range(30)]
+    events = raised(run(StragglerDetector(), windows))
+    assert [(f.rank, f.kind) for _, f in events] == [(9, "compute")]
+
+
+def test_quiet_windows_do_not_clear_a_rank_that_is_still_slow() -> None:
+    """Hysteresis: one or two quiet windows inside a slow stretch clear nothing."""
+    slow = {3: 1.2}
+    plan = [slow] * 10 + [{}] * (M_WINDOWS - 1) + [slow] * 5 + [{}] + [slow] * 5
+    detector, events = _active_after([make_window(i, compute_factor=p)
+                                      for i, p in enumerate(plan)])
+    assert [(f.rank, bool(f.evidence.get("cleared"))) for _, f in events] == [(3, False)]
+    assert 3 in detector.active
+
+
+@pytest.mark.parametrize("bad", ["missing", "nan", "restart", "window_length"])
+def test_bad_input_neither_raises_nor_clears_on_its_own(bad: str) -> None:
+    """An active finding survives a window of bad input, and bad input alone raises nothing."""
+    slow = {3: 1.2}
+    windows = [make_window(i, compute_factor=slow) for i in range(10)]
+    detector, events = _active_after(windows)
+    assert [f.rank for _, f in raised(events)] == [3]
+    clean = StragglerDetector()
+    run(clean, [make_window(i) for i in range(10)])
+    for d, factor in ((detector, slow), (clean, {})):
+        for i in range(10, 10 + M_WINDOWS - 1):
+            window = make_window(i, compute_factor=factor)
+            if bad == "missing":  # the slowed rank (and another) absent
+                keep = np.array([r not in (3, 7) for r in range(16)])
+                window = RankWindow(
+                    step=window.step, ranks=window.ranks[keep],
+                    compute_seconds=window.compute_seconds[keep],
+                    data_seconds=window.data_seconds[keep],
+                    collective_wait_seconds=window.collective_wait_seconds[keep],
+                    transfer_seconds=window.transfer_seconds[keep], world_size=16)
+            elif bad == "nan":
+                window.compute_seconds[3] = np.nan
+                window.compute_seconds[5, :2] = -1.0
+            elif bad == "restart":
+                window.step = 7  # the step counter went back
+            else:  # the monitor's windows got longer: 3K steps since the last
+                window.step += 2 * K * (i - 9)
+            assert d.update(window) == [], bad
+    assert 3 in detector.active and clean.active == {}
+    counter = {"missing": "missing_rank_reports", "nan": "invalid_durations",
+               "restart": "step_regressions", "window_length": "window_length_changes"}[bad]
+    assert detector.stats[counter] > 0 and clean.stats[counter] > 0
