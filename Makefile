@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)" numpy
-	$(PY) -m pip install -q -e '.[torch,test,dashboards,dev]'
+	$(PY) -m pip install -q -e '.[torch,test,dashboards,dev,report]'
 	touch $@
 
 demo: venv

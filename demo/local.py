@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="steps per detection window (default: 20)")
     parser.add_argument("--seed", type=int, default=0, help="model and data seed (default: 0)")
     parser.add_argument("--report", metavar="PATH", help="also write the report as JSON")
+    parser.add_argument("--html", metavar="PATH",
+                        help="also write the run report as one self-contained HTML page "
+                             "(heatmaps of each rank's excess, findings over the loss, phases)")
+    parser.add_argument("--keep-agent", action="store_true",
+                        help="keep the agent (and its /metrics) up after the report until you "
+                             "press Enter or Ctrl-C (default: it stops with the demo)")
     parser.add_argument("--windows", metavar="PATH",
                         help="also keep rank 0's gathered windows as JSON lines (what "
                              "`laggard report PATH --html OUT` reads)")
@@ -123,7 +129,8 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
         print(f"laggard demo: the agent did not start:\n{agent_log.read_text()[-2000:]}",
               file=sys.stderr)
         return 1
-    injected = (f"rank {args.slow_rank} slowed {args.slowdown:g}x from step {args.slow_from}"
+    injected = (f"rank {args.slow_rank} slowed {_pct(args.slowdown - 1)} (--slowdown "
+                f"{args.slowdown:g}) from step {args.slow_from}"
                 if args.slowdown > 1.0 else "no rank slowed")
     print(f"laggard demo: {args.world_size} ranks, {args.steps} steps, {injected}; "
           f"agent metrics at {metrics_url}", flush=True)
@@ -158,13 +165,48 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     agent_ranks = _ranks_seen_by_agent(metrics_url)
     report = build_report(result, args, metrics_url)
     print(format_report(report, agent_ranks))
+    status = _write_outputs(args, report, windows_path)
+    if args.keep_agent:
+        _wait_for_user(metrics_url)
+    else:
+        print("the agent stopped with the demo (--keep-agent keeps /metrics up)")
+    return status
+
+
+def _write_outputs(args: argparse.Namespace, report: dict[str, Any], windows: Path) -> int:
+    """``--report`` (JSON) and ``--html`` (the run report page); 1 if one cannot be written."""
+    status = 0
     if args.report:
         try:
             Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
         except OSError as exc:
             print(f"laggard demo: cannot write report: {exc}", file=sys.stderr)
-            return 1
-    return 0
+            status = 1
+    if args.html:
+        from laggard.analyze.run_report import write_report
+
+        try:
+            size = write_report(windows, Path(args.html), title="laggard demo run report",
+                                summary=[_injected_line(report)])
+            print(f"run report: {args.html} ({size / 1e3:.0f} kB; open it in a browser)")
+        except (OSError, ValueError, ImportError) as exc:
+            print(f"laggard demo: cannot write the HTML report: {exc}", file=sys.stderr)
+            status = 1
+    return status
+
+
+def _wait_for_user(metrics_url: str) -> None:
+    """Keep the agent up until Enter (or Ctrl-C / SIGTERM, which the caller handles)."""
+    base = metrics_url.rsplit("/", 1)[0]
+    print(f"the agent is still up: {metrics_url} and {base}/findings; press Enter (or Ctrl-C) "
+          "to stop it", flush=True)
+    try:
+        if sys.stdin is not None and sys.stdin.isatty():
+            sys.stdin.readline()
+        else:
+            threading.Event().wait()  # no terminal: until a signal
+    except (OSError, ValueError):
+        pass
 
 
 # --------------------------------------------------------------------------------- report
@@ -243,10 +285,15 @@ def _measured_slowdown(ranks: list[dict[str, Any]], args: argparse.Namespace) ->
 def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) -> str:
     """The report as text for a terminal."""
     lines = ["", f"per-rank medians from step {report['table_from_step']} (ms; compute and data "
-                 "in each rank's thread CPU time, the rest wall time)",
-             f"{'rank':>4}  {'compute':>8}  {'collective wait':>15}  {'data':>6}  {'step':>7}"]
+                 "in each rank's thread CPU time, the rest wall time; 'vs others': compute over "
+                 "the other ranks' median)",
+             f"{'rank':>4}  {'compute':>8}  {'vs others':>9}  {'collective wait':>15}  "
+             f"{'data':>6}  {'step':>7}"]
     for r in report["ranks"]:
-        lines.append(f"{r['rank']:>4}  {_ms(r['compute_seconds_median']):>8}  "
+        own = r["compute_seconds_median"]
+        others = _median([o["compute_seconds_median"] for o in report["ranks"] if o is not r])
+        versus = "-" if own is None or not others else f"{100 * (own / others - 1):+.1f}%"
+        lines.append(f"{r['rank']:>4}  {_ms(r['compute_seconds_median']):>8}  {versus:>9}  "
                      f"{_ms(r['collective_wait_seconds_median']):>15}  "
                      f"{_ms(r['data_seconds_median']):>6}  {_ms(r['step_seconds_median']):>7}")
     stragglers = [f for f in report["findings"] if f["rank"] is not None]
@@ -258,12 +305,14 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
         lines.append(f"{f.get('detector') or 'straggler'}: rank {f['rank']} ({f['kind']}), "
                      f"first flagged at step {f['step']}")
         lines.append(f"  {f['message']}")
-        lines.append("  evidence: " + ", ".join(f"{k}={v}" for k, v in f["evidence"].items()))
+        why = _evidence_sentence(f.get("evidence") or {})
+        if why:
+            lines.append(f"  why: {why}")
         ended = [c["step"] for c in report.get("cleared", [])
                  if (c["rank"], c["kind"]) == (f["rank"], f["kind"])
                  and c["step"] is not None and c["step"] > f["step"]]
         if ended:
-            lines.append(f"  cleared at step {ended[0]} (below threshold for a few windows)")
+            lines.append(f"  cleared at step {ended[0]} (evidence of recovery)")
     for f in others:
         lines.append(f"also: {f['message']} (step {f['step']})")
     comm = report["comm"]
@@ -280,13 +329,45 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
     seen = ("" if agent_ranks is None else
             f" (it received step records from ranks {_ranges(agent_ranks)})" if agent_ranks
             else " (it received no step records)")
-    lines.append(f"metrics: {report['metrics_url']}{seen}; the agent stops with the demo")
-    injected = report["injected"]
-    if injected["slowdown"] > 1.0:
-        named = any(f["rank"] == injected["rank"] for f in stragglers)
-        lines.append(f"injected: rank {injected['rank']} x{injected['slowdown']:g} from step "
-                     f"{injected['from_step']}: " + ("found" if named else "NOT found"))
+    lines.append(f"metrics: {report['metrics_url']}{seen}; findings also at "
+                 f"{report['metrics_url'].rsplit('/', 1)[0]}/findings and in rank 0's log above")
+    lines.append(_injected_line(report))
     return "\n".join(lines)
+
+
+def _injected_line(report: dict[str, Any]) -> str:
+    """What was injected, what was measured, and whether (and when) it was found."""
+    injected = report["injected"]
+    if injected["slowdown"] <= 1.0:
+        named = [f for f in report["findings"] if f["rank"] is not None
+                 and f.get("detector", "straggler") == "straggler"]
+        return "injected: nothing; " + ("no straggler named" if not named else
+                                        f"NAMED rank {named[0]['rank']} (a false finding)")
+    first = next((f for f in report["findings"] if f["rank"] == injected["rank"]
+                  and f["step"] is not None and f["step"] >= injected["from_step"]), None)
+    measured = injected.get("measured_slowdown")
+    found = (f"found at step {first['step']}, {first['step'] - injected['from_step'] + 1} "
+             "steps after onset" if first else "NOT found")
+    return (f"injected: rank {injected['rank']} {_pct(injected['slowdown'] - 1)} slower compute "
+            f"from step {injected['from_step']}; measured "
+            f"{'-' if measured is None else _pct(measured)}; {found}")
+
+
+def _evidence_sentence(evidence: dict[str, Any]) -> str:
+    """A straggler finding's evidence in one sentence with two numbers (the JSON report keeps
+    every field)."""
+    noise, wait = evidence.get("noise"), evidence.get("wait_deficit")
+    if noise is None or evidence.get("evidence") is None:
+        return ""
+    text = (f"its excess added up window after window to the decision interval, against a "
+            f"rank-to-rank noise of {_pct(noise)} of a step's work")
+    if wait is not None:
+        text += f"; it waits {_pct(wait)} of a step less than the median rank in the collective"
+    return text
+
+
+def _pct(fraction: float) -> str:
+    return f"{100 * fraction:.1f}%" if abs(fraction) < 0.1 else f"{100 * fraction:.0f}%"
 
 
 # ------------------------------------------------------------------------------ processes

@@ -114,8 +114,10 @@ def integrity_hook(ddp: DistributedDataParallel, name: str, timer: CommTimer,
 def detector_config() -> StragglerDetector.Config:
     """The straggler detector's settings in the demo (also replayed by
     ``benchmarks/demo_detection.py``)."""
-    return StragglerDetector.Config(min_slowdown=MIN_SLOWDOWN,
-                                    job_slowdown_threshold=JOB_SLOWDOWN_THRESHOLD)
+    return StragglerDetector.Config(
+        min_slowdown=MIN_SLOWDOWN, job_slowdown_threshold=JOB_SLOWDOWN_THRESHOLD,
+        compute_hint="on a GPU job, check that GPU's clocks; in this CPU demo it is the "
+                     "injected extra work")
 
 
 def global_mean(value: float) -> float:

@@ -173,6 +173,10 @@ class StragglerDetector:
         max_rank: int = 1 << 20
         """Largest global rank accepted (bounds memory whatever a window says)."""
 
+        compute_hint: str = "check that GPU's clocks, clock-event reasons and XIDs"
+        """What a compute finding's message tells the reader to check (a CPU-only job, like
+        ``laggard demo``, says something else)."""
+
         def __post_init__(self) -> None:
             if not 0 <= self.min_slowdown < 1:
                 raise ValueError(f"min_slowdown must be in [0, 1), got {self.min_slowdown}")
@@ -616,8 +620,7 @@ class StragglerDetector:
             message = (
                 f"{where}: forward+backward {pct:.0f}% slower than the median rank "
                 f"(+{extra_ms:.1f} ms per step), and every other rank waits for it in the "
-                "gradient collective: check that accelerator's clocks, clock-event reasons "
-                "and errors"
+                f"gradient collective: {self.config.compute_hint}"
             )
         elif signal == _DATA:
             message = (

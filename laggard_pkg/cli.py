@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "agent": "laggard.agent.daemon",
     "demo": "laggard.demo.local",
     "analyze": "laggard.analyze.cli",
+    "report": "laggard.analyze.run_report",
     "dashboards": "laggard.dashboards.cli",
     "cluster-demo": "laggard.demo.cluster",
 }
@@ -54,6 +55,8 @@ def _help_of(module_name: str) -> str:
         "laggard.agent.daemon": "run the node agent (serves /metrics)",
         "laggard.demo.local": "train a small model on W local ranks and find the slow one",
         "laggard.analyze.cli": "read logs and dumps after an incident and name the culprit",
+        "laggard.analyze.run_report": "write a run's straggler report (heatmaps, findings, "
+                                      "phases) as one HTML page",
         "laggard.dashboards.cli": "write Grafana dashboards and Prometheus rules",
         "laggard.demo.cluster": "emulate several nodes with network namespaces",
     }.get(module_name, "")
