@@ -16,11 +16,11 @@ Quality Control*, 6th ed., §9.1.7)::
 
     ARL0(h) = (exp(2 k b) - 2 k b - 1) / (2 k^2),   b = h + 1.166   (k, h in units of sigma)
 
-Each increment is clipped to ``c = h / min_windows`` on both sides, Huber's bounded influence
-("Robust estimation of a location parameter", Ann. Math. Stat. 35, 1964) applied to the CUSUM
-score: one window, however extreme (a data stall, a pause that a window median did not absorb),
-can neither raise a finding nor wipe out the evidence gathered so far; ``min_windows`` windows
-are always needed. Clipping only shortens upward steps, so the false-alarm rate stays at or
+Each increment is clipped to ``c = h / (min_windows - 0.5)`` on both sides, Huber's bounded
+influence ("Robust estimation of a location parameter", Ann. Math. Stat. 35, 1964) applied to
+the CUSUM score: one window, however extreme (a data stall, a pause that a window median did not
+absorb), can neither raise a finding nor wipe out the evidence gathered so far; ``min_windows``
+windows are always needed. Clipping only shortens upward steps, so the false-alarm rate stays at or
 below the approximation's.
 
 Clearing is the mirror test (hysteresis): a second CUSUM accumulates evidence that the rank's

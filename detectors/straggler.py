@@ -29,6 +29,7 @@ the test that raises them; the window format and the sequential test have module
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,9 +78,9 @@ class _Test:
     of the median rank's per-step work)."""
 
     noise: np.ndarray  # (S,) pooled cross-rank sigma of the excess
-    reference: np.ndarray  # (S,) k: excess that counts as "not slow"
-    interval: np.ndarray  # (S,) h: the evidence that raises (or clears) a finding
-    clip: np.ndarray  # (S,) c: most evidence one window can add or remove
+    reference: np.ndarray  # (J, S) k of each chart: excess that counts as "not slow"
+    interval: np.ndarray  # (J, S) h: the evidence that raises a finding (chart 0: clears)
+    clip: np.ndarray  # (J, S) c: most evidence one window can add or remove
 
 
 class StragglerDetector:
@@ -94,7 +95,7 @@ class StragglerDetector:
     raised when the evidence reaches the decision interval ``h``, derived every window from the
     measured cross-rank noise for one false alarm per ``false_alarm_windows`` rank-windows; it
     clears when the mirror CUSUM's evidence of recovery reaches ``h``. Each window adds at most
-    ``h / min_windows``, so ``min_windows`` windows are always needed either way.
+    ``h / (min_windows - 0.5)``, so ``min_windows`` windows are always needed either way.
 
     Attributes:
         scores: global rank -> straggler score in the latest window, for the ranks in it: by
@@ -134,6 +135,12 @@ class StragglerDetector:
         ranks thus tolerates more noise per test than one of 16,384, whose 49,152 tests per
         window each need a run length of 4.9e10 windows."""
 
+        charts: tuple[float, ...] = (1.0, 2.0)
+        """CUSUMs run side by side per rank and signal, each tuned for ``target_slowdown``
+        times one of these (a multi-chart CUSUM, Lorden, Ann. Math. Stat. 42, 1971): the first
+        finds small steady excess, the second finds larger excess in fewer windows. The split
+        of the false-alarm budget over charts costs little (h grows with its logarithm)."""
+
         reference_sigmas: float = 0.5
         """Floor of the reference value in units of the measured noise: in a noisy job the
         test is tuned for a shift of at least twice this many sigmas (Page's k = delta / 2),
@@ -141,7 +148,7 @@ class StragglerDetector:
 
         min_windows: int = 3
         """Fewest windows whose evidence raises or clears a finding: one window adds at most
-        ``h / min_windows``, so one or two outlying windows (a data stall, a pause that a
+        ``h / (min_windows - 0.5)``, so one or two outlying windows (a data stall, a pause that a
         window median did not absorb) never do. With 2, the simulator's data stalls (20-200 ms
         over 5 ms of data loading) in two consecutive windows of one rank raised 6 false
         alarms in 27 M rank-steps; with 3, none."""
@@ -186,6 +193,8 @@ class StragglerDetector:
                 raise ValueError("false_alarm_windows must be > 1")
             if self.reference_sigmas < 0:
                 raise ValueError("reference_sigmas must be >= 0")
+            if not self.charts or min(self.charts) < 1:
+                raise ValueError(f"charts must be >= 1 each, got {self.charts}")
             if self.min_windows < 1:
                 raise ValueError(f"min_windows must be >= 1, got {self.min_windows}")
             if self.persistence_windows < 3:
@@ -255,11 +264,12 @@ class StragglerDetector:
         self._ring = np.full((n, 0, s + 2), np.nan)
         # Sequential evidence per [rank, signal]: for a slowdown, and (while a finding is
         # active) for recovery; windows in a row each rank was absent.
-        self._raise_sum = np.zeros((0, s))
+        j = len(c.charts)
+        self._raise_sum = np.zeros((0, j, s))
         self._clear_sum = np.zeros((0, s))
         self._absent = np.zeros(0, dtype=np.int64)
-        self._test = _Test(noise=np.full(s, np.nan), reference=np.full(s, c.reference),
-                           interval=np.full(s, np.inf), clip=np.full(s, np.inf))
+        self._test = _Test(noise=np.full(s, np.nan), reference=np.full((j, s), c.reference),
+                           interval=np.full((j, s), np.inf), clip=np.full((j, s), np.inf))
         self._noise = np.full((c.noise_history_windows, s), np.nan)
         self._job_baseline = math.inf  # best typical work seconds of the median rank
         self._job_over = np.zeros(n, dtype=bool)
@@ -272,7 +282,7 @@ class StragglerDetector:
         capacity = max(capacity, 2 * self._capacity)
         extra = capacity - self._capacity
         self._ring = np.pad(self._ring, [(0, 0), (0, extra), (0, 0)], constant_values=np.nan)
-        self._raise_sum = np.pad(self._raise_sum, [(0, extra), (0, 0)])
+        self._raise_sum = np.pad(self._raise_sum, [(0, extra), (0, 0), (0, 0)])
         self._clear_sum = np.pad(self._clear_sum, [(0, extra), (0, 0)])
         self._absent = np.pad(self._absent, [(0, extra)])
         self._capacity = capacity
@@ -444,32 +454,37 @@ class StragglerDetector:
         return typical, count
 
     def _calibrate(self, ranks: int) -> _Test:
-        """The test's reference value and interval from the pooled noise: h such that the job
-        raises a false alarm once per ``false_alarm_windows`` windows (Siegmund's
-        approximation per test, the run length split over ``ranks`` x measured signals)."""
+        """Each chart's reference value and interval from the pooled noise: h such that the
+        job raises a false alarm once per ``false_alarm_windows`` windows (Siegmund's
+        approximation per test, the run length split over ranks x measured signals x charts)."""
         c = self.config
-        signals = len(SIGNAL_KINDS)
+        signals, charts = len(SIGNAL_KINDS), len(c.charts)
         noise = np.array([_nanmedian(self._noise[:, i]) for i in range(signals)])
         measured = np.isfinite(noise)
-        run_length = c.false_alarm_windows * ranks * max(int(measured.sum()), 1)
-        reference = np.full(signals, c.reference)
-        interval = np.full(signals, np.inf)  # a signal nobody measured never raises
-        for i in np.flatnonzero(measured).tolist():
+        run_length = c.false_alarm_windows * ranks * max(int(measured.sum()), 1) * charts
+        reference = np.full((charts, signals), c.reference)
+        interval = np.full((charts, signals), np.inf)  # a signal nobody measured never raises
+        for (j, multiple), i in itertools.product(enumerate(c.charts),
+                                                  np.flatnonzero(measured).tolist()):
             sigma = float(noise[i])
-            reference[i] = max(c.reference, c.reference_sigmas * sigma)
+            k = max(c.min_slowdown, multiple * c.target_slowdown / 2,
+                    multiple * c.reference_sigmas * sigma)
+            reference[j, i] = k
             h = 0.0
             if sigma > 0:
-                key = (round(reference[i] / sigma, 3), round(math.log10(run_length), 2))
+                key = (round(k / sigma, 3), round(math.log10(run_length), 2))
                 if key not in self._intervals:
                     if len(self._intervals) > 4096:
                         self._intervals.clear()
                     self._intervals[key] = decision_interval(key[0], 10 ** key[1])
                 h = self._intervals[key] * sigma
-            # However quiet the job, a rank half of target_slowdown over the reference value
+            # However quiet the job, a rank half of the chart's shift over its reference value
             # still needs min_windows windows: the noise model is normal, real tails are not.
-            interval[i] = max(h, c.min_windows * c.target_slowdown / 2)
+            interval[j, i] = max(h, c.min_windows * multiple * c.target_slowdown / 2)
+        # min_windows - 0.5: min_windows - 1 windows at the clip fall short of h, and
+        # min_windows windows reach it without each having to be at the clip.
         return _Test(noise=noise, reference=reference, interval=interval,
-                     clip=interval / c.min_windows)
+                     clip=interval / (c.min_windows - 0.5))
 
     def _corroborated(self, excess: np.ndarray, deficit: np.ndarray) -> np.ndarray:
         """Compute and data excess capped by what the wait confirms (deficit / ratio); the
@@ -486,10 +501,11 @@ class StragglerDetector:
     def _accumulate(self, ranks: np.ndarray, excess: np.ndarray) -> None:
         """Add this window's evidence: for a slowdown always, for recovery while active."""
         t = self._test
-        self._raise_sum[ranks] = cusum_step(self._raise_sum[ranks], excess - t.reference,
-                                            t.clip)
-        self._clear_sum[ranks] = cusum_step(self._clear_sum[ranks], t.reference - excess,
-                                            t.clip)
+        self._raise_sum[ranks] = cusum_step(self._raise_sum[ranks],
+                                            excess[:, None, :] - t.reference, t.clip)
+        # Recovery: evidence that the excess is under the first (smallest) reference value.
+        self._clear_sum[ranks] = cusum_step(self._clear_sum[ranks], t.reference[0] - excess,
+                                            t.clip[0])
         inactive = np.ones(ranks.size, dtype=bool)
         inactive[np.isin(ranks, list(self.active))] = False
         self._clear_sum[ranks[inactive]] = 0.0  # recovery evidence counts only once raised
@@ -502,7 +518,7 @@ class StragglerDetector:
             signal = self._active_signal[rank]
             if self._absent[rank] >= self.config.persistence_windows:
                 reason = "not_reporting"
-            elif self._clear_sum[rank, signal] >= self._test.interval[signal]:
+            elif self._clear_sum[rank, signal] >= self._test.interval[0, signal]:
                 reason = "recovered"
             else:
                 continue
@@ -519,7 +535,8 @@ class StragglerDetector:
         """Raise a finding for each present rank whose evidence reached the interval, on the
         signal with the most evidence relative to its interval."""
         t = self._test
-        progress = self._raise_sum[ranks] / t.interval  # (R, S): 1 = enough evidence
+        by_chart = self._raise_sum[ranks] / t.interval  # (R, J, S): 1 = enough evidence
+        progress = by_chart.max(axis=1)  # (R, S)
         findings = []
         context = _RankContext(window)
         for row in np.flatnonzero((progress >= 1).any(axis=1)).tolist():
@@ -527,9 +544,10 @@ class StragglerDetector:
             if rank in self.active:
                 continue
             signal = int(np.argmax(progress[row]))
+            chart = int(np.argmax(by_chart[row, :, signal]))
             finding = self._rank_finding(
                 rank=rank, signal=signal, step=window.step, context=context,
-                typical=typical[row], evidence=float(self._raise_sum[rank, signal]),
+                typical=typical[row], chart=chart,
                 job_work=job_work, medians=medians,
             )
             self.active[rank] = finding
@@ -601,7 +619,7 @@ class StragglerDetector:
         step: int,
         context: _RankContext,
         typical: np.ndarray,
-        evidence: float,
+        chart: int,
         job_work: float,
         medians: np.ndarray,
     ) -> Finding:
@@ -637,9 +655,9 @@ class StragglerDetector:
         t = self._test
         details: dict[str, Any] = {
             "slowdown": _round(slowdown),
-            "evidence": _round(evidence),
-            "decision_interval": _round(float(t.interval[signal])),
-            "reference": _round(float(t.reference[signal])),
+            "evidence": _round(float(self._raise_sum[rank, chart, signal])),
+            "decision_interval": _round(float(t.interval[chart, signal])),
+            "reference": _round(float(t.reference[chart, signal])),
             "noise": _round(float(t.noise[signal])),
             "compute_slowdown": _round(float(typical[_COMPUTE])),
             "data_slowdown": _round(float(typical[_DATA])),
