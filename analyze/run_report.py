@@ -38,7 +38,6 @@ import numpy as np
 
 from laggard.detectors.window import columns_of
 
-HELP = "write a run's straggler report (heatmaps, findings, phases) as one HTML page"
 #: Most ranks drawn in a heatmap; larger jobs show those with the largest excess.
 MAX_HEATMAP_RANKS = 64
 #: Heatmap rows: (column, title).
