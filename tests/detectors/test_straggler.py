@@ -360,6 +360,8 @@ def test_real_demo_windows_name_the_slowed_rank_only_after_onset() -> None:
     assert (first.rank, first.kind) == (injected["rank"], injected["kind"])
     assert first_step >= injected["from_step"]
     assert {f.rank for _, f in ranked} == {injected["rank"]}
+    # the old M-of-N rule raised and cleared this rank again while it was still slow
+    assert not [f for _, f in ranked if f.evidence.get("cleared")], "a flap"
     assert detector.stats["invalid_durations"] == 0
 
 
