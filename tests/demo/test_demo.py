@@ -28,6 +28,7 @@ def _start(*flags: str, metrics_port: int | None = None) -> subprocess.Popen[str
     if metrics_port is not None:
         cmd += ["--metrics-address", f"127.0.0.1:{metrics_port}"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -107,15 +108,28 @@ def test_demo_names_the_slowed_rank_and_the_agent_exports_every_rank(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_without_slowdown_names_no_straggler(tmp_path):
+def test_demo_without_slowdown_names_no_straggler_and_keeps_the_agent_up(tmp_path):
     report_path = tmp_path / "report.json"
+    port = free_port()
     proc = _start(*SHORT, "--steps", "120", "--slowdown", "1.0", "--slow-from", "0",
-                  "--report", str(report_path))
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, out[-4000:]
+                  "--report", str(report_path), "--keep-agent", metrics_port=port)
+    lines = []
+    started = time.monotonic()
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the report, then the agent stays up (no terminal: until a signal)
+        lines.append(line)
+        if line.startswith("the agent is still up"):
+            break
+        assert time.monotonic() - started < 240, "".join(lines)
+    out = "".join(lines)
+    assert f"http://127.0.0.1:{port}/metrics and http://127.0.0.1:{port}/findings" in out
+    assert "laggard_steps_total" in scrape(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
     report = json.loads(report_path.read_text())
     assert [f for f in report["findings"] if f["rank"] is not None] == []
-    assert "straggler: none found" in out
+    assert "straggler: none found" in out and "injected: nothing; no straggler named" in out
 
 
 @pytest.mark.slow
