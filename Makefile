@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)" numpy
 	echo "$(TORCH_SPEC)" > $(VENV)/constraints.txt
-	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e '.[torch,test,dashboards,dev,trainers]'
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e '.[torch,test,dashboards,dev,report,trainers]'
 	touch $@
 
 demo: venv

@@ -21,14 +21,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from laggard.detectors.window import STAT_NAMES, columns_of
-
-HELP = "train a small model on W local ranks and find the slow one"
 
 #: Seconds to wait for the agent's /metrics to answer after starting it.
 AGENT_START_TIMEOUT = 15.0
@@ -55,6 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="steps per detection window (default: 20)")
     parser.add_argument("--seed", type=int, default=0, help="model and data seed (default: 0)")
     parser.add_argument("--report", metavar="PATH", help="also write the report as JSON")
+    parser.add_argument("--html", metavar="PATH",
+                        help="also write the run report as one self-contained HTML page "
+                             "(heatmaps of each rank's excess, findings over the loss, phases)")
+    parser.add_argument("--keep-agent", action="store_true",
+                        help="keep the agent (and its /metrics) up after the report until you "
+                             "press Enter or Ctrl-C (default: it stops with the demo)")
+    parser.add_argument("--windows", metavar="PATH",
+                        help="also keep rank 0's gathered windows as JSON lines (what "
+                             "`laggard report PATH --html OUT` reads)")
     parser.add_argument("--metrics-address", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="where the demo's agent serves /metrics (default: a free "
                              "loopback port)")
@@ -125,11 +131,14 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
         print(f"laggard demo: the agent did not start:\n{agent_log.read_text()[-2000:]}",
               file=sys.stderr)
         return 1
-    injected = (f"rank {args.slow_rank} slowed {args.slowdown:g}x from step {args.slow_from}"
+    injected = (f"rank {args.slow_rank} slowed {_pct(args.slowdown - 1)} (--slowdown "
+                f"{args.slowdown:g}) from step {args.slow_from}"
                 if args.slowdown > 1.0 else "no rank slowed")
     print(f"laggard demo: {args.world_size} ranks, {args.steps} steps, {injected}; "
           f"agent metrics at {metrics_url}", flush=True)
     result_path = tmp / "result.json"
+    windows_path = Path(args.windows) if args.windows else tmp / "windows.jsonl"
+    windows_path.unlink(missing_ok=True)  # the monitor appends
     launcher = children.start(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          "--nproc_per_node", str(args.world_size),
@@ -139,6 +148,7 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
          "--slow-from", str(args.slow_from), "--seed", str(args.seed),
          "--intake-address", intake_address, "--result", str(result_path),
          "--compression", args.compression, "--inject-bitflip", args.inject_bitflip,
+         "--windows", str(windows_path),
          "--parallel", args.parallel, *([] if args.prefetch else ["--no-prefetch"])],
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
         stderr=subprocess.PIPE,
@@ -158,13 +168,48 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     agent_ranks = _ranks_seen_by_agent(metrics_url)
     report = build_report(result, args, metrics_url)
     print(format_report(report, agent_ranks))
+    status = _write_outputs(args, report, windows_path)
+    if args.keep_agent:
+        _wait_for_user(metrics_url)
+    else:
+        print("the agent stopped with the demo (--keep-agent keeps /metrics up)")
+    return status
+
+
+def _write_outputs(args: argparse.Namespace, report: dict[str, Any], windows: Path) -> int:
+    """``--report`` (JSON) and ``--html`` (the run report page); 1 if one cannot be written."""
+    status = 0
     if args.report:
         try:
             Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
         except OSError as exc:
             print(f"laggard demo: cannot write report: {exc}", file=sys.stderr)
-            return 1
-    return 0
+            status = 1
+    if args.html:
+        from laggard.analyze.run_report import write_report
+
+        try:
+            size = write_report(windows, Path(args.html), title="laggard demo run report",
+                                summary=[_injected_line(report)])
+            print(f"run report: {args.html} ({size / 1e3:.0f} kB; open it in a browser)")
+        except (OSError, ValueError, ImportError) as exc:
+            print(f"laggard demo: cannot write the HTML report: {exc}", file=sys.stderr)
+            status = 1
+    return status
+
+
+def _wait_for_user(metrics_url: str) -> None:
+    """Keep the agent up until Enter (or Ctrl-C / SIGTERM, which the caller handles)."""
+    base = metrics_url.rsplit("/", 1)[0]
+    print(f"the agent is still up: {metrics_url} and {base}/findings; press Enter (or Ctrl-C) "
+          "to stop it", flush=True)
+    try:
+        if sys.stdin is not None and sys.stdin.isatty():
+            sys.stdin.readline()
+        else:
+            threading.Event().wait()  # no terminal: until a signal
+    except (OSError, ValueError):
+        pass
 
 
 # --------------------------------------------------------------------------------- report
@@ -207,7 +252,8 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
         "world_size": result["world_size"],
         "steps": result["steps"],
         "injected": {"rank": args.slow_rank, "slowdown": args.slowdown,
-                     "from_step": args.slow_from},
+                     "from_step": args.slow_from,
+                     "measured_slowdown": _measured_slowdown(ranks, args)},
         "findings": findings,
         "ranks": ranks,
         "loss": result["loss"],
@@ -233,13 +279,27 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
     }
 
 
+def _measured_slowdown(ranks: list[dict[str, Any]], args: argparse.Namespace) -> float | None:
+    """The slowed rank's compute over the other ranks' median, minus 1 (None if unslowed)."""
+    if args.slowdown <= 1.0 or not 0 <= args.slow_rank < len(ranks):
+        return None
+    own = ranks[args.slow_rank]["compute_seconds_median"]
+    others = _median([r["compute_seconds_median"] for r in ranks if r["rank"] != args.slow_rank])
+    return None if own is None or not others else own / others - 1
+
+
 def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) -> str:
     """The report as text for a terminal."""
     lines = ["", f"per-rank medians from step {report['table_from_step']} (ms; compute and data "
-                 "in each rank's thread CPU time, the rest wall time)",
-             f"{'rank':>4}  {'compute':>8}  {'collective wait':>15}  {'data':>6}  {'step':>7}"]
+                 "in each rank's thread CPU time, the rest wall time; 'vs others': compute over "
+                 "the other ranks' median)",
+             f"{'rank':>4}  {'compute':>8}  {'vs others':>9}  {'collective wait':>15}  "
+             f"{'data':>6}  {'step':>7}"]
     for r in report["ranks"]:
-        lines.append(f"{r['rank']:>4}  {_ms(r['compute_seconds_median']):>8}  "
+        own = r["compute_seconds_median"]
+        others = _median([o["compute_seconds_median"] for o in report["ranks"] if o is not r])
+        versus = "-" if own is None or not others else f"{100 * (own / others - 1):+.1f}%"
+        lines.append(f"{r['rank']:>4}  {_ms(r['compute_seconds_median']):>8}  {versus:>9}  "
                      f"{_ms(r['collective_wait_seconds_median']):>15}  "
                      f"{_ms(r['data_seconds_median']):>6}  {_ms(r['step_seconds_median']):>7}")
     stragglers = [f for f in report["findings"] if f["rank"] is not None]
@@ -251,12 +311,14 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
         lines.append(f"{f.get('detector') or 'straggler'}: rank {f['rank']} ({f['kind']}), "
                      f"first flagged at step {f['step']}")
         lines.append(f"  {f['message']}")
-        lines.append("  evidence: " + ", ".join(f"{k}={v}" for k, v in f["evidence"].items()))
+        why = _evidence_sentence(f.get("evidence") or {})
+        if why:
+            lines.append(f"  why: {why}")
         ended = [c["step"] for c in report.get("cleared", [])
                  if (c["rank"], c["kind"]) == (f["rank"], f["kind"])
                  and c["step"] is not None and c["step"] > f["step"]]
         if ended:
-            lines.append(f"  cleared at step {ended[0]} (below threshold for a few windows)")
+            lines.append(f"  cleared at step {ended[0]} (evidence of recovery)")
     for f in others:
         lines.append(f"also: {f['message']} (step {f['step']})")
     comm = report["comm"]
@@ -275,13 +337,45 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
     seen = ("" if agent_ranks is None else
             f" (it received step records from ranks {_ranges(agent_ranks)})" if agent_ranks
             else " (it received no step records)")
-    lines.append(f"metrics: {report['metrics_url']}{seen}; the agent stops with the demo")
-    injected = report["injected"]
-    if injected["slowdown"] > 1.0:
-        named = any(f["rank"] == injected["rank"] for f in stragglers)
-        lines.append(f"injected: rank {injected['rank']} x{injected['slowdown']:g} from step "
-                     f"{injected['from_step']}: " + ("found" if named else "NOT found"))
+    lines.append(f"metrics: {report['metrics_url']}{seen}; findings also at "
+                 f"{report['metrics_url'].rsplit('/', 1)[0]}/findings and in rank 0's log above")
+    lines.append(_injected_line(report))
     return "\n".join(lines)
+
+
+def _injected_line(report: dict[str, Any]) -> str:
+    """What was injected, what was measured, and whether (and when) it was found."""
+    injected = report["injected"]
+    if injected["slowdown"] <= 1.0:
+        named = [f for f in report["findings"] if f["rank"] is not None
+                 and f.get("detector", "straggler") == "straggler"]
+        return "injected: nothing; " + ("no straggler named" if not named else
+                                        f"NAMED rank {named[0]['rank']} (a false finding)")
+    first = next((f for f in report["findings"] if f["rank"] == injected["rank"]
+                  and f["step"] is not None and f["step"] >= injected["from_step"]), None)
+    measured = injected.get("measured_slowdown")
+    found = (f"found at step {first['step']}, {first['step'] - injected['from_step'] + 1} "
+             "steps after onset" if first else "NOT found")
+    return (f"injected: rank {injected['rank']} {_pct(injected['slowdown'] - 1)} slower compute "
+            f"from step {injected['from_step']}; measured "
+            f"{'-' if measured is None else _pct(measured)}; {found}")
+
+
+def _evidence_sentence(evidence: dict[str, Any]) -> str:
+    """A straggler finding's evidence in one sentence with two numbers (the JSON report keeps
+    every field)."""
+    noise, wait = evidence.get("noise"), evidence.get("wait_deficit")
+    if noise is None or evidence.get("evidence") is None:
+        return ""
+    text = (f"its excess added up window after window to the decision interval, against a "
+            f"rank-to-rank noise of {_pct(noise)} of a step's work")
+    if wait is not None:
+        text += f"; it waits {_pct(wait)} of a step less than the median rank in the collective"
+    return text
+
+
+def _pct(fraction: float) -> str:
+    return f"{100 * fraction:.1f}%" if abs(fraction) < 0.1 else f"{100 * fraction:.0f}%"
 
 
 # ------------------------------------------------------------------------------ processes
@@ -395,25 +489,23 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 def _with_free_port(address: str, kind: int) -> str:
     """``host:port``, with port 0 replaced by one that is free now."""
+    from laggard.demo.harness import free_port
     from laggard.wire import parse_address
 
     host, port = parse_address(address)
     if port == 0:
-        with socket.socket(socket.AF_INET, kind) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
+        port = free_port(kind, host)
     return f"{host}:{port}"
 
 
 def _wait_for_agent(url: str, agent: subprocess.Popen[bytes]) -> bool:
-    deadline = time.monotonic() + AGENT_START_TIMEOUT
-    while time.monotonic() < deadline and agent.poll() is None:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return True
-        except OSError:
-            time.sleep(0.1)
-    return False
+    from laggard.demo.harness import NotReadyError, wait_until_ready
+
+    try:
+        wait_until_ready(url, timeout=AGENT_START_TIMEOUT, what="agent", procs=[agent])
+    except NotReadyError:
+        return False
+    return True
 
 
 def _ranks_seen_by_agent(url: str) -> list[int] | None:

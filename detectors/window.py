@@ -117,3 +117,128 @@ def columns_of(stat_names: Sequence[str]) -> dict[str, int]:
         stat_names: the saved column names, in saved order.
     """
     return {name: index for index, name in enumerate(stat_names)}
+
+
+# -- the straggler detector's input ------------------------------------------------------
+
+@dataclass(kw_only=True, slots=True)
+class RankWindow:
+    """Per-rank timings of one detection window: R ranks x K steps.
+
+    Attributes:
+        step: last training step of the window.
+        ranks: (R,) int64 global ranks present; a rank that did not report is simply absent.
+        compute_seconds: (R, K) float64, forward + backward: work before the sync point.
+        data_seconds: (R, K) float64, data loading.
+        collective_wait_seconds: (R, K) float64, time waiting inside the gradient collective
+            (least wait = the rank the others waited for).
+        transfer_seconds: (R, K) float64, the collective's own transfer time as this rank saw
+            it (a slow link), NaN where unknown; None when not measured at all.
+        world_size: ranks in the job, if known (enables missing-rank counts and elastic resets).
+        nodes: (R,) host name of each rank, if known.
+        local_ranks: (R,) local rank of each rank on its node, if known.
+
+    NaN, infinite or negative durations are dropped (counted in ``StragglerDetector.stats``).
+    """
+
+    step: int
+    ranks: np.ndarray
+    compute_seconds: np.ndarray
+    data_seconds: np.ndarray
+    collective_wait_seconds: np.ndarray
+    transfer_seconds: np.ndarray | None = None
+    world_size: int | None = None
+    nodes: Sequence[str] | None = None
+    local_ranks: np.ndarray | None = None
+
+    @classmethod
+    def from_summaries(
+        cls,
+        *,
+        step: int,
+        ranks: np.ndarray,
+        summaries: np.ndarray,
+        world_size: int | None = None,
+        nodes: Sequence[str] | None = None,
+        local_ranks: np.ndarray | None = None,
+    ) -> RankWindow:
+        """Build a K=1 window from gathered :func:`summarize_steps` vectors.
+
+        Args:
+            step: last training step of the window.
+            ranks: (R,) global ranks, one per row of ``summaries``.
+            summaries: (R, 4) float64, columns as :data:`SUMMARY_FIELDS`.
+            world_size, nodes, local_ranks: as in :class:`RankWindow`.
+
+        Raises:
+            ValueError: ``summaries`` is not (R, 4).
+        """
+        values = np.asarray(summaries, dtype=np.float64)
+        if values.ndim != 2 or values.shape[1] != len(SUMMARY_FIELDS):
+            raise ValueError(f"summaries must be (R, {len(SUMMARY_FIELDS)}), got {values.shape}")
+        return cls(
+            step=step,
+            ranks=np.asarray(ranks, dtype=np.int64),
+            compute_seconds=values[:, 0:1],
+            data_seconds=values[:, 1:2],
+            collective_wait_seconds=values[:, 2:3],
+            transfer_seconds=values[:, 3:4],
+            world_size=world_size,
+            nodes=nodes,
+            local_ranks=local_ranks,
+        )
+
+
+def summarize_steps(
+    compute_seconds: Sequence[float],
+    data_seconds: Sequence[float],
+    collective_wait_seconds: Sequence[float],
+    transfer_seconds: Sequence[float] | None = None,
+) -> np.ndarray:
+    """One rank's summary of its last K steps: what the monitor all_gathers per window.
+
+    Medians, not means: a single garbage-collection pause or data stall in K steps does not move
+    a median, while a rank that is slow on most steps does.
+
+    Args:
+        compute_seconds, data_seconds, collective_wait_seconds: (K,) durations in seconds.
+        transfer_seconds: (K,) durations in seconds, or None when not measured.
+
+    Returns:
+        (4,) float64, fields as :data:`SUMMARY_FIELDS`; NaN where no valid (finite,
+        non-negative) value was given.
+    """
+    columns = [compute_seconds, data_seconds, collective_wait_seconds]
+    columns.append(transfer_seconds if transfer_seconds is not None else [])
+    out = np.full(len(SUMMARY_FIELDS), np.nan)
+    for i, column in enumerate(columns):
+        values = np.asarray(column, dtype=np.float64).ravel()
+        values = values[np.isfinite(values) & (values >= 0)]
+        if values.size:
+            out[i] = np.median(values)
+    return out
+
+
+def row_nanmedian(values: np.ndarray) -> np.ndarray:
+    """Median along the last axis ignoring NaN, vectorised (numpy's ``nanmedian`` loops in
+    Python over rows).
+
+    Args:
+        values: (..., K) float64.
+
+    Returns:
+        (...) float64; NaN where a row has no finite value.
+    """
+    if values.shape[-1] == 1:
+        return values[..., 0].copy()
+    ordered = np.sort(values, axis=-1)  # NaN sort last
+    count = np.sum(~np.isnan(ordered), axis=-1, keepdims=True)
+    return _sorted_median(ordered, count)
+
+
+def _sorted_median(ordered: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Median of rows sorted with NaN last, given each row's count of non-NaN values."""
+    last = ordered.shape[-1] - 1
+    low = np.take_along_axis(ordered, np.clip((count - 1) // 2, 0, last), axis=-1)[..., 0]
+    high = np.take_along_axis(ordered, np.clip(count // 2, 0, last), axis=-1)[..., 0]
+    return np.where(count[..., 0] > 0, (low + high) / 2, np.nan)

@@ -33,6 +33,7 @@ blocks pass through untouched.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import socket
@@ -84,6 +85,7 @@ class MonitorStats:
         send_errors: datagrams that failed otherwise (agent down: ``ECONNREFUSED``, no route...).
         windows: detection windows gathered.
         gather_errors: failed gathers (detection is switched off after the first).
+        save_errors: windows that could not be appended to ``Config.windows_path``.
         internal_errors: the monitor's own bookkeeping failures (a bug; logged once).
     """
 
@@ -92,6 +94,7 @@ class MonitorStats:
     send_errors: int = 0
     windows: int = 0
     gather_errors: int = 0
+    save_errors: int = 0
     internal_errors: int = 0
 
 
@@ -180,6 +183,12 @@ class TrainingMonitor:
         link: Any = None
         """``laggard.detectors.link.LinkDetector.Config`` for rank 0; None for defaults."""
 
+        windows_path: str = ""
+        """On rank 0, append every gathered window to this file as one JSON line (step,
+        ``stat_names``, per-rank values, scores, findings raised or cleared, and the values
+        given to :meth:`TrainingMonitor.note`): what ``laggard report WINDOWS.jsonl --html``
+        reads. Empty: nothing is written. A write error is counted and logged once."""
+
         integrity: Any = None
         """A ``laggard.integrations.integrity.GradientIntegrity`` whose window fingerprints ride
         in this gather (its int64 vector as float64 words after the statistics), checked on every
@@ -242,6 +251,8 @@ class TrainingMonitor:
             self._own_group = True
         self._identities: list[tuple[str, int]] | None = None
         self._group_keys: list[Any] = []
+        self._notes: dict[str, list[float]] = {}
+        self._windows_file: Any = None
         self._detector: Any = None
         if self._detect and self.rank == 0:
             self._detector = _make_detector(self.config.straggler)  # not in the first window
@@ -267,9 +278,35 @@ class TrainingMonitor:
         """
         return _PhaseContext(self._intervals, name, self._clock)
 
+    def note(self, name: str, value: float) -> None:
+        """Record a value of the training loop (e.g. ``loss``) for the saved windows: rank 0
+        writes each name's mean over the window beside the window's statistics
+        (:attr:`Config.windows_path`). Cheap, never raises; ignored without a windows path.
+
+        Args:
+            name: the value's name (at most 16 distinct names are kept).
+            value: a float (NaN and infinities are dropped).
+        """
+        if not self.config.windows_path or self.rank != 0:
+            return
+        try:
+            values = self._notes.get(name)
+            if values is None:
+                if len(self._notes) >= 16:
+                    return
+                values = self._notes[name] = []
+            value = float(value)
+            if np.isfinite(value):
+                values.append(value)
+        except (TypeError, ValueError):
+            return
+
     def close(self) -> None:
         """Close the socket and destroy the gather group this monitor created. Never raises."""
         try:
+            if self._windows_file is not None:
+                self._windows_file.close()
+                self._windows_file = None
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
@@ -484,7 +521,33 @@ class TrainingMonitor:
         self.windows.append(WindowSummary(step, medians.copy(), scores))
         if self._sock is not None:
             self._send_report(step, medians, scores, findings)
+        if self.config.windows_path:
+            self._save_window(step, medians, scores, findings)
         return findings
+
+    def _save_window(self, step: int, medians: np.ndarray, scores: dict[int, float],
+                     findings: list[Finding]) -> None:
+        """Append one window to ``Config.windows_path`` as a JSON line (rank 0)."""
+        notes = {name: float(np.mean(v)) for name, v in self._notes.items() if v}
+        self._notes = {name: [] for name in self._notes}
+        try:
+            if self._windows_file is None:
+                self._windows_file = open(self.config.windows_path, "a", encoding="utf-8")
+            doc = {
+                "step": step, "world_size": self.world_size, "stat_names": list(STAT_NAMES),
+                "medians": [[v if np.isfinite(v) else None for v in row]
+                            for row in medians.tolist()],
+                "scores": {str(r): v for r, v in scores.items()},
+                "findings": [{**f.to_dict(), "cleared": bool(f.evidence.get("cleared"))}
+                             for f in findings],
+                "notes": notes,
+            }
+            self._windows_file.write(json.dumps(doc) + "\n")
+            self._windows_file.flush()
+        except (OSError, TypeError, ValueError) as exc:
+            self.stats.save_errors += 1
+            self._log_once("save", "laggard: cannot save windows to %s: %s (counting, not "
+                           "retrying)", self.config.windows_path, exc)
 
     def _send_report(self, step: int, medians: np.ndarray, scores: dict[int, float],
                      findings: list[Finding]) -> None:
