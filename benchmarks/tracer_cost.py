@@ -9,6 +9,8 @@ wrapped by ``instrument_fsdp``), each followed by ``take_step``, as the monitor 
 order. Compared: the median CPU time per step of all the rank's threads (``time.process_time``;
 wall time on a shared machine measures the scheduler), and the tracer's own calls measured
 directly (begin/end or record, and take_step, around no work) times the collectives per step.
+Then FSDP2 prefetch on vs off the same way (the tracer on), in wall time per step: what turning
+prefetch off costs on this machine.
 Usage::
 
     python benchmarks/tracer_cost.py [--world-size 2] [--blocks 20] [--block 10]
@@ -41,15 +43,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _run_blocks(step: object, toggle: object, args: argparse.Namespace) -> dict[str, list]:
+def _run_blocks(step: object, toggle: object, args: argparse.Namespace,
+                clock: object = time.process_time) -> dict[str, list]:
     times: dict[str, list[float]] = {"off": [], "on": []}
     for b in range(args.blocks):
         for arm in (("off", "on") if b % 2 == 0 else ("on", "off")):
             toggle(arm == "on")  # type: ignore[operator]
             for _ in range(args.block):
-                start = time.process_time()
+                start = clock()  # type: ignore[operator]
                 step()  # type: ignore[operator]
-                times[arm].append(time.process_time() - start)
+                times[arm].append(clock() - start)  # type: ignore[operator]
     return times
 
 
@@ -121,6 +124,14 @@ def worker(args: argparse.Namespace) -> None:
 
     results["fsdp"] = _run_blocks(fsdp_step, fsdp_toggle, args)
     fsdp_toggle(True)
+    blocks = list(model.blocks)
+
+    def prefetch_toggle(on: bool) -> None:
+        for i, block in enumerate(blocks):
+            block.set_modules_to_forward_prefetch(blocks[i + 1: i + 2] if on else [])
+            block.set_modules_to_backward_prefetch(blocks[i - 1: i] if on and i else [])
+
+    results["prefetch"] = _run_blocks(fsdp_step, prefetch_toggle, args, time.perf_counter)
     fsdp_step()
     results["fsdp_collectives"] = 3 * len(units)  # all-gather fwd, bwd; reduce-scatter
     results["own_ddp"] = _own_cost(CollectiveTracer(), results["ddp_collectives"])
@@ -156,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         ok &= own / off < TARGET
         print(f"{job:>5}  {1e3 * off:12.2f}  {1e3 * on:11.2f}  {on / off:7.3f}  "
               f"{1e6 * own:12.1f} us  {100 * own / off:8.3f}%")
+    pf_on, pf_off = (statistics.median(r["prefetch"][k]) for k in ("on", "off"))
+    print(f"FSDP2 prefetch (wall time per step, same run): on {1e3 * pf_on:.1f} ms, off "
+          f"{1e3 * pf_off:.1f} ms, off/on {pf_off / pf_on:.3f}")
     print(f"target: the tracer's own calls < {100 * TARGET:.0f}% of the step's CPU time: "
           + ("met" if ok else "NOT met"))
     return 0
