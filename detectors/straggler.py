@@ -630,28 +630,9 @@ class StragglerDetector:
         if local_rank is not None:
             where += f" (local rank {local_rank})"
         slowdown = float(typical[signal])
-        extra_ms = 1e3 * slowdown * job_work
-        # One number for the slowdown: this rank's time for the signal over the median rank's.
-        base_s = float(medians[signal])
-        if signal == _COMPUTE:
-            pct = 100 * slowdown * job_work / base_s if base_s > 0 else 100 * slowdown
-            message = (
-                f"{where}: forward+backward {pct:.0f}% slower than the median rank "
-                f"(+{extra_ms:.1f} ms per step), and every other rank waits for it in the "
-                f"gradient collective: {self.config.compute_hint}"
-            )
-        elif signal == _DATA:
-            message = (
-                f"{where}: data loading +{extra_ms:.1f} ms per step over the median rank "
-                f"({100 * slowdown:.0f}% of a step's work), and every other rank waits for "
-                "it: check its input pipeline (loader workers, storage, host CPU)"
-            )
-        else:
-            message = (
-                f"{where}: collective transfer +{extra_ms:.1f} ms per step over the median "
-                f"rank ({100 * slowdown:.0f}% of a step's work), and every other rank waits "
-                "for it: check its network link (NIC, cable, switch port)"
-            )
+        message = _message(signal=signal, where=where, slowdown=slowdown, job_work=job_work,
+                           signal_seconds=float(medians[signal]),
+                           hint=self.config.compute_hint)
         t = self._test
         details: dict[str, Any] = {
             "slowdown": _round(slowdown),
@@ -689,6 +670,31 @@ class StragglerDetector:
         self._active_signal.clear()
         self.job_slowdown = None
         return cleared
+
+
+def _message(*, signal: int, where: str, slowdown: float, job_work: float,
+             signal_seconds: float, hint: str) -> str:
+    """A rank finding's message: one number for the slowdown, then what to check.
+
+    Args:
+        slowdown: the rank's excess as a fraction of the median rank's work per step.
+        job_work: the median rank's work (compute + data) per step, seconds.
+        signal_seconds: the median rank's seconds per step of this signal.
+    """
+    extra_ms = 1e3 * slowdown * job_work
+    if signal == _COMPUTE:
+        # compute: this rank's forward+backward over the median rank's
+        pct = 100 * slowdown * job_work / signal_seconds if signal_seconds > 0 else 100 * slowdown
+        return (f"{where}: forward+backward {pct:.0f}% slower than the median rank "
+                f"(+{extra_ms:.1f} ms per step), and every other rank waits for it in the "
+                f"gradient collective: {hint}")
+    if signal == _DATA:
+        return (f"{where}: data loading +{extra_ms:.1f} ms per step over the median rank "
+                f"({100 * slowdown:.0f}% of a step's work), and every other rank waits for it: "
+                "check its input pipeline (loader workers, storage, host CPU)")
+    return (f"{where}: collective transfer +{extra_ms:.1f} ms per step over the median rank "
+            f"({100 * slowdown:.0f}% of a step's work), and every other rank waits for it: "
+            "check its network link (NIC, cable, switch port)")
 
 
 def _sort_windows(history: np.ndarray) -> np.ndarray:
