@@ -183,8 +183,10 @@ def _evidence_sentence(evidence: dict[str, Any]) -> str:
         return ""
     text = (f"its excess added up window after window to the decision interval, against a "
             f"rank-to-rank noise of {percent(noise)} of a step's work")
-    if wait is not None:
-        text += f"; it waits {percent(wait)} of a step less than the median rank in the collective"
+    work = evidence.get("median_work_seconds")
+    if wait is not None and work:
+        text += (f"; it waits {1e3 * wait * work:.1f} ms per step less than the median rank in "
+                 "the collective: the others wait for it")
     return text
 
 

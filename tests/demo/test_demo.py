@@ -206,3 +206,24 @@ def test_report_from_a_worker_result():
     assert report["injected"]["measured_slowdown"] == pytest.approx(0.046 / 0.03 - 1)
     assert "why: its excess added up" not in text  # this finding carries no test evidence
     assert "ranks 0-2" in text
+
+
+def test_a_finding_is_explained_in_one_sentence_with_two_numbers():
+    from laggard.demo.report import format_report
+
+    finding = {"detector": "straggler", "kind": "compute", "rank": 2, "step": 259,
+               "message": "rank 2: forward+backward 25% slower than the median rank",
+               "evidence": {"noise": 0.014, "evidence": 0.09, "wait_deficit": 0.88,
+                            "median_work_seconds": 0.0206, "transfer_slowdown": None}}
+    report = {"table_from_step": 200, "ranks": [], "findings": [finding], "cleared": [],
+              "comm": {"bytes": None}, "loss": {"first": 5.8, "last": 1.5},
+              "metrics_url": "http://127.0.0.1:1/metrics",
+              "injected": {"rank": 2, "slowdown": 1.25, "from_step": 200,
+                           "measured_slowdown": 0.254}}
+    text = format_report(report)
+    assert ("why: its excess added up window after window to the decision interval, against a "
+            "rank-to-rank noise of 1.4% of a step's work; it waits 18.1 ms per step less than "
+            "the median rank in the collective") in text
+    assert "transfer_slowdown" not in text and "evidence:" not in text
+    assert text.endswith("injected: rank 2 25% slower compute from step 200; measured 25%; "
+                         "found at step 259, 60 steps after onset")
