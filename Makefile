@@ -16,7 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)" numpy
-	$(PY) -m pip install -q -e '.[torch,test,dashboards,dev]'
+	echo "$(TORCH_SPEC)" > $(VENV)/constraints.txt
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e '.[torch,test,dashboards,dev,report,trainers]'
 	touch $@
 
 demo: venv

@@ -48,8 +48,6 @@ from typing import Any
 COMPRESSORS = ("none", "fp16", "sign", "topk", "powersgd")
 RATES_GBIT = (1, 10, 100)
 WORLD_SIZES = (2, 4, 8, 16, 32, 64)
-#: Demo-worker statistic columns (laggard.integrations.monitor.STAT_NAMES).
-COMPUTE, DATA, WAIT, STEP, COLLECTIVE, BYTES = 0, 1, 2, 4, 5, 6
 #: Targets of issue 4.
 LOSS_TOLERANCE = 0.05
 MIN_CODEC_VS_COPY = 0.25

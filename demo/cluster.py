@@ -66,6 +66,9 @@ LINK_CHECK_MIN_BYTES, LINK_CHECK_MAX_BYTES = 4 << 20, 32 << 20
 #: A link measured below this fraction of the median link is named.
 SLOW_LINK_RATIO = 0.5
 
+#: Alerts raised from the in-job detectors' findings.
+_IN_JOB_ALERTS = ("LaggardStraggler", "LaggardSlowLink")
+
 _RATE_UNITS = {"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
                "k": 1e3, "m": 1e6, "g": 1e9}
 
@@ -390,48 +393,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
               deadline: float) -> Report:
-    nodes = cluster.nodes
+    """The demo's steps: agents, Prometheus, the fault armed, training, alerts, link check,
+    verdict."""
     if args.fault == "loss" and not cluster.netem_available():
         raise NamespaceError("--fault loss needs the kernel's netem qdisc "
                              "(CONFIG_NET_SCH_NETEM), which this kernel lacks")
-    fault_node = nodes[args.fault_node] if args.fault != "none" else None
+    fault_node = cluster.nodes[args.fault_node] if args.fault != "none" else None
     slow_rank = (args.fault_node * args.ranks_per_node
                  if args.fault == "slow-rank" else -1)
-    report = Report(fault={"kind": args.fault,
-                           "node": fault_node.name if fault_node else None,
-                           "rank": slow_rank if slow_rank >= 0 else None})
-    print(f"laggard cluster-demo: {len(nodes)} nodes x {args.ranks_per_node} ranks, links "
-          f"{cluster.link.describe()}, bridge {cluster.bridge} on {cluster.subnet}")
-    for node in nodes:
-        report.nodes.append({"node": node.name, "netns": node.netns, "address": node.address,
-                             "shape": cluster.shapes[node.name].qdisc})
-    for missing in {m for s in cluster.shapes.values() for m in s.not_applied}:
-        report.notes.append(f"not applied on the links: {missing}")
-        print(f"  note: not applied on the links: {missing}")
-
-    from laggard.agent import registry
-
-    off = [f"--no-collector.{name}" for name in registry.COLLECTORS if name not in NODE_COLLECTORS]
-    agents = []
-    for node in nodes:
-        log = open(workdir / f"agent-{node.name}.log", "w")  # noqa: SIM115 - process lifetime
-        agents.append(cluster.popen(node, [
-            sys.executable, "-m", "laggard.cli", "agent",
-            "--web.listen-address", f"{node.address}:{AGENT_PORT}",
-            "--intake-address", f"127.0.0.1:{INTAKE_PORT}",
-            "--node", node.name, "--collect-interval", "0.5", *off],
-            stdout=log, stderr=subprocess.STDOUT))
-    for node, agent in zip(nodes, agents, strict=True):
-        try:
-            wait_until_ready(f"http://{node.address}:{AGENT_PORT}/metrics",
-                             timeout=min(deadline - time.monotonic(), 30),
-                             what=f"agent on {node.name}", procs=[agent])
-        except NotReadyError as exc:
-            raise DemoError(str(exc)) from None
-    print("  agents: " + ", ".join(f"http://{n.address}:{AGENT_PORT}/metrics" for n in nodes))
-
+    report = _describe_cluster(args, cluster, fault_node, slow_rank)
+    _start_agents(cluster, workdir, deadline)
     try:
-        prometheus = PrometheusServer(workdir, [f"{n.address}:{AGENT_PORT}" for n in nodes],
+        prometheus = PrometheusServer(workdir, [f"{n.address}:{AGENT_PORT}"
+                                                for n in cluster.nodes],
                                       args.scrape_interval, laggard_rules(DEMO_ALERT_FOR))
     except FileNotFoundError as exc:
         raise DemoError(str(exc)) from None
@@ -442,20 +416,7 @@ def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
             raise DemoError(str(exc)) from None
         print(f"  prometheus: {prometheus.url} (alert 'for:' cut to {DEMO_ALERT_FOR} for the "
               "demo)")
-        injector = None
-        if fault_node is not None and args.fault in ("link", "loss"):
-            degraded = LinkShape(
-                rate_bps=args.fault_rate if args.fault == "link" else args.rate,
-                delay_s=args.delay_ms / 1e3,
-                loss_ratio=args.loss_percent / 100 if args.fault == "loss" else 0.0)
-            injector = LinkFaultInjector(cluster, fault_node, degraded, fault_step(args))
-            print(f"  fault: from step {fault_step(args)}, {fault_node.name}'s link will be "
-                  f"degraded to {degraded.describe()}")
-            injector.start()
-        elif slow_rank >= 0:
-            print(f"  fault: from step {fault_step(args)}, rank {slow_rank} on "
-                  f"{nodes[args.fault_node].name} computes {args.slowdown:g}x its own time "
-                  "per step")
+        injector = _arm_fault(args, cluster, fault_node, slow_rank)
         try:
             _train(args, cluster, workdir, slow_rank, deadline, report)
         finally:
@@ -474,6 +435,69 @@ def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
     report.link_check = measure_links(cluster, deadline)
     _judge(report, args)
     return report
+
+
+def _describe_cluster(args: argparse.Namespace, cluster: EmulatedCluster, fault_node: Node | None,
+                      slow_rank: int) -> Report:
+    """A new report holding the fault and the nodes; prints the cluster's shape."""
+    report = Report(fault={"kind": args.fault,
+                           "node": fault_node.name if fault_node else None,
+                           "rank": slow_rank if slow_rank >= 0 else None})
+    print(f"laggard cluster-demo: {len(cluster.nodes)} nodes x {args.ranks_per_node} ranks, "
+          f"links {cluster.link.describe()}, bridge {cluster.bridge} on {cluster.subnet}")
+    for node in cluster.nodes:
+        report.nodes.append({"node": node.name, "netns": node.netns, "address": node.address,
+                             "shape": cluster.shapes[node.name].qdisc})
+    for missing in {m for s in cluster.shapes.values() for m in s.not_applied}:
+        report.notes.append(f"not applied on the links: {missing}")
+        print(f"  note: not applied on the links: {missing}")
+    return report
+
+
+def _start_agents(cluster: EmulatedCluster, workdir: Path, deadline: float) -> None:
+    """One ``laggard agent`` per node (the cluster stops them); waits until each serves."""
+    from laggard.agent import registry
+
+    off = [f"--no-collector.{name}" for name in registry.COLLECTORS if name not in NODE_COLLECTORS]
+    agents = []
+    for node in cluster.nodes:
+        log = open(workdir / f"agent-{node.name}.log", "w")  # noqa: SIM115 - process lifetime
+        agents.append(cluster.popen(node, [
+            sys.executable, "-m", "laggard.cli", "agent",
+            "--web.listen-address", f"{node.address}:{AGENT_PORT}",
+            "--intake-address", f"127.0.0.1:{INTAKE_PORT}",
+            "--node", node.name, "--collect-interval", "0.5", *off],
+            stdout=log, stderr=subprocess.STDOUT))
+    for node, agent in zip(cluster.nodes, agents, strict=True):
+        try:
+            wait_until_ready(f"http://{node.address}:{AGENT_PORT}/metrics",
+                             timeout=min(deadline - time.monotonic(), 30),
+                             what=f"agent on {node.name}", procs=[agent])
+        except NotReadyError as exc:
+            raise DemoError(str(exc)) from None
+    print("  agents: " + ", ".join(f"http://{n.address}:{AGENT_PORT}/metrics"
+                                   for n in cluster.nodes))
+
+
+def _arm_fault(args: argparse.Namespace, cluster: EmulatedCluster, fault_node: Node | None,
+               slow_rank: int) -> LinkFaultInjector | None:
+    """Start the link injector for ``link`` and ``loss`` (returned), or say which rank the
+    workers slow for ``slow-rank``."""
+    if fault_node is not None and args.fault in ("link", "loss"):
+        degraded = LinkShape(
+            rate_bps=args.fault_rate if args.fault == "link" else args.rate,
+            delay_s=args.delay_ms / 1e3,
+            loss_ratio=args.loss_percent / 100 if args.fault == "loss" else 0.0)
+        injector = LinkFaultInjector(cluster, fault_node, degraded, fault_step(args))
+        print(f"  fault: from step {fault_step(args)}, {fault_node.name}'s link will be "
+              f"degraded to {degraded.describe()}")
+        injector.start()
+        return injector
+    if slow_rank >= 0:
+        print(f"  fault: from step {fault_step(args)}, rank {slow_rank} on "
+              f"{cluster.nodes[args.fault_node].name} computes {args.slowdown:g}x its own time "
+              "per step")
+    return None
 
 
 def _train(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path, slow_rank: int,
@@ -526,7 +550,7 @@ def _collect_alerts(prometheus: PrometheusServer, report: Report, deadline: floa
     wait_until = min(deadline, time.monotonic() + 20 + 4 * args.scrape_interval)
     while True:
         alerts = [a for a in prometheus.alerts() if a["labels"].get("alertname", "")
-                  .startswith("LaggardStraggler")]
+                  .startswith(_IN_JOB_ALERTS)]
         if any(a["state"] == "firing" for a in alerts) or time.monotonic() > wait_until:
             break
         time.sleep(0.5)
@@ -540,20 +564,23 @@ def _collect_alerts(prometheus: PrometheusServer, report: Report, deadline: floa
 def _judge(report: Report, args: argparse.Namespace) -> None:
     """Name the node, rank and cause from what laggard reported; compare with the fault."""
     raised = [f for f in report.findings
-              if f.get("kind") in ("compute", "data", "communication")
+              if f.get("kind") in ("compute", "data", "communication", "link")
               and not (f.get("evidence") or {}).get("cleared")]
     verdict: dict[str, Any] = {"node": None, "rank": None, "cause": None, "source": None}
     if raised:
         first = raised[0]
         # The node of a rank is the node whose agent receives its records (Prometheus'
         # laggard_rank_info); the finding's own node label is the fallback.
-        node = report.ranks.get(str(first.get("rank"))) or first.get("node")
+        # A link finding names the node itself (and the first rank on it).
+        node = (first.get("node") if first["kind"] == "link" else None) or report.ranks.get(
+            str(first.get("rank"))) or first.get("node")
         if first.get("node") and node != first.get("node"):
             report.notes.append(f"the finding says {first['node']} for rank {first['rank']}; "
                                 f"its records arrive at {node}'s agent")
         verdict.update(node=node, rank=first.get("rank"),
                        cause="compute" if first["kind"] in ("compute", "data") else "link",
-                       source=f"in-job straggler detector: {first.get('message')}")
+                       source=f"in-job {'link' if first['kind'] == 'link' else 'straggler'} "
+                              f"detector: {first.get('message')}")
     else:
         # No rank computes or loads data slower than the others. In a ring all-reduce a slow
         # link slows every rank alike (the in-job detector sees, at most, the whole job slow
@@ -569,7 +596,7 @@ def _judge(report: Report, args: argparse.Namespace) -> None:
             verdict.update(node=node, rank=ranks[0] if len(ranks) == 1 else ranks, cause="link",
                            source=source)
     firing = [a for a in report.alerts if a["state"] == "firing"
-              and a["alertname"].startswith("LaggardStraggler")]
+              and a["alertname"].startswith(_IN_JOB_ALERTS)]
     verdict["alerts_firing"] = sorted({a["alertname"] for a in firing})
     verdict["alert_ranks"] = sorted({int(a["labels"]["rank"]) for a in firing
                                      if a["labels"].get("rank", "").isdigit()})

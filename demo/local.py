@@ -25,12 +25,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from laggard.demo.report import build_report, format_report, injected_line, percent
+
 #: Seconds to wait for the agent's /metrics to answer after starting it.
 AGENT_START_TIMEOUT = 15.0
 #: Seconds between SIGTERM and SIGKILL when stopping a child process.
 STOP_GRACE = 5.0
-#: Columns of the per-window medians the worker reports (laggard.integrations.monitor).
-_COMPUTE, _DATA, _WAIT, _STEP, _COLLECTIVE, _BYTES = 0, 1, 2, 4, 5, 6
 #: ``laggard.integrations.compression.COMPRESSORS`` (not imported: that imports torch).
 COMPRESSION_CHOICES = ("none", "fp16", "sign", "topk", "powersgd")
 
@@ -52,6 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="steps per detection window (default: 20)")
     parser.add_argument("--seed", type=int, default=0, help="model and data seed (default: 0)")
     parser.add_argument("--report", metavar="PATH", help="also write the report as JSON")
+    parser.add_argument("--html", metavar="PATH",
+                        help="also write the run report as one self-contained HTML page "
+                             "(heatmaps of each rank's excess, findings over the loss, phases)")
+    parser.add_argument("--keep-agent", action="store_true",
+                        help="keep the agent (and its /metrics) up after the report until you "
+                             "press Enter or Ctrl-C (default: it stops with the demo)")
+    parser.add_argument("--windows", metavar="PATH",
+                        help="also keep rank 0's gathered windows as JSON lines (what "
+                             "`laggard report PATH --html OUT` reads)")
     parser.add_argument("--metrics-address", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="where the demo's agent serves /metrics (default: a free "
                              "loopback port)")
@@ -62,6 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="gradient compression in the DDP communication hook: none (the "
                              "timed fp32 all-reduce), fp16, sign (1-bit, error feedback), topk "
                              "(1%%, error feedback), powersgd (rank 4) (default: none)")
+    parser.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp",
+                        help="data parallelism: ddp (DistributedDataParallel, default) or fsdp "
+                             "(FSDP2 fully_shard per block, ZeRO-3)")
+    parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
+                        help="fsdp: issue each all-gather when its block needs it, not before")
     parser.add_argument("--inject-bitflip", default="", metavar="SPEC",
                         help="flip one bit and watch the gradient-integrity checks name the rank: "
                              "rank=R,step=S,bucket=B,element=E,bit=N,where=W with W in "
@@ -117,11 +131,14 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
         print(f"laggard demo: the agent did not start:\n{agent_log.read_text()[-2000:]}",
               file=sys.stderr)
         return 1
-    injected = (f"rank {args.slow_rank} slowed {args.slowdown:g}x from step {args.slow_from}"
+    injected = (f"rank {args.slow_rank} slowed {percent(args.slowdown - 1)} (--slowdown "
+                f"{args.slowdown:g}) from step {args.slow_from}"
                 if args.slowdown > 1.0 else "no rank slowed")
     print(f"laggard demo: {args.world_size} ranks, {args.steps} steps, {injected}; "
           f"agent metrics at {metrics_url}", flush=True)
     result_path = tmp / "result.json"
+    windows_path = Path(args.windows) if args.windows else tmp / "windows.jsonl"
+    windows_path.unlink(missing_ok=True)  # the monitor appends
     launcher = children.start(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          "--nproc_per_node", str(args.world_size),
@@ -130,7 +147,9 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
          "--slow-rank", str(args.slow_rank), "--slowdown", str(args.slowdown),
          "--slow-from", str(args.slow_from), "--seed", str(args.seed),
          "--intake-address", intake_address, "--result", str(result_path),
-         "--compression", args.compression, "--inject-bitflip", args.inject_bitflip],
+         "--compression", args.compression, "--inject-bitflip", args.inject_bitflip,
+         "--windows", str(windows_path),
+         "--parallel", args.parallel, *([] if args.prefetch else ["--no-prefetch"])],
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
         stderr=subprocess.PIPE,
     )
@@ -149,128 +168,48 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     agent_ranks = _ranks_seen_by_agent(metrics_url)
     report = build_report(result, args, metrics_url)
     print(format_report(report, agent_ranks))
+    status = _write_outputs(args, report, windows_path)
+    if args.keep_agent:
+        _wait_for_user(metrics_url)
+    else:
+        print("the agent stopped with the demo (--keep-agent keeps /metrics up)")
+    return status
+
+
+def _write_outputs(args: argparse.Namespace, report: dict[str, Any], windows: Path) -> int:
+    """``--report`` (JSON) and ``--html`` (the run report page); 1 if one cannot be written."""
+    status = 0
     if args.report:
         try:
             Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
         except OSError as exc:
             print(f"laggard demo: cannot write report: {exc}", file=sys.stderr)
-            return 1
-    return 0
+            status = 1
+    if args.html:
+        from laggard.analyze.run_report import write_report
+
+        try:
+            size = write_report(windows, Path(args.html), title="laggard demo run report",
+                                summary=[injected_line(report)])
+            print(f"run report: {args.html} ({size / 1e3:.0f} kB; open it in a browser)")
+        except (OSError, ValueError, ImportError) as exc:
+            print(f"laggard demo: cannot write the HTML report: {exc}", file=sys.stderr)
+            status = 1
+    return status
 
 
-# --------------------------------------------------------------------------------- report
-def build_report(result: dict[str, Any], args: argparse.Namespace,
-                 metrics_url: str) -> dict[str, Any]:
-    """The demo's report from rank 0's result (see ``demo_worker.train``).
-
-    Per-rank values are medians over the detection windows that lie wholly after ``slow_from``
-    (all windows when none does) of each window's per-rank median.
-
-    Returns:
-        A JSON-serialisable dict: ``world_size``, ``steps``, ``injected``, ``findings``,
-        ``ranks``, ``loss``, ``metrics_url``, and ``comm`` (job medians per step: ``bytes``
-        sent per rank, ``collective_seconds``, ``exposed_seconds``, ``hidden_seconds``).
-    """
-    windows = result["windows"]
-    after = [w for w in windows if w["step"] - args.window + 1 >= args.slow_from]
-    chosen = after or windows
-    ranks = []
-    for rank in range(result["world_size"]):
-        def median(column: int, rank: int = rank) -> float | None:
-            return _median([w["medians"][rank][column] for w in chosen])
-
-        ranks.append({
-            "rank": rank,
-            "compute_seconds_median": median(_COMPUTE),
-            "collective_wait_seconds_median": median(_WAIT),
-            "data_seconds_median": median(_DATA),
-            "step_seconds_median": median(_STEP),
-            "collective_seconds_median": median(_COLLECTIVE),
-            "comm_bytes_median": median(_BYTES),
-        })
-    collective = _median([r["collective_seconds_median"] for r in ranks])
-    comm_bytes = _median([r["comm_bytes_median"] for r in ranks])
-    fp32_bytes = result.get("fp32_allreduce_bytes")
-    exposed = _median([r["collective_wait_seconds_median"] for r in ranks])
-    findings = [
-        {key: f.get(key) for key in
-         ("detector", "kind", "rank", "step", "severity", "evidence", "message")}
-        for f in result["findings"]
-    ]
-    return {
-        "world_size": result["world_size"],
-        "steps": result["steps"],
-        "injected": {"rank": args.slow_rank, "slowdown": args.slowdown,
-                     "from_step": args.slow_from},
-        "findings": findings,
-        "ranks": ranks,
-        "loss": result["loss"],
-        "metrics_url": metrics_url,
-        "comm": {
-            "hook": args.compression,
-            "bytes": comm_bytes,
-            "fp32_allreduce_bytes": fp32_bytes,
-            "compression_ratio": fp32_bytes / comm_bytes if fp32_bytes and comm_bytes else None,
-            "collective_seconds": collective,
-            "exposed_seconds": exposed,
-            "hidden_seconds": (None if collective is None or exposed is None
-                               else max(0.0, collective - exposed)),
-        },
-        "table_from_step": chosen[0]["step"] - args.window + 1 if chosen else 0,
-        # findings that ended during the run (the detector's "cleared" findings)
-        "cleared": [{"detector": f.get("detector"), "kind": f.get("kind"),
-                     "rank": f.get("rank"), "step": f.get("step")}
-                    for f in result.get("cleared", [])],
-    }
-
-
-def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) -> str:
-    """The report as text for a terminal."""
-    lines = ["", f"per-rank medians from step {report['table_from_step']} (ms; compute and data "
-                 "in each rank's thread CPU time, the rest wall time)",
-             f"{'rank':>4}  {'compute':>8}  {'collective wait':>15}  {'data':>6}  {'step':>7}"]
-    for r in report["ranks"]:
-        lines.append(f"{r['rank']:>4}  {_ms(r['compute_seconds_median']):>8}  "
-                     f"{_ms(r['collective_wait_seconds_median']):>15}  "
-                     f"{_ms(r['data_seconds_median']):>6}  {_ms(r['step_seconds_median']):>7}")
-    stragglers = [f for f in report["findings"] if f["rank"] is not None]
-    others = [f for f in report["findings"] if f["rank"] is None]
-    lines.append("")
-    if not any(f.get("detector", "straggler") == "straggler" for f in stragglers):
-        lines.append("straggler: none found")
-    for f in stragglers:  # integrity findings (--inject-bitflip) carry their own detector name
-        lines.append(f"{f.get('detector') or 'straggler'}: rank {f['rank']} ({f['kind']}), "
-                     f"first flagged at step {f['step']}")
-        lines.append(f"  {f['message']}")
-        lines.append("  evidence: " + ", ".join(f"{k}={v}" for k, v in f["evidence"].items()))
-        ended = [c["step"] for c in report.get("cleared", [])
-                 if (c["rank"], c["kind"]) == (f["rank"], f["kind"])
-                 and c["step"] is not None and c["step"] > f["step"]]
-        if ended:
-            lines.append(f"  cleared at step {ended[0]} (below threshold for a few windows)")
-    for f in others:
-        lines.append(f"also: {f['message']} (step {f['step']})")
-    comm = report["comm"]
-    if comm["bytes"]:
-        lines.append(
-            f"communication per step ({comm['hook']}): {comm['bytes'] / 1e6:.3f} MB sent per "
-            f"rank{_ratio(comm.get('compression_ratio'))}, "
-            f"{_ms(comm['collective_seconds'])} ms in collectives, "
-            f"{_ms(comm['exposed_seconds'])} ms exposed, {_ms(comm['hidden_seconds'])} ms "
-            "hidden behind backward")
-    loss = report["loss"]
-    lines.append(f"loss (mean over ranks; progress lines show rank 0's): {_num(loss['first'])} "
-                 f"at the first step, {_num(loss['last'])} at the last")
-    seen = ("" if agent_ranks is None else
-            f" (it received step records from ranks {_ranges(agent_ranks)})" if agent_ranks
-            else " (it received no step records)")
-    lines.append(f"metrics: {report['metrics_url']}{seen}; the agent stops with the demo")
-    injected = report["injected"]
-    if injected["slowdown"] > 1.0:
-        named = any(f["rank"] == injected["rank"] for f in stragglers)
-        lines.append(f"injected: rank {injected['rank']} x{injected['slowdown']:g} from step "
-                     f"{injected['from_step']}: " + ("found" if named else "NOT found"))
-    return "\n".join(lines)
+def _wait_for_user(metrics_url: str) -> None:
+    """Keep the agent up until Enter (or Ctrl-C / SIGTERM, which the caller handles)."""
+    base = metrics_url.rsplit("/", 1)[0]
+    print(f"the agent is still up: {metrics_url} and {base}/findings; press Enter (or Ctrl-C) "
+          "to stop it", flush=True)
+    try:
+        if sys.stdin is not None and sys.stdin.isatty():
+            sys.stdin.readline()
+        else:
+            threading.Event().wait()  # no terminal: until a signal
+    except (OSError, ValueError):
+        pass
 
 
 # ------------------------------------------------------------------------------ processes
@@ -375,6 +314,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
             return f"--inject-bitflip: {exc}"
         if flip.rank >= args.world_size or flip.step >= args.steps:
             return "--inject-bitflip: rank and step must lie inside the run"
+    if args.parallel == "fsdp" and (args.compression != "none" or args.inject_bitflip):
+        return "--compression and --inject-bitflip are DDP communication hooks: use --parallel ddp"
     if args.world_size < 3:
         print("laggard demo: note: naming a straggler needs at least 3 ranks", file=sys.stderr)
     return None
@@ -416,31 +357,3 @@ def _ranks_seen_by_agent(url: str) -> list[int] | None:
             if sample.name == "laggard_steps_total" and sample.value > 0:
                 ranks.add(int(sample.labels["rank"]))
     return sorted(ranks)
-
-
-def _median(values: list[float | None]) -> float | None:
-    finite = sorted(v for v in values if v is not None and math.isfinite(v))
-    if not finite:
-        return None
-    mid = len(finite) // 2
-    return finite[mid] if len(finite) % 2 else (finite[mid - 1] + finite[mid]) / 2
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{1e3 * seconds:.1f}"
-
-
-def _ratio(ratio: float | None) -> str:
-    if ratio is None or abs(ratio - 1) < 0.05:  # no compression: nothing to compare
-        return ""
-    return f", {ratio:.1f}x less than an fp32 all-reduce"
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def _ranges(ranks: list[int]) -> str:
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(map(str, ranks))

@@ -114,19 +114,54 @@ class ByteLM(nn.Module):
         self.blocks = nn.Sequential(*(Block(dim, heads) for _ in range(layers)))
         self.ln = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, 256)
-        self.throttle_seconds = 0.0  # extra backward compute per step (the slowed rank)
+        self.throttle = StepThrottle()  # extra backward compute per step (the slowed rank)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) int64 tokens -> (B, T, 256) logits."""
+        if self.throttle.factor > 0:
+            self.throttle.start_step()
         x = self.embed(tokens) + self.position[: tokens.shape[1]]
-        if self.throttle_seconds > 0:
-            x = Throttle.apply(x, self.throttle_seconds)
+        if self.throttle.factor > 0:
+            x = Throttle.apply(x, self.throttle)
         return self.head(self.ln(self.blocks(x)))
 
 
 # ----------------------------------------------------------------------- fault injection
+class StepThrottle:
+    """The slowed rank's extra work, measured against its own compute *of each step*.
+
+    ``factor`` = slowdown - 1. At the end of backward the rank burns ``factor`` times the CPU
+    time this step has used since the model's forward began, plus the previous step's optimizer
+    time (the monitor counts the optimizer as compute too): so ``--slowdown 1.10`` makes every
+    step's compute 10% longer, whatever the machine's load does to the step, rather than a fixed
+    amount calibrated once.
+
+    Attributes:
+        factor: extra work as a fraction of the step's own compute; 0 injects nothing.
+        optimizer_seconds: the previous step's optimizer CPU seconds (set by the worker).
+        injected_seconds: extra CPU seconds burned in each step so far (cleared by the reader).
+    """
+
+    def __init__(self) -> None:
+        self.factor = 0.0
+        self.optimizer_seconds = 0.0
+        self.injected_seconds: list[float] = []
+        self._started = 0.0
+
+    def start_step(self) -> None:
+        """Mark the start of the step's forward pass (this thread's CPU clock)."""
+        self._started = time.thread_time()
+
+    def burn_for_step(self) -> None:
+        """Burn ``factor`` x this step's compute so far (plus the last optimizer step)."""
+        own = time.thread_time() - self._started + self.optimizer_seconds
+        seconds = self.factor * own
+        burn(seconds)
+        self.injected_seconds.append(seconds)
+
+
 class Throttle(torch.autograd.Function):
-    """Identity whose backward runs ``seconds`` of extra matrix multiplies.
+    """Identity whose backward runs the :class:`StepThrottle`'s extra matrix multiplies.
 
     Placed after the embedding, its backward runs last, so the slowed rank's last gradient bucket
     (the embedding's) is late, as on a GPU whose clocks are throttled. The extra work sits in the
@@ -136,13 +171,13 @@ class Throttle(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, seconds: float) -> torch.Tensor:
-        ctx.seconds = seconds
+    def forward(ctx: Any, x: torch.Tensor, throttle: StepThrottle) -> torch.Tensor:
+        ctx.throttle = throttle
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        burn(ctx.seconds)
+        ctx.throttle.burn_for_step()
         return grad, None
 
 

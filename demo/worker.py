@@ -1,5 +1,6 @@
 """One rank of ``laggard demo``: a small decoder-only transformer language model trained with DDP
-on gloo, timed by TrainingMonitor, one rank optionally slowed.
+(or FSDP2 with ``--parallel fsdp``) on gloo, timed by TrainingMonitor and a CollectiveTracer, one
+rank optionally slowed.
 
 Launched by ``laggard demo`` through PyTorch's own launcher::
 
@@ -10,8 +11,9 @@ The text is the Python standard library's own source (found with ``sysconfig``),
 vocabulary of 256 tokens, no tokenizer to download. Each rank samples its own batches.
 
 The slowdown is extra real compute inside the slowed rank's backward pass, as a throttled GPU
-would add: matrix multiplies worth ``(slowdown - 1)`` times the rank's own forward+backward CPU
-time, measured before training (see :class:`Throttle` for why backward). Phases are timed in
+would add: matrix multiplies worth ``(slowdown - 1)`` times the rank's own compute CPU time *of
+that step*, measured as it runs (see :class:`~laggard.demo.model.StepThrottle`, and
+:class:`~laggard.demo.model.Throttle` for why backward). Phases are timed in
 each rank's thread CPU time, the stand-in for GPU time when W ranks share fewer cores; step and
 collective times stay wall time. Rank 0 prints progress and, at the end, writes what the demo's
 report needs to ``--result``.
@@ -27,6 +29,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,9 +40,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from laggard.demo.model import BUCKET_CAP_MB, ByteBatches, ByteLM, load_stdlib_text
 from laggard.detectors.straggler import StragglerDetector
+from laggard.detectors.window import STAT_NAMES
 from laggard.integrations.comm_timing import CommTimer
 from laggard.integrations.compression.wire import ring_allreduce_bytes
-from laggard.integrations.monitor import STAT_NAMES, TrainingMonitor
+from laggard.integrations.monitor import TrainingMonitor
+from laggard.integrations.tracer import CollectiveTracer
 
 log = logging.getLogger("laggard.demo")
 
@@ -51,9 +56,6 @@ MIN_SLOWDOWN = 0.05
 #: competes for the cores and caches the others use, which raises every rank's CPU time by
 #: 10-12% (seen here), an artefact of the emulation that a GPU job does not have.
 JOB_SLOWDOWN_THRESHOLD = 0.25
-#: Forward+backward passes timed before training to calibrate the injected slowdown, the first
-#: few of them (allocator and cache warm-up) left out.
-CALIBRATION_STEPS, CALIBRATION_WARMUP = 8, 3
 
 
 
@@ -72,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--print-every", type=int, default=20)
     p.add_argument("--compression", default="none")
     p.add_argument("--inject-bitflip", default="")
+    p.add_argument("--windows", default="", help="rank 0 saves every window here (JSON lines)")
+    p.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp")
+    p.add_argument("--no-prefetch", dest="prefetch", action="store_false")
     return p.parse_args(argv)
 
 
@@ -110,17 +115,13 @@ def integrity_hook(ddp: DistributedDataParallel, name: str, timer: CommTimer,
     return state, integrity
 
 
-def calibrate(model: DistributedDataParallel, batches: ByteBatches) -> float:
-    """Median forward+backward CPU seconds of this rank, measured without gradient sync."""
-    times = []
-    with model.no_sync():
-        for _ in range(CALIBRATION_STEPS):
-            x, y = batches.next()
-            start = time.thread_time()
-            F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
-            times.append(time.thread_time() - start)
-    model.zero_grad(set_to_none=True)
-    return float(np.median(times[CALIBRATION_WARMUP:]))
+def detector_config() -> StragglerDetector.Config:
+    """The straggler detector's settings in the demo (also replayed by
+    ``benchmarks/demo_detection.py``)."""
+    return StragglerDetector.Config(
+        min_slowdown=MIN_SLOWDOWN, job_slowdown_threshold=JOB_SLOWDOWN_THRESHOLD,
+        compute_hint="on a GPU job, check that GPU's clocks; in this CPU demo it is the "
+                     "injected extra work")
 
 
 def global_mean(value: float) -> float:
@@ -129,72 +130,156 @@ def global_mean(value: float) -> float:
     return t.item() / dist.get_world_size()
 
 
-def train(args: argparse.Namespace) -> dict[str, Any]:
-    rank, world = dist.get_rank(), dist.get_world_size()
+@dataclass(slots=True)
+class Job:
+    """One rank's training job: model, data, optimizer, hooks and monitor."""
+
+    model: ByteLM
+    ddp: Any  # the model to call: DistributedDataParallel, or the FSDP2-sharded ByteLM
+    batches: ByteBatches
+    optimizer: torch.optim.Optimizer
+    monitor: TrainingMonitor
+    hook_state: Any
+    integrity: Any
+    tracer: CollectiveTracer
+    per_step: list[list[float]]
+
+
+def build_job(args: argparse.Namespace, rank: int) -> Job:
+    """The model, DDP with the timing (and optional integrity) hook or FSDP2 (``--parallel``),
+    the collective tracer, and the monitor."""
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts them)
     model = ByteLM()
     batches = ByteBatches(load_stdlib_text(), batch_size=8, seq_len=64,
                           seed=args.seed * 1000 + rank)
-    # Small buckets (the model has ~0.3 M parameters): several all-reduces per step, so
-    # communication can overlap backward as in a large job with 25 MB buckets.
-    ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
-    timer = CommTimer()
-    state, integrity = integrity_hook(ddp, args.compression, timer, args.inject_bitflip)
-    if integrity is None:
-        state, hook = comm_hook(args.compression, timer)
-        ddp.register_comm_hook(state, hook)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    slowed = rank == args.slow_rank and args.slowdown > 1.0
-    own_seconds = calibrate(ddp, batches)
-    extra = (args.slowdown - 1.0) * own_seconds if slowed else 0.0
+    tracer = CollectiveTracer()  # after init_process_group: watches the default group
+    ddp, timer, state, integrity = parallelize(model, args, tracer)
     monitor = TrainingMonitor(
         # CPU time of each rank's thread stands in for GPU time: the ranks share this
         # machine's cores (with each other and with whatever else runs), and wall time would
         # mostly measure the scheduler.
         TrainingMonitor.Config(agent_address=args.intake_address, window_steps=args.window,
                                integrity=integrity, phase_clock="thread_cpu",
-                               straggler=StragglerDetector.Config(
-                                   min_slowdown=MIN_SLOWDOWN,
-                                   job_slowdown_threshold=JOB_SLOWDOWN_THRESHOLD)),
-        comm_timer=timer,
+                               windows_path=args.windows,
+                               straggler=detector_config()),
+        comm_timer=timer, tracer=tracer,
     )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    return Job(model=model, ddp=ddp, batches=batches, optimizer=optimizer, monitor=monitor,
+               hook_state=state, integrity=integrity, tracer=tracer, per_step=[])
+
+
+def parallelize(model: ByteLM, args: argparse.Namespace,
+                tracer: CollectiveTracer) -> tuple[Any, CommTimer | None, Any, Any]:
+    """Wrap the model for ``--parallel``: ``(model to call, CommTimer or None, hook state or
+    None, GradientIntegrity or None)``. DDP feeds the tracer through its timed hook; FSDP2
+    through its timed all-gather and reduce-scatter."""
+    if args.parallel == "fsdp":
+        from laggard.demo.fsdp import shard
+
+        shard(model, tracer, prefetch=args.prefetch)
+        return model, None, None, None
+    # Small buckets (the model has ~0.3 M parameters): several all-reduces per step, so
+    # communication can overlap backward as in a large job with 25 MB buckets.
+    ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
+    timer = CommTimer(tracer=tracer)
+    state, integrity = integrity_hook(ddp, args.compression, timer, args.inject_bitflip)
+    if integrity is None:
+        state, hook = comm_hook(args.compression, timer)
+        ddp.register_comm_hook(state, hook)
+    return ddp, timer, state, integrity
+
+
+#: What ``_step_comm`` returns, per step.
+STEP_COMM = ("allgather_seconds", "reduce_scatter_seconds", "allreduce_seconds",
+             "collective_seconds", "exposed_seconds", "hidden_seconds")
+
+
+def _step_comm(monitor: TrainingMonitor) -> list[float]:
+    """The last step's traced collective seconds, in :data:`STEP_COMM` order."""
+    t = monitor._trace.last_step if monitor._trace is not None else None
+    if t is None:
+        return [0.0] * len(STEP_COMM)
+    return [t.op_seconds("allgather"), t.op_seconds("reduce_scatter"),
+            t.op_seconds("allreduce"), t.total_seconds, t.exposed_seconds, t.hidden_seconds]
+
+
+def train_step(job: Job) -> float:
+    """One monitored training step; returns this rank's loss."""
+    monitor, throttle = job.monitor, job.model.throttle
+    with monitor.step():
+        with monitor.phase("data"):
+            x, y = job.batches.next()
+        with monitor.phase("forward"):
+            loss = F.cross_entropy(job.ddp(x).flatten(0, 1), y.flatten())
+        with monitor.phase("backward"):
+            loss.backward()
+        optimizer_started = time.thread_time()
+        with monitor.phase("optimizer"):
+            if job.integrity is None or job.integrity.end_step(job.ddp):
+                job.optimizer.step()
+            job.optimizer.zero_grad(set_to_none=True)
+        throttle.optimizer_seconds = time.thread_time() - optimizer_started
+        value = loss.item()
+        monitor.note("loss", value)  # inside the step: it belongs to this step's window
+    job.per_step.append(_step_comm(monitor))
+    return value
+
+
+def run_steps(job: Job, args: argparse.Namespace, rank: int) -> tuple[dict[int, float],
+                                                                       list[float]]:
+    """Train ``args.steps`` steps, slowing this rank from ``--slow-from`` if it is the slowed
+    one; rank 0 prints progress. Returns (mean loss over ranks at the first and last step,
+    this rank's per-step losses)."""
+    slowed = rank == args.slow_rank and args.slowdown > 1.0
     losses: dict[int, float] = {}
     local_losses: list[float] = []
     step_times: list[float] = []
     for step in range(args.steps):
-        model.throttle_seconds = extra if step >= args.slow_from else 0.0
+        if slowed and step == args.slow_from:
+            job.model.throttle.factor = args.slowdown - 1.0
         start = time.perf_counter()
-        with monitor.step():
-            with monitor.phase("data"):
-                x, y = batches.next()
-            with monitor.phase("forward"):
-                loss = F.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
-            with monitor.phase("backward"):
-                loss.backward()
-            with monitor.phase("optimizer"):
-                if integrity is None or integrity.end_step(ddp):
-                    optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+        loss = train_step(job)
         step_times.append(time.perf_counter() - start)
-        local_losses.append(loss.item())
+        local_losses.append(loss)
         if step == 0 or step == args.steps - 1:
-            losses[step] = global_mean(loss.item())  # same call on every rank
+            losses[step] = global_mean(loss)  # same call on every rank
         if rank == 0 and (step % args.print_every == 0 or step == args.steps - 1):
             recent = step_times[-args.print_every:]
-            print(f"step {step:5d}/{args.steps}  loss {loss.item():6.3f}  "
+            print(f"step {step:5d}/{args.steps}  loss {loss:6.3f}  "
                   f"step {1e3 * float(np.median(recent)):6.1f} ms", flush=True)
-    monitor.close()
-    state.close()  # a two-stage hook's worker thread and second group
+    return losses, local_losses
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the job, train it, and return what rank 0 writes to ``--result``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    job = build_job(args, rank)
+    losses, local_losses = run_steps(job, args, rank)
+    job.monitor.close()
+    if job.hook_state is not None:
+        job.hook_state.close()  # a two-stage hook's worker thread and second group
+    injected = job.model.throttle.injected_seconds
+    injected_t = torch.tensor([float(np.median(injected)) if injected else 0.0])
+    dist.all_reduce(injected_t, op=dist.ReduceOp.MAX)  # only the slowed rank injects
     tail = local_losses[-args.window:]
-    grad_bytes = 4 * sum(p.numel() for p in model.parameters())
+    loss = {"first": losses.get(0), "last": losses.get(args.steps - 1),
+            "last_window_mean": global_mean(sum(tail) / len(tail))}
+    return result_of(job, args, world, loss, float(injected_t.item()))
+
+
+def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, Any],
+              injected_seconds: float) -> dict[str, Any]:
+    """Rank 0's result document: the gathered windows, findings, losses and counters."""
+    monitor, integrity = job.monitor, job.integrity
+    grad_bytes = 4 * sum(p.numel() for p in job.model.parameters())
     return {
-        "rank": rank,
+        "rank": dist.get_rank(),
         "world_size": world,
         "steps": args.steps,
-        "calibrated_compute_seconds": own_seconds,
-        "injected_extra_seconds_per_step": extra,
-        "loss": {"first": losses.get(0), "last": losses.get(args.steps - 1),
-                 "last_window_mean": global_mean(sum(tail) / len(tail))},
+        "window": args.window,
+        "injected_extra_seconds_per_step": injected_seconds,
+        "loss": loss,
         # what an fp32 ring all-reduce of the gradients sends per rank per step
         "fp32_allreduce_bytes": ring_allreduce_bytes(grad_bytes, world),
         "stat_names": list(STAT_NAMES),
@@ -203,6 +288,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "findings": [f.to_dict() for f in monitor.findings]
         + ([f.to_dict() for f in integrity.findings] if integrity is not None else []),
         "cleared": [f.to_dict() for f in monitor.cleared],
+        "parallel": args.parallel, "prefetch": args.prefetch,
+        # per step after --slow-from (all steps when it is 0): median seconds of each
+        "step_comm": dict(zip(STEP_COMM, np.median(np.array(
+            job.per_step[args.slow_from:] or job.per_step), axis=0).tolist(), strict=True)),
+        "tracer": dict(job.tracer.stats),
         "monitor": {
             "records_sent": monitor.stats.records_sent,
             "send_dropped": monitor.stats.send_dropped,

@@ -69,7 +69,7 @@ class Finding:
 #: ``laggard_findings_total`` and ``laggard_straggler_active``; anything else is exported as
 #: ``other``, so no sender can grow the exposition (tests keep this in step with the detectors).
 JOB_FINDING_KINDS: dict[str, frozenset[str]] = {
-    "straggler": frozenset({"compute", "data", "communication", "job_slowdown"}),
+    "straggler": frozenset({"compute", "data", "communication", "link", "job_slowdown"}),
     "integrity": frozenset({"sum_mismatch", "check_fault", "nonfinite", "payload_mismatch",
                             "replica_mismatch", "result_mismatch"}),
 }

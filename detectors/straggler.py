@@ -6,45 +6,53 @@ straggler is the work each rank does *before* the synchronisation point (data lo
 backward), corroborated by the wait inside the collective: the rank the others waited for waits
 least. A slow link shows instead in the collective's own transfer time.
 
-Every window the detector compares ranks with each other (median and MAD across ranks, so one
-slow rank cannot move the reference) and raises a finding only when a rank's excess is both
-statistically clear (a z-score against the job's measured noise) and large enough to matter (a
-relative floor), in M of the last N windows. A slowdown of the whole job moves the cross-rank
-median with it, so it is never blamed on a rank; it is reported on its own, against the best
-the job has shown (each rank's history first, then the median rank).
+Every window the detector compares ranks with each other (the excess of each rank over the
+median rank, so one slow rank cannot move the reference) and adds that excess to sequential
+evidence per rank and signal: a clipped one-sided CUSUM (:mod:`laggard.detectors.sequential`)
+whose decision interval follows the job's measured noise. A small steady excess adds up window
+after window; one noisy window can neither raise nor clear a finding; clearing needs the mirror
+test's evidence of recovery (hysteresis). A slowdown of the whole job moves the cross-rank median
+with it, so it is never blamed on a rank; it is reported on its own, against the best the job
+has shown (each rank's history first, then the median rank).
 
 Only durations are compared, never timestamps: clocks of different hosts are not synchronised.
 
 What the monitor should gather (recommended): every K steps each rank computes
 :func:`summarize_steps` over its own K steps (per-rank medians, robust to a one-step garbage
-collection pause) and all_gathers that fixed vector of :data:`SUMMARY_FIELDS` float64 values
-(32 bytes per rank, whatever K), then rank 0 builds a K=1 window with
-:meth:`RankWindow.from_summaries`. Windows of raw K steps per rank are accepted too and give the
-same statistic, at K times the gathered bytes.
+collection pause) and all_gathers that fixed vector (:mod:`laggard.detectors.window`), then rank
+0 builds a K=1 window with :meth:`RankWindow.from_summaries`. Windows of raw K steps per rank are
+accepted too and give the same statistic, at K times the gathered bytes.
+
+This module is over 450 lines because the detector's findings (messages, evidence) sit beside
+the test that raises them; the window format and the sequential test have modules of their own.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from laggard.detectors.finding import Finding, Severity
+from laggard.detectors.sequential import (
+    cusum_step,
+    decision_interval,
+    robust_sigma,
+)
+from laggard.detectors.window import (
+    SUMMARY_FIELDS,
+    RankWindow,
+    row_nanmedian,
+    summarize_steps,
+)
 
 DETECTOR = "straggler"
-#: Per-rank values gathered once per window, in this order (all durations in seconds).
-SUMMARY_FIELDS = (
-    "compute_seconds",
-    "data_seconds",
-    "collective_wait_seconds",
-    "transfer_seconds",
-)
-#: Scales a median absolute deviation to the standard deviation of a normal distribution
-#: (1 / Phi^-1(3/4); Rousseeuw & Croux 1993).
-MAD_TO_SIGMA = 1.4826
+#: Fewest reporting ranks the detector compares (``Config.min_ranks``' default and floor): with
+#: two there is no majority to say who is slow.
+MIN_RANKS = 3
 
 #: The tested signals, in ring order; each is also the ``kind`` of the finding it raises.
 SIGNAL_KINDS = ("compute", "data", "communication")
@@ -52,128 +60,11 @@ _COMPUTE, _DATA, _TRANSFER = 0, 1, 2
 # Further columns of the per-rank history ring, after the signals' excess.
 _WAIT_DEFICIT, _WORK_SECONDS = 3, 4
 
+#: Windows of the last N in which the whole job must be over its threshold.
+_JOB_OVER_WINDOWS = 3
 
-@dataclass(kw_only=True, slots=True)
-class RankWindow:
-    """Per-rank timings of one detection window: R ranks x K steps.
-
-    Attributes:
-        step: last training step of the window.
-        ranks: (R,) int64 global ranks present; a rank that did not report is simply absent.
-        compute_seconds: (R, K) float64, forward + backward: work before the sync point.
-        data_seconds: (R, K) float64, data loading.
-        collective_wait_seconds: (R, K) float64, time waiting inside the gradient collective
-            (least wait = the rank the others waited for).
-        transfer_seconds: (R, K) float64, the collective's own transfer time as this rank saw
-            it (a slow link), NaN where unknown; None when not measured at all.
-        world_size: ranks in the job, if known (enables missing-rank counts and elastic resets).
-        nodes: (R,) host name of each rank, if known.
-        local_ranks: (R,) local rank of each rank on its node, if known.
-
-    NaN, infinite or negative durations are dropped (counted in ``StragglerDetector.stats``).
-    """
-
-    step: int
-    ranks: np.ndarray
-    compute_seconds: np.ndarray
-    data_seconds: np.ndarray
-    collective_wait_seconds: np.ndarray
-    transfer_seconds: np.ndarray | None = None
-    world_size: int | None = None
-    nodes: Sequence[str] | None = None
-    local_ranks: np.ndarray | None = None
-
-    @classmethod
-    def from_summaries(
-        cls,
-        *,
-        step: int,
-        ranks: np.ndarray,
-        summaries: np.ndarray,
-        world_size: int | None = None,
-        nodes: Sequence[str] | None = None,
-        local_ranks: np.ndarray | None = None,
-    ) -> RankWindow:
-        """Build a K=1 window from gathered :func:`summarize_steps` vectors.
-
-        Args:
-            step: last training step of the window.
-            ranks: (R,) global ranks, one per row of ``summaries``.
-            summaries: (R, 4) float64, columns as :data:`SUMMARY_FIELDS`.
-            world_size, nodes, local_ranks: as in :class:`RankWindow`.
-
-        Raises:
-            ValueError: ``summaries`` is not (R, 4).
-        """
-        values = np.asarray(summaries, dtype=np.float64)
-        if values.ndim != 2 or values.shape[1] != len(SUMMARY_FIELDS):
-            raise ValueError(f"summaries must be (R, {len(SUMMARY_FIELDS)}), got {values.shape}")
-        return cls(
-            step=step,
-            ranks=np.asarray(ranks, dtype=np.int64),
-            compute_seconds=values[:, 0:1],
-            data_seconds=values[:, 1:2],
-            collective_wait_seconds=values[:, 2:3],
-            transfer_seconds=values[:, 3:4],
-            world_size=world_size,
-            nodes=nodes,
-            local_ranks=local_ranks,
-        )
-
-
-def summarize_steps(
-    compute_seconds: Sequence[float],
-    data_seconds: Sequence[float],
-    collective_wait_seconds: Sequence[float],
-    transfer_seconds: Sequence[float] | None = None,
-) -> np.ndarray:
-    """One rank's summary of its last K steps: what the monitor all_gathers per window.
-
-    Medians, not means: a single garbage-collection pause or data stall in K steps does not move
-    a median, while a rank that is slow on most steps does.
-
-    Args:
-        compute_seconds, data_seconds, collective_wait_seconds: (K,) durations in seconds.
-        transfer_seconds: (K,) durations in seconds, or None when not measured.
-
-    Returns:
-        (4,) float64, fields as :data:`SUMMARY_FIELDS`; NaN where no valid (finite,
-        non-negative) value was given.
-    """
-    columns = [compute_seconds, data_seconds, collective_wait_seconds]
-    columns.append(transfer_seconds if transfer_seconds is not None else [])
-    out = np.full(len(SUMMARY_FIELDS), np.nan)
-    for i, column in enumerate(columns):
-        values = np.asarray(column, dtype=np.float64).ravel()
-        values = values[np.isfinite(values) & (values >= 0)]
-        if values.size:
-            out[i] = np.median(values)
-    return out
-
-
-def row_nanmedian(values: np.ndarray) -> np.ndarray:
-    """Median along the last axis ignoring NaN, vectorised (numpy's ``nanmedian`` loops in
-    Python over rows).
-
-    Args:
-        values: (..., K) float64.
-
-    Returns:
-        (...) float64; NaN where a row has no finite value.
-    """
-    if values.shape[-1] == 1:
-        return values[..., 0].copy()
-    ordered = np.sort(values, axis=-1)  # NaN sort last
-    count = np.sum(~np.isnan(ordered), axis=-1, keepdims=True)
-    return _sorted_median(ordered, count)
-
-
-def _sorted_median(ordered: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """Median of rows sorted with NaN last, given each row's count of non-NaN values."""
-    last = ordered.shape[-1] - 1
-    low = np.take_along_axis(ordered, np.clip((count - 1) // 2, 0, last), axis=-1)[..., 0]
-    high = np.take_along_axis(ordered, np.clip(count // 2, 0, last), axis=-1)[..., 0]
-    return np.where(count[..., 0] > 0, (low + high) / 2, np.nan)
+__all__ = ["DETECTOR", "MIN_RANKS", "SIGNAL_KINDS", "SUMMARY_FIELDS", "RankWindow",
+           "StragglerDetector", "row_nanmedian", "summarize_steps"]
 
 
 def _nanmedian(values: np.ndarray) -> float:
@@ -181,12 +72,15 @@ def _nanmedian(values: np.ndarray) -> float:
     return float(np.median(finite)) if finite.size else math.nan
 
 
-def _robust_sigma(values: np.ndarray) -> float:
-    """Standard deviation estimated from the MAD of the non-NaN values (NaN if none)."""
-    finite = values[~np.isnan(values)]
-    if finite.size == 0:
-        return math.nan
-    return MAD_TO_SIGMA * float(np.median(np.abs(finite - np.median(finite))))
+@dataclass(slots=True)
+class _Test:
+    """The sequential test's parameters for one window, per signal, in excess units (fractions
+    of the median rank's per-step work)."""
+
+    noise: np.ndarray  # (S,) pooled cross-rank sigma of the excess
+    reference: np.ndarray  # (J, S) k of each chart: excess that counts as "not slow"
+    interval: np.ndarray  # (J, S) h: the evidence that raises a finding (chart 0: clears)
+    clip: np.ndarray  # (J, S) c: most evidence one window can add or remove
 
 
 class StragglerDetector:
@@ -195,13 +89,13 @@ class StragglerDetector:
     Feed it one :class:`RankWindow` per detection window (on one process, usually rank 0).
 
     Per window and per signal (compute, data, transfer), each rank's excess over the median rank
-    is taken as a fraction of the median rank's per-step work (compute + data). A rank is over
-    threshold in a window when that excess reaches ``max(min_slowdown, z_threshold x noise)``
-    above the typical rank; a finding is raised when a rank is over threshold in M of the last N
-    windows (``raise_windows`` of ``persistence_windows``), and cleared after N windows in a row
-    under it. "Over in M of the last N" is computed as "the M-th largest of the last N excesses
-    reaches the threshold", and the noise is measured on that same statistic across ranks, so
-    the threshold is calibrated to what is compared.
+    is taken as a fraction of the median rank's per-step work (compute + data). Compute and data
+    excess count only as far as the rank's wait deficit confirms it (the others waited for it).
+    Each rank's excess feeds a clipped CUSUM (:mod:`laggard.detectors.sequential`): a finding is
+    raised when the evidence reaches the decision interval ``h``, derived every window from the
+    measured cross-rank noise for one false alarm per ``false_alarm_windows`` rank-windows; it
+    clears when the mirror CUSUM's evidence of recovery reaches ``h``. Each window adds at most
+    ``h / (min_windows - 0.5)``, so ``min_windows`` windows are always needed either way.
 
     Attributes:
         scores: global rank -> straggler score in the latest window, for the ranks in it: by
@@ -215,7 +109,9 @@ class StragglerDetector:
             ``too_few_ranks_windows``, ``missing_rank_reports`` (ranks absent from a window
             whose world size is known), ``invalid_ranks`` (negative, duplicate or out of range),
             ``invalid_durations`` (NaN, infinite or negative values dropped),
-            ``world_size_changes``.
+            ``world_size_changes``, ``step_regressions`` (a window's step at or before the
+            previous one: a restart), ``window_length_changes`` (steps between windows changed).
+            None of these raises or clears a finding by itself.
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -223,66 +119,101 @@ class StragglerDetector:
         """Thresholds of the straggler detector."""
 
         min_slowdown: float = 0.02
-        """Relative floor: a rank is flagged only if it delays the step by at least this
-        fraction of the median rank's work. GPUs of one model differ by a few percent (Sinha et
-        al., "Not All GPUs Are Created Equal", 2022), so smaller gaps are not actionable, and a
-        quiet job's tiny absolute differences never trip the z-score."""
+        """Relative floor: excess up to this fraction of the median rank's work never adds
+        evidence (it is the CUSUM's reference value when larger than half of
+        ``target_slowdown``). GPUs of one model differ by a few percent (Sinha et al., "Not All
+        GPUs Are Created Equal", 2022), so smaller gaps are not actionable."""
 
-        z_threshold: float = 6.0
-        """Robust z-score (excess over the job's measured noise) the persistence statistic
-        must reach. High because a job has many ranks and many windows: at 16,384 ranks a
-        4-sigma event happens in most windows, and 6 keeps false alarms near one per 20,000
-        windows even there (``benchmarks/straggler_quality.py``). A job of a few ranks makes far
-        fewer tests per window and can trade some of that margin (4-5) for earlier detection."""
+        target_slowdown: float = 0.05
+        """The slowdown the test is tuned to find fastest: the CUSUM's reference value is half
+        of it (Page 1954: k = delta / 2 is optimal for a shift delta)."""
 
-        raise_windows: int = 3
-        """M: raise a finding when a rank is over threshold in M of the last N windows."""
+        false_alarm_windows: float = 1e6
+        """Mean windows between false alarms of the whole job with no straggler: each rank and
+        signal's CUSUM gets an in-control run length of this times the tests per window
+        (ranks x measured signals, a Bonferroni split; Siegmund's approximation). A job of 4
+        ranks thus tolerates more noise per test than one of 16,384, whose 49,152 tests per
+        window each need a run length of 4.9e10 windows."""
+
+        charts: tuple[float, ...] = (1.0, 2.0)
+        """CUSUMs run side by side per rank and signal, each tuned for ``target_slowdown``
+        times one of these (a multi-chart CUSUM, Lorden, Ann. Math. Stat. 42, 1971): the first
+        finds small steady excess, the second finds larger excess in fewer windows. The split
+        of the false-alarm budget over charts costs little (h grows with its logarithm)."""
+
+        reference_sigmas: float = 0.5
+        """Floor of the reference value in units of the measured noise: in a noisy job the
+        test is tuned for a shift of at least twice this many sigmas (Page's k = delta / 2),
+        since smaller shifts cannot be told from noise in useful time anyway."""
+
+        min_windows: int = 3
+        """Fewest windows whose evidence raises or clears a finding: one window adds at most
+        ``h / (min_windows - 0.5)``, so one or two outlying windows (a data stall, a pause that a
+        window median did not absorb) never do. With 2, the simulator's data stalls (20-200 ms
+        over 5 ms of data loading) in two consecutive windows of one rank raised 6 false
+        alarms in 27 M rank-steps; with 3, none."""
 
         persistence_windows: int = 5
-        """N: the windows considered; a finding clears after N windows in a row under
-        threshold. The first N windows after a start or a reset only learn the noise."""
+        """N: the windows of history behind scores and evidence (per-rank medians); a rank
+        absent for N windows in a row has its finding cleared (``not_reporting``). The first N
+        windows after a start or a reset only learn the noise."""
 
         corroboration_ratio: float = 0.5
-        """A compute or data straggler must also wait less than the median rank in the
-        collective, by at least this fraction of its excess (in a synchronous job the two are
-        equal): timers that say slow while the wait says otherwise are not on the critical
-        path. Skipped when the wait is not measured; 0 disables."""
+        """A compute or data excess counts only up to its wait deficit / this ratio: in a
+        synchronous job the others wait for the slow rank as long as it is late, so timers that
+        say slow while the wait says otherwise are not on the critical path. Skipped when the
+        wait is not measured; 0 disables."""
 
         noise_history_windows: int = 32
-        """Windows over which the per-window cross-rank noise is pooled (median of MADs): a
-        lower bound on the noise, so a small job's estimate does not rest on a few ranks."""
+        """Windows over which the per-window cross-rank noise is pooled (median of robust
+        sigmas), so a small job's estimate does not rest on a few ranks."""
 
-        min_ranks: int = 3
-        """Fewest reporting ranks for a comparison: with two there is no majority to say who
-        is slow."""
+        min_ranks: int = MIN_RANKS
+        """Fewest reporting ranks for a comparison (at least :data:`MIN_RANKS`: with two there
+        is no majority to say who is slow)."""
 
         job_slowdown_threshold: float = 0.10
         """Report a whole-job slowdown when the median rank's work per step (each rank's
-        median over the last N windows) exceeds the best the job has shown by this fraction."""
+        median over the last N windows) exceeds the best the job has shown by this fraction,
+        in 3 of the last N windows."""
 
         max_rank: int = 1 << 20
         """Largest global rank accepted (bounds memory whatever a window says)."""
 
+        compute_hint: str = "check that GPU's clocks, clock-event reasons and XIDs"
+        """What a compute finding's message tells the reader to check (a CPU-only job, like
+        ``laggard demo``, says something else)."""
+
         def __post_init__(self) -> None:
             if not 0 <= self.min_slowdown < 1:
                 raise ValueError(f"min_slowdown must be in [0, 1), got {self.min_slowdown}")
-            if self.z_threshold <= 0:
-                raise ValueError(f"z_threshold must be > 0, got {self.z_threshold}")
-            if not 1 <= self.raise_windows <= self.persistence_windows:
-                raise ValueError(
-                    "need 1 <= raise_windows <= persistence_windows, got "
-                    f"{self.raise_windows} of {self.persistence_windows}"
-                )
+            if not 0 < self.target_slowdown < 2:
+                raise ValueError(f"target_slowdown must be in (0, 2), got {self.target_slowdown}")
+            if not self.false_alarm_windows > 1:
+                raise ValueError("false_alarm_windows must be > 1")
+            if self.reference_sigmas < 0:
+                raise ValueError("reference_sigmas must be >= 0")
+            if not self.charts or min(self.charts) < 1:
+                raise ValueError(f"charts must be >= 1 each, got {self.charts}")
+            if self.min_windows < 1:
+                raise ValueError(f"min_windows must be >= 1, got {self.min_windows}")
+            if self.persistence_windows < 3:
+                raise ValueError("persistence_windows must be >= 3")
             if self.noise_history_windows < 1:
                 raise ValueError("noise_history_windows must be >= 1")
             if self.corroboration_ratio < 0:
                 raise ValueError("corroboration_ratio must be >= 0")
-            if self.min_ranks < 3:
-                raise ValueError(f"min_ranks must be >= 3, got {self.min_ranks}")
+            if self.min_ranks < MIN_RANKS:
+                raise ValueError(f"min_ranks must be >= {MIN_RANKS}, got {self.min_ranks}")
             if self.job_slowdown_threshold <= 0:
                 raise ValueError("job_slowdown_threshold must be > 0")
             if self.max_rank < 1:
                 raise ValueError("max_rank must be >= 1")
+
+        @property
+        def reference(self) -> float:
+            """The least k: max(min_slowdown, target_slowdown / 2); see ``reference_sigmas``."""
+            return max(self.min_slowdown, self.target_slowdown / 2)
 
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or StragglerDetector.Config()
@@ -298,13 +229,16 @@ class StragglerDetector:
                 "invalid_ranks",
                 "invalid_durations",
                 "world_size_changes",
+                "step_regressions",
+                "window_length_changes",
             ),
             0,
         )
+        self._last_step: int | None = None
+        self._window_length: int | None = None
         self._world_size: int | None = None
-        self._order_sd = _order_statistic_sd(
-            self.config.raise_windows, self.config.persistence_windows
-        )
+        # (k / sigma, log10 run length) -> h / sigma (a cache: bisection per window is wasted)
+        self._intervals: dict[tuple[float, float], float] = {}
         self._reset_state()
 
     def reset(self) -> list[Finding]:
@@ -328,7 +262,14 @@ class StragglerDetector:
         # Columns: compute, data and transfer excess and wait deficit (fractions of the median
         # rank's work), then compute + data seconds (for the job baseline).
         self._ring = np.full((n, 0, s + 2), np.nan)
-        self._threshold = np.full(s, np.inf)  # latest threshold per signal
+        # Sequential evidence per [rank, signal]: for a slowdown, and (while a finding is
+        # active) for recovery; windows in a row each rank was absent.
+        j = len(c.charts)
+        self._raise_sum = np.zeros((0, j, s))
+        self._clear_sum = np.zeros((0, s))
+        self._absent = np.zeros(0, dtype=np.int64)
+        self._test = _Test(noise=np.full(s, np.nan), reference=np.full((j, s), c.reference),
+                           interval=np.full((j, s), np.inf), clip=np.full((j, s), np.inf))
         self._noise = np.full((c.noise_history_windows, s), np.nan)
         self._job_baseline = math.inf  # best typical work seconds of the median rank
         self._job_over = np.zeros(n, dtype=bool)
@@ -340,8 +281,10 @@ class StragglerDetector:
             return
         capacity = max(capacity, 2 * self._capacity)
         extra = capacity - self._capacity
-
         self._ring = np.pad(self._ring, [(0, 0), (0, extra), (0, 0)], constant_values=np.nan)
+        self._raise_sum = np.pad(self._raise_sum, [(0, extra), (0, 0), (0, 0)])
+        self._clear_sum = np.pad(self._clear_sum, [(0, extra), (0, 0)])
+        self._absent = np.pad(self._absent, [(0, extra)])
         self._capacity = capacity
 
     # -- input checks ----------------------------------------------------------------------
@@ -378,7 +321,22 @@ class StragglerDetector:
         self.stats["invalid_ranks"] += int(ranks.size - keep.sum())
         return ranks[keep], [a[keep] for a in signals]
 
-    # -- the detector ----------------------------------------------------------------------
+    def _check_steps(self, step: int) -> None:
+        """Count a step counter that went back (a rank restarted from a checkpoint) and a
+        change of steps per window; both windows are still used (their durations are valid)."""
+        try:
+            step = int(step)
+        except (TypeError, ValueError):
+            return
+        last, length = self._last_step, self._window_length
+        if last is not None:
+            if step <= last:
+                self.stats["step_regressions"] += 1
+            else:
+                if length is not None and step - last != length:
+                    self.stats["window_length_changes"] += 1
+                self._window_length = step - last
+        self._last_step = step
 
     def update(self, window: RankWindow) -> list[Finding]:
         """Take one window; return the findings raised or cleared by it.
@@ -393,6 +351,7 @@ class StragglerDetector:
         re-shards its work, so the old baselines no longer apply).
         """
         self.stats["windows"] += 1
+        self._check_steps(window.step)
         cleaned = self._clean(window)
         if cleaned is None:
             self.stats["malformed_windows"] += 1
@@ -427,6 +386,9 @@ class StragglerDetector:
         )
         return findings
 
+
+    # -- the detector ----------------------------------------------------------------------
+
     def _advance(
         self,
         window: RankWindow,
@@ -436,110 +398,164 @@ class StragglerDetector:
         work: np.ndarray,
         job_work: float,
     ) -> list[Finding]:
-        c = self.config
-        n, m = c.persistence_windows, c.raise_windows
-        slot = self._windows_seen % n
-        noise_slot = self._windows_seen % c.noise_history_windows
-        self._windows_seen += 1
-        signals = range(len(SIGNAL_KINDS))
-
-        # Excess over the median rank, per signal, as a fraction of the median rank's work per
-        # step: the fraction by which this rank stretches every step of the job.
-        medians = np.array([_nanmedian(per_rank[:, i]) for i in signals])
-        excess = (per_rank - medians) / job_work
-        self._ring[slot] = np.nan
-        self._ring[slot, ranks, :_WAIT_DEFICIT] = excess
-        self._ring[slot, ranks, _WAIT_DEFICIT] = (_nanmedian(wait) - wait) / job_work
-        self._ring[slot, ranks, _WORK_SECONDS] = work
-        self._noise[noise_slot] = [_robust_sigma(excess[:, i]) for i in signals]
-
-        # One sort of the ranks' history gives every statistic below.
-        history = self._ring[:, ranks]  # (N, R, C)
-        count = np.sum(~np.isnan(history), axis=0)  # (R, C): windows present
-        ordered = _sort_windows(history)  # (N, R, C), absent windows last
-        typical = _pick(ordered, (count - 1) // 2) / 2 + _pick(ordered, count // 2) / 2
-        typical[count == 0] = np.nan  # (R, C): median over the last N windows
-        # Persistence statistic: the M-th largest excess of the last N windows (-inf if the
-        # rank was present in fewer than M). It reaches a threshold exactly when the rank was
-        # over it in M of the last N windows.
-        excess_count = count[:, :_WAIT_DEFICIT]
-        statistic = np.where(
-            excess_count >= m, _pick(ordered[..., :_WAIT_DEFICIT], excess_count - m), -np.inf
-        )  # (R, S)
-        # Its typical value and noise, across ranks; the noise never below the pooled
-        # per-window noise scaled to this order statistic (small jobs: few ranks to measure).
-        center = np.zeros(len(SIGNAL_KINDS))
-        sigma = np.zeros(len(SIGNAL_KINDS))
-        for i in signals:
-            finite = statistic[np.isfinite(statistic[:, i]), i]
-            center[i] = _nanmedian(finite)
-            pooled = _nanmedian(self._noise[:, i]) * self._order_sd
-            sigma[i] = np.fmax(_robust_sigma(finite), pooled)
-        threshold = np.fmax(c.min_slowdown, center + c.z_threshold * sigma)  # (S,), NaN-free
-        threshold[np.isnan(threshold)] = np.inf  # a signal nobody measured is never over
-        self._threshold = threshold
-
-        warmed_up = self._windows_seen >= n
-        with np.errstate(invalid="ignore"):
-            over = (statistic >= threshold) & warmed_up
-            # The rank the others waited for waits least: compute or data excess without a
-            # matching wait deficit is not on the critical path (unless wait is not measured).
-            deficit = typical[:, _WAIT_DEFICIT]
-            corroborated = np.isnan(deficit)[:, None] | (
-                deficit[:, None] >= c.corroboration_ratio * statistic[:, :_TRANSFER]
-            )
-        over[:, :_TRANSFER] &= corroborated
-
-        score = np.nansum(typical[:, :_WAIT_DEFICIT], axis=1)
-        self.scores = dict(zip(ranks.tolist(), np.round(score, 6).tolist(), strict=True))
-
-        findings = self._clear_ranks(window.step)
-        context = _RankContext(window)
-        for row in np.flatnonzero(over.any(axis=1)).tolist():
-            rank = int(ranks[row])
-            if rank in self.active:
-                continue
-            signal = int(np.argmax(np.where(over[row], statistic[row] - threshold, -np.inf)))
-            finding = self._rank_finding(
-                rank=rank,
-                signal=signal,
-                step=window.step,
-                context=context,
-                typical=typical[row],
-                threshold=float(threshold[signal]),
-                sigma=float(sigma[signal]),
-                wait_deficit=float(deficit[row]),
-                job_work=job_work,
-                medians=medians,
-                windows_over=self._windows_over(rank, signal),
-            )
-            self.active[rank] = finding
-            self._active_signal[rank] = signal
-            findings.append(finding)
-
-        findings += self._check_job(
-            window.step, typical[:, _WORK_SECONDS], count[:, _WORK_SECONDS], slot,
-            warmed_up,
-        )
+        """One window of present ranks: record, test, clear, raise, then the whole job."""
+        slot = self._windows_seen % self.config.persistence_windows
+        excess, deficit, medians = self._record(slot, ranks, per_rank, wait, work, job_work)
+        typical, count = self._history(ranks)
+        self.scores = dict(zip(
+            ranks.tolist(), np.round(np.nansum(typical[:, :_WAIT_DEFICIT], axis=1), 6).tolist(),
+            strict=True))
+        warmed_up = self._windows_seen >= self.config.persistence_windows
+        if warmed_up:
+            self._test = self._calibrate(ranks.size)
+            self._accumulate(ranks, self._corroborated(excess, deficit))
+        findings = self._clear_ranks(window.step, ranks)
+        if warmed_up:
+            findings += self._raise_ranks(window, ranks, typical, job_work, medians)
+        findings += self._check_job(window.step, typical[:, _WORK_SECONDS],
+                                    count[:, _WORK_SECONDS], slot, warmed_up)
         return findings
 
-    def _windows_over(self, rank: int, signal: int) -> int:
-        """In how many of the last N windows the rank's excess reached the latest threshold."""
-        with np.errstate(invalid="ignore"):
-            return int(np.sum(self._ring[:, rank, signal] >= self._threshold[signal]))
+    def _record(
+        self, slot: int, ranks: np.ndarray, per_rank: np.ndarray, wait: np.ndarray,
+        work: np.ndarray, job_work: float,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Excess over the median rank per signal and wait deficit, as fractions of the median
+        rank's work per step (the fraction by which a rank stretches every step of the job),
+        into the history ring and the noise pool.
 
-    def _clear_ranks(self, step: int) -> list[Finding]:
-        """Clear findings whose signal was under threshold in each of the last N windows."""
+        Returns:
+            excess (R, S), wait deficit (R,), the median rank's seconds per signal (S,).
+        """
+        c = self.config
+        signals = range(len(SIGNAL_KINDS))
+        medians = np.array([_nanmedian(per_rank[:, i]) for i in signals])
+        excess = (per_rank - medians) / job_work
+        deficit = (_nanmedian(wait) - wait) / job_work
+        self._ring[slot] = np.nan
+        self._ring[slot, ranks, :_WAIT_DEFICIT] = excess
+        self._ring[slot, ranks, _WAIT_DEFICIT] = deficit
+        self._ring[slot, ranks, _WORK_SECONDS] = work
+        self._noise[self._windows_seen % c.noise_history_windows] = [
+            robust_sigma(excess[:, i]) for i in signals]
+        self._absent += 1
+        self._absent[ranks] = 0
+        self._windows_seen += 1
+        return excess, deficit, medians
+
+    def _history(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each present rank's median over the last N windows, per ring column, and in how
+        many of them it was present: (R, C) float64 and (R, C) int64."""
+        history = self._ring[:, ranks]  # (N, R, C)
+        count = np.sum(~np.isnan(history), axis=0)
+        ordered = _sort_windows(history)  # absent windows last
+        typical = _pick(ordered, (count - 1) // 2) / 2 + _pick(ordered, count // 2) / 2
+        typical[count == 0] = np.nan
+        return typical, count
+
+    def _calibrate(self, ranks: int) -> _Test:
+        """Each chart's reference value and interval from the pooled noise: h such that the
+        job raises a false alarm once per ``false_alarm_windows`` windows (Siegmund's
+        approximation per test, the run length split over ranks x measured signals x charts)."""
+        c = self.config
+        signals, charts = len(SIGNAL_KINDS), len(c.charts)
+        noise = np.array([_nanmedian(self._noise[:, i]) for i in range(signals)])
+        measured = np.isfinite(noise)
+        run_length = c.false_alarm_windows * ranks * max(int(measured.sum()), 1) * charts
+        reference = np.full((charts, signals), c.reference)
+        interval = np.full((charts, signals), np.inf)  # a signal nobody measured never raises
+        for (j, multiple), i in itertools.product(enumerate(c.charts),
+                                                  np.flatnonzero(measured).tolist()):
+            sigma = float(noise[i])
+            k = max(c.min_slowdown, multiple * c.target_slowdown / 2,
+                    multiple * c.reference_sigmas * sigma)
+            reference[j, i] = k
+            h = 0.0
+            if sigma > 0:
+                key = (round(k / sigma, 3), round(math.log10(run_length), 2))
+                if key not in self._intervals:
+                    if len(self._intervals) > 4096:
+                        self._intervals.clear()
+                    self._intervals[key] = decision_interval(key[0], 10 ** key[1])
+                h = self._intervals[key] * sigma
+            # However quiet the job, a rank half of the chart's shift over its reference value
+            # still needs min_windows windows: the noise model is normal, real tails are not.
+            interval[j, i] = max(h, c.min_windows * multiple * c.target_slowdown / 2)
+        # min_windows - 0.5: min_windows - 1 windows at the clip fall short of h, and
+        # min_windows windows reach it without each having to be at the clip.
+        return _Test(noise=noise, reference=reference, interval=interval,
+                     clip=interval / (c.min_windows - 0.5))
+
+    def _corroborated(self, excess: np.ndarray, deficit: np.ndarray) -> np.ndarray:
+        """Compute and data excess capped by what the wait confirms (deficit / ratio); the
+        transfer excess, and every signal where the wait is not measured, as they are."""
+        ratio = self.config.corroboration_ratio
+        if ratio == 0:
+            return excess
+        confirmed = excess.copy()
+        with np.errstate(invalid="ignore"):
+            cap = np.where(np.isnan(deficit), np.inf, deficit / ratio)[:, None]
+            confirmed[:, :_TRANSFER] = np.minimum(excess[:, :_TRANSFER], cap)
+        return confirmed
+
+    def _accumulate(self, ranks: np.ndarray, excess: np.ndarray) -> None:
+        """Add this window's evidence: for a slowdown always, for recovery while active."""
+        t = self._test
+        self._raise_sum[ranks] = cusum_step(self._raise_sum[ranks],
+                                            excess[:, None, :] - t.reference, t.clip)
+        # Recovery: evidence that the excess is under the first (smallest) reference value.
+        self._clear_sum[ranks] = cusum_step(self._clear_sum[ranks], t.reference[0] - excess,
+                                            t.clip[0])
+        inactive = np.ones(ranks.size, dtype=bool)
+        inactive[np.isin(ranks, list(self.active))] = False
+        self._clear_sum[ranks[inactive]] = 0.0  # recovery evidence counts only once raised
+
+    def _clear_ranks(self, step: int, ranks: np.ndarray) -> list[Finding]:
+        """Clear findings whose recovery evidence reached the interval, or whose rank has been
+        absent for N windows in a row."""
         cleared = []
         for rank in list(self.active):
             signal = self._active_signal[rank]
-            if self._windows_over(rank, signal):
+            if self._absent[rank] >= self.config.persistence_windows:
+                reason = "not_reporting"
+            elif self._clear_sum[rank, signal] >= self._test.interval[0, signal]:
+                reason = "recovered"
+            else:
                 continue
-            absent = bool(np.isnan(self._ring[:, rank, signal]).all())
-            reason = "not_reporting" if absent else "recovered"
             cleared.append(_cleared(self.active.pop(rank), step, reason))
             del self._active_signal[rank]
+            self._raise_sum[rank] = 0.0
+            self._clear_sum[rank] = 0.0
         return cleared
+
+    def _raise_ranks(
+        self, window: RankWindow, ranks: np.ndarray, typical: np.ndarray, job_work: float,
+        medians: np.ndarray,
+    ) -> list[Finding]:
+        """Raise a finding for each present rank whose evidence reached the interval, on the
+        signal with the most evidence relative to its interval."""
+        t = self._test
+        by_chart = self._raise_sum[ranks] / t.interval  # (R, J, S): 1 = enough evidence
+        progress = by_chart.max(axis=1)  # (R, S)
+        findings = []
+        context = _RankContext(window)
+        for row in np.flatnonzero((progress >= 1).any(axis=1)).tolist():
+            rank = int(ranks[row])
+            if rank in self.active:
+                continue
+            signal = int(np.argmax(progress[row]))
+            chart = int(np.argmax(by_chart[row, :, signal]))
+            finding = self._rank_finding(
+                rank=rank, signal=signal, step=window.step, context=context,
+                typical=typical[row], chart=chart,
+                job_work=job_work, medians=medians,
+            )
+            self.active[rank] = finding
+            self._active_signal[rank] = signal
+            self._raise_sum[rank] = 0.0
+            self._clear_sum[rank] = 0.0
+            findings.append(finding)
+        return findings
 
     def _check_job(
         self,
@@ -572,7 +588,7 @@ class StragglerDetector:
             cleared = _cleared(self.job_slowdown, step, "recovered")
             self.job_slowdown = None
             return [cleared]
-        if self.job_slowdown is None and self._job_over.sum() >= c.raise_windows:
+        if self.job_slowdown is None and self._job_over.sum() >= _JOB_OVER_WINDOWS:
             self.job_slowdown = Finding(
                 detector=DETECTOR,
                 kind="job_slowdown",
@@ -603,12 +619,9 @@ class StragglerDetector:
         step: int,
         context: _RankContext,
         typical: np.ndarray,
-        threshold: float,
-        sigma: float,
-        wait_deficit: float,
+        chart: int,
         job_work: float,
         medians: np.ndarray,
-        windows_over: int,
     ) -> Finding:
         node, local_rank = context.lookup(rank)
         where = f"rank {rank}"
@@ -617,39 +630,24 @@ class StragglerDetector:
         if local_rank is not None:
             where += f" (local rank {local_rank})"
         slowdown = float(typical[signal])
-        extra_ms = 1e3 * slowdown * job_work
-        pct = 100 * slowdown
-        if signal == _COMPUTE:
-            message = (
-                f"{where}: forward+backward {extra_ms:.1f} ms/step ({pct:.1f}%) longer than the "
-                "median rank's, and every other rank waits for it in the gradient collective: "
-                "check that GPU's clocks, clock-event reasons and XIDs"
-            )
-        elif signal == _DATA:
-            message = (
-                f"{where}: data loading {extra_ms:.1f} ms/step ({pct:.1f}% of a step's work) "
-                "longer than the median rank's, and every other rank waits for it: check its "
-                "input pipeline (loader workers, storage, host CPU)"
-            )
-        else:
-            message = (
-                f"{where}: collective transfer {extra_ms:.1f} ms/step ({pct:.1f}% of a step's "
-                "work) longer than the median rank's, and every other rank waits for it: check "
-                "its network link (NIC, cable, switch port)"
-            )
-        evidence: dict[str, Any] = {
+        message = _message(signal=signal, where=where, slowdown=slowdown, job_work=job_work,
+                           signal_seconds=float(medians[signal]),
+                           hint=self.config.compute_hint)
+        t = self._test
+        details: dict[str, Any] = {
             "slowdown": _round(slowdown),
-            "threshold": _round(threshold),
-            "noise": _round(sigma),
+            "evidence": _round(float(self._raise_sum[rank, chart, signal])),
+            "decision_interval": _round(float(t.interval[chart, signal])),
+            "reference": _round(float(t.reference[chart, signal])),
+            "noise": _round(float(t.noise[signal])),
             "compute_slowdown": _round(float(typical[_COMPUTE])),
             "data_slowdown": _round(float(typical[_DATA])),
             "transfer_slowdown": _round(float(typical[_TRANSFER])),
-            "wait_deficit": _round(wait_deficit),
+            "wait_deficit": _round(float(typical[_WAIT_DEFICIT])),
             "median_work_seconds": _round(job_work),
             "median_compute_seconds": _round(float(medians[_COMPUTE])),
             "median_data_seconds": _round(float(medians[_DATA])),
             "median_transfer_seconds": _round(float(medians[_TRANSFER])),
-            "windows_over": windows_over,
             "windows": self.config.persistence_windows,
         }
         return Finding(
@@ -661,7 +659,7 @@ class StragglerDetector:
             node=node,
             local_rank=local_rank,
             step=step,
-            evidence=evidence,
+            evidence=details,
         )
 
     def _clear_all(self, step: int | None, reason: str) -> list[Finding]:
@@ -672,6 +670,31 @@ class StragglerDetector:
         self._active_signal.clear()
         self.job_slowdown = None
         return cleared
+
+
+def _message(*, signal: int, where: str, slowdown: float, job_work: float,
+             signal_seconds: float, hint: str) -> str:
+    """A rank finding's message: one number for the slowdown, then what to check.
+
+    Args:
+        slowdown: the rank's excess as a fraction of the median rank's work per step.
+        job_work: the median rank's work (compute + data) per step, seconds.
+        signal_seconds: the median rank's seconds per step of this signal.
+    """
+    extra_ms = 1e3 * slowdown * job_work
+    if signal == _COMPUTE:
+        # compute: this rank's forward+backward over the median rank's
+        pct = 100 * slowdown * job_work / signal_seconds if signal_seconds > 0 else 100 * slowdown
+        return (f"{where}: forward+backward {pct:.0f}% slower than the median rank "
+                f"(+{extra_ms:.1f} ms per step), and every other rank waits for it in the "
+                f"gradient collective: {hint}")
+    if signal == _DATA:
+        return (f"{where}: data loading +{extra_ms:.1f} ms per step over the median rank "
+                f"({100 * slowdown:.0f}% of a step's work), and every other rank waits for it: "
+                "check its input pipeline (loader workers, storage, host CPU)")
+    return (f"{where}: collective transfer +{extra_ms:.1f} ms per step over the median rank "
+            f"({100 * slowdown:.0f}% of a step's work), and every other rank waits for it: "
+            "check its network link (NIC, cable, switch port)")
 
 
 def _sort_windows(history: np.ndarray) -> np.ndarray:
@@ -693,23 +716,6 @@ def _pick(ordered: np.ndarray, index: np.ndarray) -> np.ndarray:
     """``ordered[index[r, c], r, c]`` for every (r, c); index clipped into range."""
     index = np.clip(index, 0, ordered.shape[0] - 1)
     return np.take_along_axis(ordered, index[None], axis=0)[0]
-
-
-def _order_statistic_sd(m: int, n: int) -> float:
-    """Standard deviation of the m-th largest of n standard normal samples.
-
-    Integrates the order-statistic density ``n!/((m-1)!(n-m)!) F^(n-m) (1-F)^(m-1) phi`` on a
-    grid (David & Nagaraja, *Order Statistics*, 3rd ed., eq. 2.1.6): 1 for m = n = 1, about
-    0.54 for the median of 5.
-    """
-    x = np.linspace(-10.0, 10.0, 8001)
-    cdf = np.array([0.5 * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x])
-    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-    coefficient = math.factorial(n) / (math.factorial(m - 1) * math.factorial(n - m))
-    density = coefficient * cdf ** (n - m) * (1.0 - cdf) ** (m - 1) * pdf
-    dx = x[1] - x[0]
-    mean = float(np.sum(x * density) * dx)
-    return math.sqrt(float(np.sum((x - mean) ** 2 * density) * dx))
 
 
 @dataclass(slots=True)

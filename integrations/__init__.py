@@ -3,7 +3,7 @@
 Needs torch (``pip install 'laggard[torch]'``). The names below are imported on first use, so
 ``import laggard.integrations`` stays cheap and the CLI's subcommands load only what they need::
 
-    from laggard.integrations import TrainingMonitor, CommTimer, allreduce_timing_hook
+    from laggard.integrations import TrainingMonitor, CommTimer, CollectiveTracer
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ _EXPORTS = {
     "CommTimer": "laggard.integrations.comm_timing",
     "CommStep": "laggard.integrations.comm_timing",
     "allreduce_timing_hook": "laggard.integrations.comm_timing",
+    "CollectiveTracer": "laggard.integrations.tracer",
+    "instrument_fsdp": "laggard.integrations.trace_sources",
+    "attach": "laggard.integrations.trace_sources",
     "make_hook": "laggard.integrations.compression",
     "COMPRESSORS": "laggard.integrations.compression",
     "GradientIntegrity": "laggard.integrations.integrity",

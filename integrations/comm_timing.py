@@ -45,11 +45,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from laggard.integrations.tracer import union_seconds
 from laggard.wire import CollectiveTiming
 
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
+
+    from laggard.integrations.tracer import CollectiveTracer
 
 T = TypeVar("T")
 
@@ -108,6 +111,8 @@ class CommTimer:
 
     Args:
         process_group: group the timing hooks reduce over; None means the default group.
+        tracer: a :class:`~laggard.integrations.tracer.CollectiveTracer` that also gets every
+            collective (op, group, launch and completion), so DDP is one of its sources.
 
     Attributes:
         process_group: as given.
@@ -115,8 +120,10 @@ class CommTimer:
             :data:`MAX_PENDING_COLLECTIVES` of them.
     """
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, process_group: dist.ProcessGroup | None = None, *,
+                 tracer: CollectiveTracer | None = None) -> None:
         self.process_group = process_group
+        self.tracer = tracer
         self.dropped = 0
         self._lock = threading.Lock()
         self._done: collections.deque[tuple[str, float, float, int, int]] = collections.deque()
@@ -166,7 +173,10 @@ class CommTimer:
                 if len(self._done) >= MAX_PENDING_COLLECTIVES:
                     self._done.popleft()
                     self.dropped += 1
-                self._done.append((op, launched, time.perf_counter(), nbytes, raw))
+                end = time.perf_counter()
+                self._done.append((op, launched, end, nbytes, raw))
+            if self.tracer is not None:
+                self.tracer.record(op, self.process_group, launched, end, nbytes)
             value = done.value()  # re-raises the collective's error to DDP, as it should
             return value if result is None else result(value)
 
@@ -189,15 +199,8 @@ class CommTimer:
         step = CommStep()
         if not done:
             return step
-        intervals = sorted((start, end) for _, start, end, _, _ in done)
-        covered, cur_start, cur_end = 0.0, intervals[0][0], intervals[0][1]
-        for start, end in intervals[1:]:
-            if start > cur_end:
-                covered += cur_end - cur_start
-                cur_start, cur_end = start, end
-            else:
-                cur_end = max(cur_end, end)
-        covered += cur_end - cur_start
+        intervals = [(start, end) for _, start, end, _, _ in done]
+        covered = union_seconds(intervals)
         last_completion = max(end for _, end in intervals)
         step.collectives = [
             CollectiveTiming(op, end - start, nbytes) for op, start, end, nbytes, _ in done

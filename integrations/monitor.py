@@ -33,6 +33,7 @@ blocks pass through untouched.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import socket
@@ -44,8 +45,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from laggard.detectors.finding import Finding
+from laggard.detectors.window import STAT, STAT_NAMES, detector_summaries, summarize_window
 from laggard.wire import (
     DEFAULT_INTAKE_ADDRESS,
+    MAX_REPORT_FINDINGS,
     MAX_REPORT_RANKS,
     CollectiveTiming,
     StepRecord,
@@ -57,36 +60,19 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
     from laggard.integrations.comm_timing import CommTimer
+    from laggard.integrations.tracer import CollectiveTracer
 
 log = logging.getLogger(__name__)
 
-#: Per-step statistics each rank keeps over a window (rows of ``TrainingMonitor._window``).
-#: The first four are the straggler detector's ``SUMMARY_FIELDS``; ``transfer_seconds`` stays NaN:
-#: launch-to-completion minus the exposed wait is the *hidden* time (backward compute overlapped
-#: with communication), not a link's transfer time, and would blame the slow rank's link.
-STAT_NAMES = (
-    "compute_seconds",          # phases other than data, minus exposed collective time
-    "data_seconds",             # the "data" phase
-    "collective_wait_seconds",  # exposed collective time (CommTimer) or the "collective_wait" phase
-    "transfer_seconds",         # not measured: NaN
-    "step_seconds",             # wall time of the step
-    "collective_seconds",       # launch-to-completion collective time (union over buckets)
-    "comm_bytes",               # payload bytes handed to collectives
-)
-_COMPUTE, _DATA, _WAIT, _TRANSFER, _STEP, _COLLECTIVE, _BYTES = range(len(STAT_NAMES))
 #: Phase names that are not the rank's own compute.
 _NOT_COMPUTE = frozenset({"data", "collective_wait"})
 #: ``Config.phase_clock`` -> clock of the phase timers, in seconds.
-#: Fewest ranks the straggler detector compares (``StragglerDetector.Config.min_ranks``).
-_MIN_RANKS_TO_COMPARE = 3
 _PHASE_CLOCKS: dict[str, Callable[[], float]] = {
     "wall": time.perf_counter,
     "thread_cpu": time.thread_time,
 }
 #: Per-step collective entries sent in one StepRecord; beyond it they are merged per op.
 _MAX_COLLECTIVES_PER_RECORD = 32
-#: Findings (raised or cleared) carried by one WindowReport.
-_MAX_REPORT_FINDINGS = 16
 
 
 @dataclass(slots=True)
@@ -99,6 +85,7 @@ class MonitorStats:
         send_errors: datagrams that failed otherwise (agent down: ``ECONNREFUSED``, no route...).
         windows: detection windows gathered.
         gather_errors: failed gathers (detection is switched off after the first).
+        save_errors: windows that could not be appended to ``Config.windows_path``.
         internal_errors: the monitor's own bookkeeping failures (a bug; logged once).
     """
 
@@ -107,6 +94,7 @@ class MonitorStats:
     send_errors: int = 0
     windows: int = 0
     gather_errors: int = 0
+    save_errors: int = 0
     internal_errors: int = 0
 
 
@@ -134,6 +122,10 @@ class TrainingMonitor:
         comm_timer: the CommTimer of the job's DDP communication hook; gives each step's
             collective timings and exposed wait. Without it, collective wait is the time spent in
             a phase named ``"collective_wait"``, if any.
+        tracer: a :class:`~laggard.integrations.tracer.CollectiveTracer`: every collective of
+            its groups (FSDP2, DDP through ``CommTimer(tracer=...)``, async ``Work``); without
+            a comm_timer it gives the step's collective timings, and its per-group times ride
+            in the window gather so rank 0 can tell who waited for whom and name a slow link.
         group: process group for the window ``all_gather``; None uses the default group when
             its backend is gloo and otherwise creates a gloo group (the statistics are CPU
             tensors). Every rank must construct its monitor at the same point, as for any
@@ -183,6 +175,20 @@ class TrainingMonitor:
         measures the scheduler; a thread waiting on a collective uses no CPU, so nothing is
         moved). Step time and collective times stay wall time."""
 
+        link_probe_bytes: int | None = None
+        """Payload of the per-window link probe (``laggard.integrations.link_probe``): each
+        rank times a round trip to its ring successor so rank 0 can name a slow link. None:
+        256 KiB when a tracer is given, else off; 0: off."""
+
+        link: Any = None
+        """``laggard.detectors.link.LinkDetector.Config`` for rank 0; None for defaults."""
+
+        windows_path: str = ""
+        """On rank 0, append every gathered window to this file as one JSON line (step,
+        ``stat_names``, per-rank values, scores, findings raised or cleared, and the values
+        given to :meth:`TrainingMonitor.note`): what ``laggard report WINDOWS.jsonl --html``
+        reads. Empty: nothing is written. A write error is counted and logged once."""
+
         integrity: Any = None
         """A ``laggard.integrations.integrity.GradientIntegrity`` whose window fingerprints ride
         in this gather (its int64 vector as float64 words after the statistics), checked on every
@@ -195,6 +201,8 @@ class TrainingMonitor:
                 raise ValueError(f"window_steps {self.window_steps} outside [2, 10000]")
             if self.history_windows < 0:
                 raise ValueError("history_windows must be >= 0")
+            if self.link_probe_bytes is not None and not 0 <= self.link_probe_bytes <= 64 << 20:
+                raise ValueError("link_probe_bytes must be in [0, 64 MiB]")
             if self.phase_clock not in _PHASE_CLOCKS:
                 raise ValueError(f"phase_clock must be one of {sorted(_PHASE_CLOCKS)}")
 
@@ -203,6 +211,7 @@ class TrainingMonitor:
         config: TrainingMonitor.Config | None = None,
         *,
         comm_timer: CommTimer | None = None,
+        tracer: CollectiveTracer | None = None,
         group: dist.ProcessGroup | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -210,6 +219,7 @@ class TrainingMonitor:
     ) -> None:
         self.config = config if config is not None else TrainingMonitor.Config()
         self.comm_timer = comm_timer
+        self.tracer = tracer
         self.stats = MonitorStats()
         self.findings: list[Finding] = []
         self.cleared: list[Finding] = []
@@ -240,14 +250,19 @@ class TrainingMonitor:
             self._group = dist_mod.new_group(backend="gloo")
             self._own_group = True
         self._identities: list[tuple[str, int]] | None = None
+        self._group_keys: list[Any] = []
+        self._notes: dict[str, list[float]] = {}
+        self._windows_file: Any = None
         self._detector: Any = None
-        if self._detect and self.rank == 0 and self.world_size < _MIN_RANKS_TO_COMPARE:
-            # Two ranks cannot out-vote each other: the detector needs a majority to compare a
-            # rank against. Say so once rather than report nothing silently.
-            log.warning("laggard: straggler detection needs at least %d ranks; this job has %d, "
-                        "so only step records are sent", _MIN_RANKS_TO_COMPARE, self.world_size)
         if self._detect and self.rank == 0:
             self._detector = _make_detector(self.config.straggler)  # not in the first window
+            min_ranks = self._detector.config.min_ranks
+            if self.world_size < min_ranks:
+                # The detector needs a majority to compare a rank against (and the user may
+                # ask for more ranks than that). Say so once rather than report nothing.
+                log.warning("laggard: straggler detection needs at least %d ranks; this job "
+                            "has %d, so only step records are sent", min_ranks, self.world_size)
+        self._trace = _trace_extension(self) if tracer is not None else None
 
     # ----------------------------------------------------------------- the training-loop API
     def step(self) -> _StepContext:
@@ -263,9 +278,35 @@ class TrainingMonitor:
         """
         return _PhaseContext(self._intervals, name, self._clock)
 
+    def note(self, name: str, value: float) -> None:
+        """Record a value of the training loop (e.g. ``loss``) for the saved windows: rank 0
+        writes each name's mean over the window beside the window's statistics
+        (:attr:`Config.windows_path`). Cheap, never raises; ignored without a windows path.
+
+        Args:
+            name: the value's name (at most 16 distinct names are kept).
+            value: a float (NaN and infinities are dropped).
+        """
+        if not self.config.windows_path or self.rank != 0:
+            return
+        try:
+            values = self._notes.get(name)
+            if values is None:
+                if len(self._notes) >= 16:
+                    return
+                values = self._notes[name] = []
+            value = float(value)
+            if np.isfinite(value):
+                values.append(value)
+        except (TypeError, ValueError):
+            return
+
     def close(self) -> None:
         """Close the socket and destroy the gather group this monitor created. Never raises."""
         try:
+            if self._windows_file is not None:
+                self._windows_file.close()
+                self._windows_file = None
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
@@ -300,8 +341,11 @@ class TrainingMonitor:
             self._gather_window(step)
 
     def _record_step(self, step: int, end: float) -> None:
-        comm = self.comm_timer.take_step() if self.comm_timer is not None else None
-        exposed = comm.exposed_interval if comm is not None else None
+        comm: Any = self.comm_timer.take_step() if self.comm_timer is not None else None
+        if self._trace is not None:
+            traced = self._trace.take_step(step)
+            comm = comm if comm is not None else traced
+        exposed = getattr(comm, "exposed_interval", None)
         if self._clock is not time.perf_counter:
             exposed = None  # other clocks do not advance while the thread waits
         phases: dict[str, float] = {}
@@ -320,15 +364,19 @@ class TrainingMonitor:
         data = phases.get("data", 0.0)
         compute = (sum(v for k, v in phases.items() if k not in _NOT_COMPUTE) if phases
                    else max(0.0, step_seconds - wait))
+        if comm is not None and exposed is None and self._clock is time.perf_counter:
+            # blocking collectives (FSDP2 on gloo) sat inside the wall-clock phases
+            compute = max(0.0, compute - (wait if self.comm_timer is None else 0.0))
         column = step % self.config.window_steps
         w = self._window
-        w[_COMPUTE, column] = compute
-        w[_DATA, column] = data
-        w[_WAIT, column] = wait
-        w[_TRANSFER, column] = np.nan
-        w[_COLLECTIVE, column] = comm.total_seconds if comm is not None else wait
-        w[_STEP, column] = step_seconds
-        w[_BYTES, column] = comm.bytes if comm is not None else 0
+        w[STAT["compute_seconds"], column] = compute
+        w[STAT["data_seconds"], column] = data
+        w[STAT["collective_wait_seconds"], column] = wait
+        w[STAT["transfer_seconds"], column] = np.nan
+        w[STAT["collective_seconds"], column] = comm.total_seconds if comm is not None else wait
+        w[STAT["step_seconds"], column] = step_seconds
+        w[STAT["comm_bytes"], column] = comm.bytes if comm is not None else 0
+        w[STAT["link_probe_seconds"], column] = np.nan  # set for the window at the gather
         if self._sock is not None:
             record = StepRecord(
                 rank=self.rank, world_size=self.world_size, step=step,
@@ -378,12 +426,18 @@ class TrainingMonitor:
 
             if self._identities is None:
                 identities: list[Any] = [None] * self.world_size
-                dist.all_gather_object(identities, (self.node, self.local_rank),
+                keys = self._trace.group_keys() if self._trace is not None else []
+                dist.all_gather_object(identities, (self.node, self.local_rank, keys),
                                        group=self._group)
-                self._identities = identities
+                self._identities = [(node, lr) for node, lr, _ in identities]
+                self._group_keys = [k for _, _, k in identities]
             # Per-rank medians over the window: a fixed len(STAT_NAMES) float64 per rank,
             # whatever K, robust to one slow step (a garbage-collection pause).
+            if self._trace is not None:
+                self._window[STAT["link_probe_seconds"]] = self._trace.probe(self._group)
             local = torch.from_numpy(window_medians(self._window))
+            if self._trace is not None:
+                local = torch.cat([local, torch.from_numpy(self._trace.window.vector())])
             if integrity is not None:
                 local = torch.cat([local, integrity.window_vector().view(torch.float64)])
             gathered = [torch.empty_like(local) for _ in range(self.world_size)]
@@ -396,12 +450,13 @@ class TrainingMonitor:
                            "straggler detection off", step, exc)
             return
         matrix = torch.stack(gathered)
+        extra = len(STAT_NAMES) + (self._trace.size if self._trace is not None else 0)
         if integrity is not None:
             from laggard.integrations.integrity import IntegrityError
 
             try:
                 found = integrity.check_window(
-                    matrix[:, len(STAT_NAMES):].contiguous().view(torch.int64))
+                    matrix[:, extra:].contiguous().view(torch.int64))
             except IntegrityError as exc:  # policy "raise": report it, then stop the job
                 self._report_integrity(step, exc.findings)
                 raise
@@ -409,13 +464,17 @@ class TrainingMonitor:
         if self.rank == 0:
             try:
                 self.analyse_window(step, matrix[:, :len(STAT_NAMES)].numpy())
+                if self._trace is not None:
+                    self._trace.analyse(
+                        step, matrix[:, len(STAT_NAMES):extra].numpy(), self._group_keys,
+                        edge_seconds=matrix[:, STAT["link_probe_seconds"]].numpy())
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("detector", exc)
 
     def _report_integrity(self, step: int, findings: list[Finding]) -> None:
         """Rank 0 sends gradient-integrity findings to its agent (laggard_findings_total)."""
         if findings and self.rank == 0 and self._sock is not None:
-            docs = [f.to_dict() for f in findings[:_MAX_REPORT_FINDINGS]]
+            docs = [f.to_dict() for f in findings[:MAX_REPORT_FINDINGS]]
             self._send(WindowReport(step=step, world_size=self.world_size, findings=docs).encode())
 
     def analyse_window(self, step: int, medians: np.ndarray) -> list[Finding]:
@@ -442,7 +501,7 @@ class TrainingMonitor:
         window = RankWindow.from_summaries(
             step=step,
             ranks=np.arange(ranks, dtype=np.int64),
-            summaries=medians[:, :_STEP],
+            summaries=detector_summaries(medians),
             world_size=self.world_size,
             nodes=[node for node, _ in identities],
             local_ranks=None if any(lr is None for _, lr in identities)
@@ -462,7 +521,33 @@ class TrainingMonitor:
         self.windows.append(WindowSummary(step, medians.copy(), scores))
         if self._sock is not None:
             self._send_report(step, medians, scores, findings)
+        if self.config.windows_path:
+            self._save_window(step, medians, scores, findings)
         return findings
+
+    def _save_window(self, step: int, medians: np.ndarray, scores: dict[int, float],
+                     findings: list[Finding]) -> None:
+        """Append one window to ``Config.windows_path`` as a JSON line (rank 0)."""
+        notes = {name: float(np.mean(v)) for name, v in self._notes.items() if v}
+        self._notes = {name: [] for name in self._notes}
+        try:
+            if self._windows_file is None:
+                self._windows_file = open(self.config.windows_path, "a", encoding="utf-8")
+            doc = {
+                "step": step, "world_size": self.world_size, "stat_names": list(STAT_NAMES),
+                "medians": [[v if np.isfinite(v) else None for v in row]
+                            for row in medians.tolist()],
+                "scores": {str(r): v for r, v in scores.items()},
+                "findings": [{**f.to_dict(), "cleared": bool(f.evidence.get("cleared"))}
+                             for f in findings],
+                "notes": notes,
+            }
+            self._windows_file.write(json.dumps(doc) + "\n")
+            self._windows_file.flush()
+        except (OSError, TypeError, ValueError) as exc:
+            self.stats.save_errors += 1
+            self._log_once("save", "laggard: cannot save windows to %s: %s (counting, not "
+                           "retrying)", self.config.windows_path, exc)
 
     def _send_report(self, step: int, medians: np.ndarray, scores: dict[int, float],
                      findings: list[Finding]) -> None:
@@ -470,12 +555,13 @@ class TrainingMonitor:
             top = sorted(scores, key=scores.__getitem__, reverse=True)[:MAX_REPORT_RANKS]
             scores = {r: scores[r] for r in top}
         docs = []
-        for finding in findings[:_MAX_REPORT_FINDINGS]:
+        for finding in findings[:MAX_REPORT_FINDINGS]:
             doc = finding.to_dict()
             if finding.evidence.get("cleared"):
                 doc["cleared"] = True
             docs.append(doc)
-        job = medians[:, [_COLLECTIVE, _WAIT, _BYTES]].mean(axis=0)
+        job = medians[:, [STAT["collective_seconds"], STAT["collective_wait_seconds"],
+                          STAT["comm_bytes"]]].mean(axis=0)
         report = WindowReport(
             step=step, world_size=self.world_size, scores=scores, findings=docs,
             comm={"total_seconds": float(job[0]), "exposed_seconds": float(job[1]),
@@ -535,6 +621,12 @@ class _PhaseContext:
         return False
 
 
+def _trace_extension(monitor: TrainingMonitor) -> Any:
+    from laggard.integrations.trace_window import TraceExtension
+
+    return TraceExtension(monitor)
+
+
 def _make_detector(config: Any) -> Any:
     # imported here: numpy-heavy detector code is loaded only where detection runs
     from laggard.detectors.straggler import StragglerDetector
@@ -552,7 +644,8 @@ def _initialized_dist() -> Any:
 
 
 def window_medians(window: np.ndarray) -> np.ndarray:
-    """One rank's summary of a window: the median of each statistic over its K steps.
+    """One rank's summary of a window: each column reduced over its K steps
+    (:func:`laggard.detectors.window.summarize_window`).
 
     Args:
         window: ``(len(STAT_NAMES), K)`` float64 per-step statistics.
@@ -560,9 +653,7 @@ def window_medians(window: np.ndarray) -> np.ndarray:
     Returns:
         ``(len(STAT_NAMES),)`` float64; ``transfer_seconds`` is NaN (not measured).
     """
-    out = np.median(window, axis=1)
-    out[_TRANSFER] = np.nan
-    return out
+    return summarize_window(window)
 
 
 def _capped(collectives: list[CollectiveTiming]) -> list[CollectiveTiming]:

@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("laggard.demo.local", "train a small model on W local ranks and find the slow one"),
     "analyze": ("laggard.analyze.cli",
                 "read logs and dumps after an incident and name the culprit"),
+    "report": ("laggard.analyze.run_report",
+               "write a run's straggler report (heatmaps, findings, phases) as one HTML page"),
     "dashboards": ("laggard.dashboards.cli", "write Grafana dashboards and Prometheus rules"),
     "cluster-demo": ("laggard.demo.cluster", "emulate N nodes with network namespaces, run one "
                      "job across them, inject a fault, name it"),

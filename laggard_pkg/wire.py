@@ -215,7 +215,8 @@ class StepRecord:
 
 #: Most ranks whose scores one WindowReport carries; the sender keeps the highest scores.
 MAX_REPORT_RANKS = 128
-_MAX_REPORT_FINDINGS = 16
+#: Most findings (raised or cleared) one WindowReport carries.
+MAX_REPORT_FINDINGS = 16
 
 
 @dataclass(slots=True)
@@ -279,7 +280,7 @@ class WindowReport:
                 raise RecordError("range", f"rank {rank} outside world size")
             scores[rank] = _number(value, "score")
         findings = doc.get("findings", [])
-        if not isinstance(findings, list) or len(findings) > _MAX_REPORT_FINDINGS:
+        if not isinstance(findings, list) or len(findings) > MAX_REPORT_FINDINGS:
             raise RecordError("schema", "findings must be a short list")
         for f in findings:
             if not isinstance(f, dict):

@@ -71,6 +71,29 @@ def test_two_nodes_slowed_rank_is_named_with_node_cause_and_alert(tmp_path: Path
     assert _leftovers(proc.pid) == []
 
 
+@pytest.mark.usefixtures("need_namespaces")
+def test_three_nodes_degraded_link_is_named_in_job_with_node_cause_and_alert(
+        tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="the demo job needs torch (pip install 'laggard[torch]')")
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "laggard.cli", "cluster-demo", "--nodes", "3", "--fault", "link",
+         "--fault-node", "1", "--fault-rate", "100mbit", "--steps", "90", "--window", "6",
+         "--fault-at-step", "24", "--timeout", "240", "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout
+    report = json.loads(out.read_text())
+    verdict = report["verdict"]
+    assert (verdict["node"], verdict["cause"]) == ("node1", "link"), proc.stdout
+    # named by the in-job link detector, not only by the end-of-run link check
+    assert verdict["source"].startswith("in-job link detector"), proc.stdout
+    named = [f for f in report["findings"] if f["kind"] == "link"]
+    assert named[0]["node"] == "node1" and named[0]["evidence"]["peers"] == [0, 2]
+    assert "LaggardSlowLink" in verdict["alerts_firing"], report["alerts"]
+
+
 def _drop_all_capabilities() -> None:
     # Runs in the child before exec: with an empty bounding set even uid 0 execs without
     # capabilities (capabilities(7), "Transformation of capabilities during execve()").

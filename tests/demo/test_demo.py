@@ -28,6 +28,7 @@ def _start(*flags: str, metrics_port: int | None = None) -> subprocess.Popen[str
     if metrics_port is not None:
         cmd += ["--metrics-address", f"127.0.0.1:{metrics_port}"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -44,8 +45,9 @@ def _per_rank_series(text: str, metric: str) -> set[str]:
 def test_demo_names_the_slowed_rank_and_the_agent_exports_every_rank(tmp_path):
     report_path = tmp_path / "report.json"
     port = free_port()
+    html_path = tmp_path / "report.html"
     proc = _start(*SHORT, "--steps", "200", "--slowdown", "2.0", "--slow-from", "20",
-                  "--report", str(report_path), metrics_port=port)
+                  "--report", str(report_path), "--html", str(html_path), metrics_port=port)
     scrapes: list[str] = []
 
     def scrape_during_the_run() -> None:
@@ -77,7 +79,11 @@ def test_demo_names_the_slowed_rank_and_the_agent_exports_every_rank(tmp_path):
     report = json.loads(report_path.read_text())
     assert set(report) >= {"world_size", "steps", "injected", "findings", "ranks", "loss",
                            "metrics_url"}
-    assert report["injected"] == {"rank": 1, "slowdown": 2.0, "from_step": 20}
+    injected = report["injected"]
+    assert {k: injected[k] for k in ("rank", "slowdown", "from_step")} == {
+        "rank": 1, "slowdown": 2.0, "from_step": 20}
+    # exact injection: each step's compute doubled, whatever the load (measured, not assumed)
+    assert 0.7 < injected["measured_slowdown"] < 1.4
     stragglers = [f for f in report["findings"] if f["rank"] is not None]
     assert [f["rank"] for f in stragglers] == [1], report["findings"]
     finding = stragglers[0]
@@ -92,20 +98,38 @@ def test_demo_names_the_slowed_rank_and_the_agent_exports_every_rank(tmp_path):
     assert report["loss"]["last"] < report["loss"]["first"]
     assert report["metrics_url"] == f"http://127.0.0.1:{port}/metrics"
     assert report["comm"]["bytes"] > 0
-    assert "straggler: rank 1" in out and "injected: rank 1 x2 from step 20: found" in out
+    assert "straggler: rank 1" in out and "why: its excess added up" in out
+    assert "injected: rank 1 100% slower compute from step 20; measured" in out
+    assert "; found at step" in out and "evidence:" not in out
+    assert "check that GPU's clocks" not in out.split("injected: rank 1")[1]
+    assert "the agent stopped with the demo (--keep-agent keeps /metrics up)" in out
+    assert 10_000 < html_path.stat().st_size < 2_000_000
     assert "step   100/200" in out  # progress while it ran
 
 
 @pytest.mark.slow
-def test_demo_without_slowdown_names_no_straggler(tmp_path):
+def test_demo_without_slowdown_names_no_straggler_and_keeps_the_agent_up(tmp_path):
     report_path = tmp_path / "report.json"
+    port = free_port()
     proc = _start(*SHORT, "--steps", "120", "--slowdown", "1.0", "--slow-from", "0",
-                  "--report", str(report_path))
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, out[-4000:]
+                  "--report", str(report_path), "--keep-agent", metrics_port=port)
+    lines = []
+    started = time.monotonic()
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the report, then the agent stays up (no terminal: until a signal)
+        lines.append(line)
+        if line.startswith("the agent is still up"):
+            break
+        assert time.monotonic() - started < 240, "".join(lines)
+    out = "".join(lines)
+    assert f"http://127.0.0.1:{port}/metrics and http://127.0.0.1:{port}/findings" in out
+    assert "laggard_steps_total" in scrape(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
     report = json.loads(report_path.read_text())
     assert [f for f in report["findings"] if f["rank"] is not None] == []
-    assert "straggler: none found" in out
+    assert "straggler: none found" in out and "injected: nothing; no straggler named" in out
 
 
 @pytest.mark.slow
@@ -177,5 +201,29 @@ def test_report_from_a_worker_result():
     assert "cleared at step 59" in text
     assert report["cleared"] == [{"detector": "straggler", "kind": "compute", "rank": 1,
                                   "step": 59}]
-    assert "injected: rank 1 x1.5 from step 20: found" in text
+    assert ("injected: rank 1 50% slower compute from step 20; measured 53%; found at step 39, "
+            "20 steps after onset") in text
+    assert report["injected"]["measured_slowdown"] == pytest.approx(0.046 / 0.03 - 1)
+    assert "why: its excess added up" not in text  # this finding carries no test evidence
     assert "ranks 0-2" in text
+
+
+def test_a_finding_is_explained_in_one_sentence_with_two_numbers():
+    from laggard.demo.report import format_report
+
+    finding = {"detector": "straggler", "kind": "compute", "rank": 2, "step": 259,
+               "message": "rank 2: forward+backward 25% slower than the median rank",
+               "evidence": {"noise": 0.014, "evidence": 0.09, "wait_deficit": 0.88,
+                            "median_work_seconds": 0.0206, "transfer_slowdown": None}}
+    report = {"table_from_step": 200, "ranks": [], "findings": [finding], "cleared": [],
+              "comm": {"bytes": None}, "loss": {"first": 5.8, "last": 1.5},
+              "metrics_url": "http://127.0.0.1:1/metrics",
+              "injected": {"rank": 2, "slowdown": 1.25, "from_step": 200,
+                           "measured_slowdown": 0.254}}
+    text = format_report(report)
+    assert ("why: its excess added up window after window to the decision interval, against a "
+            "rank-to-rank noise of 1.4% of a step's work; it waits 18.1 ms per step less than "
+            "the median rank in the collective") in text
+    assert "transfer_slowdown" not in text and "evidence:" not in text
+    assert text.endswith("injected: rank 2 25% slower compute from step 200; measured 25%; "
+                         "found at step 259, 60 steps after onset")

@@ -16,8 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from laggard.detectors.window import STAT, STAT_NAMES  # noqa: E402
 from laggard.integrations.comm_timing import CommTimer  # noqa: E402
-from laggard.integrations.monitor import STAT_NAMES, TrainingMonitor  # noqa: E402
+from laggard.integrations.monitor import TrainingMonitor  # noqa: E402
 from laggard.wire import StepRecord, WindowReport, decode_datagram  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -228,16 +229,18 @@ def test_agent_address_empty_sends_nothing():
 def _window(rng: np.random.Generator, slow_rank: int | None, ranks: int = 4) -> np.ndarray:
     """Per-rank window medians (R, 7): 30 ms compute, 10 ms wait, a few % of noise."""
     medians = np.zeros((ranks, len(STAT_NAMES)))
-    medians[:, 0] = 0.030 * (1 + 0.01 * rng.standard_normal(ranks))
-    medians[:, 1] = 0.001
-    medians[:, 2] = 0.010 * (1 + 0.01 * rng.standard_normal(ranks))
-    medians[:, 3] = np.nan
-    medians[:, 6] = 1e6
+    compute, data, wait = (STAT[n] for n in ("compute_seconds", "data_seconds",
+                                             "collective_wait_seconds"))
+    medians[:, compute] = 0.030 * (1 + 0.01 * rng.standard_normal(ranks))
+    medians[:, data] = 0.001
+    medians[:, wait] = 0.010 * (1 + 0.01 * rng.standard_normal(ranks))
+    medians[:, STAT["transfer_seconds"]] = np.nan
+    medians[:, STAT["comm_bytes"]] = 1e6
     if slow_rank is not None:
-        medians[slow_rank, 0] *= 1.3
-        medians[slow_rank, 2] = 0.001  # the others wait for it; it waits least
-    medians[:, 4] = medians[:, 0].max() + medians[:, 1] + 0.002
-    medians[:, 5] = medians[:, 2] + 0.002
+        medians[slow_rank, compute] *= 1.3
+        medians[slow_rank, wait] = 0.001  # the others wait for it; it waits least
+    medians[:, STAT["step_seconds"]] = medians[:, compute].max() + medians[:, data] + 0.002
+    medians[:, STAT["collective_seconds"]] = medians[:, wait] + 0.002
     return medians
 
 
@@ -294,3 +297,35 @@ def test_comm_timing_hook_on_a_real_two_rank_gloo_job(tmp_path):
     for step in (2, 3, 4):
         assert waiting[step]["exposed"] >= 0.25
         assert late[step]["exposed"] < waiting[step]["exposed"] - 0.2
+
+
+def test_rank0_saves_each_window_as_a_json_line_with_its_notes(receiver, tmp_path):
+    path = tmp_path / "windows.jsonl"
+    config = TrainingMonitor.Config(agent_address=f"127.0.0.1:{receiver.getsockname()[1]}",
+                                    detect=False, node="node07", windows_path=str(path))
+    monitor = TrainingMonitor(config, rank=0, world_size=4)
+    rng = np.random.default_rng(1)
+    plan = [None] * 6 + [2] * 6
+    for i, slow in enumerate(plan):
+        monitor.note("loss", 3.0 - 0.1 * i)
+        monitor.note("loss", float("nan"))  # dropped, not averaged in
+        monitor.analyse_window(20 * i + 19, _window(rng, slow))
+    monitor.close()
+    docs = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [d["step"] for d in docs] == [20 * i + 19 for i in range(len(plan))]
+    assert docs[0]["stat_names"] == list(STAT_NAMES)
+    assert len(docs[0]["medians"]) == 4 and docs[0]["medians"][0][STAT["transfer_seconds"]] is None
+    assert [d["notes"]["loss"] for d in docs[:2]] == [3.0, 2.9]
+    raised = [f for d in docs for f in d["findings"] if not f["cleared"]]
+    assert [f["rank"] for f in raised] == [2] and monitor.stats.save_errors == 0
+
+
+def test_an_unwritable_windows_path_is_counted_never_raised(receiver, tmp_path):
+    config = TrainingMonitor.Config(agent_address="", detect=False,
+                                    windows_path=str(tmp_path / "missing-dir" / "w.jsonl"))
+    monitor = TrainingMonitor(config, rank=0, world_size=4)
+    rng = np.random.default_rng(2)
+    for i in range(3):
+        monitor.analyse_window(20 * i + 19, _window(rng, None))
+    assert monitor.stats.save_errors == 3
+    monitor.close()

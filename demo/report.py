@@ -1,0 +1,222 @@
+"""The text and JSON report of ``laggard demo``: per-rank medians, findings as sentences, the
+injected slowdown beside the measured one. Pure functions of rank 0's result document."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from laggard.detectors.window import STAT_NAMES, columns_of
+
+__all__ = ["build_report", "format_report", "injected_line", "percent"]
+
+
+def build_report(result: dict[str, Any], args: argparse.Namespace,
+                 metrics_url: str) -> dict[str, Any]:
+    """The demo's report from rank 0's result (see ``laggard.demo.worker.result_of``).
+
+    Per-rank values are medians over the detection windows that lie wholly after ``slow_from``
+    (all windows when none does) of each window's per-rank median.
+
+    Returns:
+        A JSON-serialisable dict: ``world_size``, ``steps``, ``injected``, ``findings``,
+        ``ranks``, ``loss``, ``metrics_url``, and ``comm`` (job medians per step: ``bytes``
+        sent per rank, ``collective_seconds``, ``exposed_seconds``, ``hidden_seconds``).
+    """
+    windows = result["windows"]
+    after = [w for w in windows if w["step"] - args.window + 1 >= args.slow_from]
+    chosen = after or windows
+    columns = columns_of(result.get("stat_names", STAT_NAMES))
+    names = ("compute_seconds", "collective_wait_seconds", "data_seconds", "step_seconds",
+             "collective_seconds", "comm_bytes")
+    ranks = []
+    for rank in range(result["world_size"]):
+        def median(name: str, rank: int = rank) -> float | None:
+            if name not in columns:
+                return None
+            return _median([w["medians"][rank][columns[name]] for w in chosen])
+
+        ranks.append({"rank": rank, **{f"{name}_median": median(name) for name in names}})
+    findings = [
+        {key: f.get(key) for key in
+         ("detector", "kind", "rank", "step", "severity", "evidence", "message")}
+        for f in result["findings"]
+    ]
+    return {
+        "world_size": result["world_size"],
+        "steps": result["steps"],
+        "injected": {"rank": args.slow_rank, "slowdown": args.slowdown,
+                     "from_step": args.slow_from,
+                     "measured_slowdown": _measured_slowdown(ranks, args)},
+        "findings": findings,
+        "ranks": ranks,
+        "loss": result["loss"],
+        "metrics_url": metrics_url,
+        "comm": _comm(ranks, result.get("fp32_allreduce_bytes"), args.compression),
+        "parallel": result.get("parallel", "ddp"),
+        "prefetch": result.get("prefetch", True),
+        "step_comm": result.get("step_comm", {}),
+        "table_from_step": chosen[0]["step"] - args.window + 1 if chosen else 0,
+        # findings that ended during the run (the detector's "cleared" findings)
+        "cleared": [{"detector": f.get("detector"), "kind": f.get("kind"),
+                     "rank": f.get("rank"), "step": f.get("step")}
+                    for f in result.get("cleared", [])],
+    }
+
+
+def _comm(ranks: list[dict[str, Any]], fp32_bytes: float | None, hook: str) -> dict[str, Any]:
+    """Job medians per step of the bytes sent and the collective time, exposed and hidden."""
+    collective = _median([r["collective_seconds_median"] for r in ranks])
+    comm_bytes = _median([r["comm_bytes_median"] for r in ranks])
+    exposed = _median([r["collective_wait_seconds_median"] for r in ranks])
+    return {
+        "hook": hook,
+        "bytes": comm_bytes,
+        "fp32_allreduce_bytes": fp32_bytes,
+        "compression_ratio": fp32_bytes / comm_bytes if fp32_bytes and comm_bytes else None,
+        "collective_seconds": collective,
+        "exposed_seconds": exposed,
+        "hidden_seconds": (None if collective is None or exposed is None
+                           else max(0.0, collective - exposed)),
+    }
+
+
+def _fsdp_line(report: dict[str, Any]) -> str:
+    """FSDP2's per-step collectives, exposed vs hidden, for the text report."""
+    sc, comm = report.get("step_comm") or {}, report["comm"]
+    mb = (comm.get("bytes") or 0) / 1e6
+    return (f"communication per step (FSDP2, prefetch {'on' if report.get('prefetch') else 'off'}"
+            f"): {mb:.3f} MB sent per rank, all-gather {_ms(sc.get('allgather_seconds'))} ms, "
+            f"reduce-scatter {_ms(sc.get('reduce_scatter_seconds'))} ms; "
+            f"{_ms(sc.get('exposed_seconds'))} ms exposed (the training thread blocked), "
+            f"{_ms(sc.get('hidden_seconds'))} ms hidden behind compute")
+
+
+def _measured_slowdown(ranks: list[dict[str, Any]], args: argparse.Namespace) -> float | None:
+    """The slowed rank's compute over the other ranks' median, minus 1 (None if unslowed)."""
+    if args.slowdown <= 1.0 or not 0 <= args.slow_rank < len(ranks):
+        return None
+    own = ranks[args.slow_rank]["compute_seconds_median"]
+    others = _median([r["compute_seconds_median"] for r in ranks if r["rank"] != args.slow_rank])
+    return None if own is None or not others else own / others - 1
+
+
+def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) -> str:
+    """The report as text for a terminal."""
+    lines = ["", f"per-rank medians from step {report['table_from_step']} (ms; compute and data "
+                 "in each rank's thread CPU time, the rest wall time; 'vs others': compute over "
+                 "the other ranks' median)",
+             f"{'rank':>4}  {'compute':>8}  {'vs others':>9}  {'collective wait':>15}  "
+             f"{'data':>6}  {'step':>7}"]
+    for r in report["ranks"]:
+        own = r["compute_seconds_median"]
+        others = _median([o["compute_seconds_median"] for o in report["ranks"] if o is not r])
+        versus = "-" if own is None or not others else f"{100 * (own / others - 1):+.1f}%"
+        lines.append(f"{r['rank']:>4}  {_ms(r['compute_seconds_median']):>8}  {versus:>9}  "
+                     f"{_ms(r['collective_wait_seconds_median']):>15}  "
+                     f"{_ms(r['data_seconds_median']):>6}  {_ms(r['step_seconds_median']):>7}")
+    stragglers = [f for f in report["findings"] if f["rank"] is not None]
+    others = [f for f in report["findings"] if f["rank"] is None]
+    lines.append("")
+    if not any(f.get("detector", "straggler") == "straggler" for f in stragglers):
+        lines.append("straggler: none found")
+    for f in stragglers:  # integrity findings (--inject-bitflip) carry their own detector name
+        lines.append(f"{f.get('detector') or 'straggler'}: rank {f['rank']} ({f['kind']}), "
+                     f"first flagged at step {f['step']}")
+        lines.append(f"  {f['message']}")
+        why = _evidence_sentence(f.get("evidence") or {})
+        if why:
+            lines.append(f"  why: {why}")
+        ended = [c["step"] for c in report.get("cleared", [])
+                 if (c["rank"], c["kind"]) == (f["rank"], f["kind"])
+                 and c["step"] is not None and c["step"] > f["step"]]
+        if ended:
+            lines.append(f"  cleared at step {ended[0]} (evidence of recovery)")
+    for f in others:
+        lines.append(f"also: {f['message']} (step {f['step']})")
+    comm = report["comm"]
+    if report.get("parallel") == "fsdp":
+        lines.append(_fsdp_line(report))
+    elif comm["bytes"]:
+        lines.append(
+            f"communication per step ({comm['hook']}): {comm['bytes'] / 1e6:.3f} MB sent per "
+            f"rank{_ratio(comm.get('compression_ratio'))}, "
+            f"{_ms(comm['collective_seconds'])} ms in collectives, "
+            f"{_ms(comm['exposed_seconds'])} ms exposed, {_ms(comm['hidden_seconds'])} ms "
+            "hidden behind backward")
+    loss = report["loss"]
+    lines.append(f"loss (mean over ranks; progress lines show rank 0's): {_num(loss['first'])} "
+                 f"at the first step, {_num(loss['last'])} at the last")
+    seen = ("" if agent_ranks is None else
+            f" (it received step records from ranks {_ranges(agent_ranks)})" if agent_ranks
+            else " (it received no step records)")
+    lines.append(f"metrics: {report['metrics_url']}{seen}; findings also at "
+                 f"{report['metrics_url'].rsplit('/', 1)[0]}/findings and in rank 0's log above")
+    lines.append(injected_line(report))
+    return "\n".join(lines)
+
+
+def injected_line(report: dict[str, Any]) -> str:
+    """What was injected, what was measured, and whether (and when) it was found."""
+    injected = report["injected"]
+    if injected["slowdown"] <= 1.0:
+        named = [f for f in report["findings"] if f["rank"] is not None
+                 and f.get("detector", "straggler") == "straggler"]
+        return "injected: nothing; " + ("no straggler named" if not named else
+                                        f"NAMED rank {named[0]['rank']} (a false finding)")
+    first = next((f for f in report["findings"] if f["rank"] == injected["rank"]
+                  and f["step"] is not None and f["step"] >= injected["from_step"]), None)
+    measured = injected.get("measured_slowdown")
+    found = (f"found at step {first['step']}, {first['step'] - injected['from_step'] + 1} "
+             "steps after onset" if first else "NOT found")
+    return (f"injected: rank {injected['rank']} {percent(injected['slowdown'] - 1)} slower compute "
+            f"from step {injected['from_step']}; measured "
+            f"{'-' if measured is None else percent(measured)}; {found}")
+
+
+def _evidence_sentence(evidence: dict[str, Any]) -> str:
+    """A straggler finding's evidence in one sentence with two numbers (the JSON report keeps
+    every field)."""
+    noise, wait = evidence.get("noise"), evidence.get("wait_deficit")
+    if noise is None or evidence.get("evidence") is None:
+        return ""
+    text = (f"its excess added up window after window to the decision interval, against a "
+            f"rank-to-rank noise of {percent(noise)} of a step's work")
+    work = evidence.get("median_work_seconds")
+    if wait is not None and work:
+        text += (f"; it waits {1e3 * wait * work:.1f} ms per step less than the median rank in "
+                 "the collective: the others wait for it")
+    return text
+
+
+def percent(fraction: float) -> str:
+    return f"{100 * fraction:.1f}%" if abs(fraction) < 0.1 else f"{100 * fraction:.0f}%"
+
+
+def _median(values: list[float | None]) -> float | None:
+    finite = sorted(v for v in values if v is not None and math.isfinite(v))
+    if not finite:
+        return None
+    mid = len(finite) // 2
+    return finite[mid] if len(finite) % 2 else (finite[mid - 1] + finite[mid]) / 2
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.1f}"
+
+
+def _ratio(ratio: float | None) -> str:
+    if ratio is None or abs(ratio - 1) < 0.05:  # no compression: nothing to compare
+        return ""
+    return f", {ratio:.1f}x less than an fp32 all-reduce"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _ranges(ranks: list[int]) -> str:
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))

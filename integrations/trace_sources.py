@@ -1,0 +1,374 @@
+"""Sources that feed a :class:`~laggard.integrations.tracer.CollectiveTracer`, chosen per backend.
+
+============================  ==========  ====================================================
+source                        backend     what it measures, and its cost
+============================  ==========  ====================================================
+:func:`instrument_fsdp`       any         FSDP2's all-gather and reduce-scatter, issue to
+                                          completion: a synchronous call is timed around the
+                                          call, an async one (``Work``) by its future. Two
+                                          ``perf_counter`` calls and a dict insert each.
+``CommTimer(tracer=...)``     any         DDP gradient buckets, launch to completion
+                                          (:mod:`~laggard.integrations.comm_timing`).
+``CollectiveTracer.track``    gloo        any ``async_op=True`` collective, by its future.
+:class:`NcclCompletionHook`   NCCL        ``ProcessGroup._register_on_completion_hook``: NCCL's
+                                          own CUDA-event start/finish per collective. Needs
+                                          ``TORCH_NCCL_ENABLE_TIMING=1`` (two more CUDA events
+                                          per collective, reported to cost overlap), so opt-in.
+:class:`FlightRecorderReader` NCCL, gloo  the in-process flight recorder
+                                          (``TORCH_FR_BUFFER_SIZE=N``), read every
+                                          ``interval_s`` on its own thread, never the training
+                                          thread. NCCL fills start and completion times. gloo
+                                          records only ``time_created_ns`` (state stays
+                                          ``scheduled``): good for counting and sizing what a
+                                          group issued and for its enqueue cadence, not for
+                                          durations, so on gloo it only counts.
+============================  ==========  ====================================================
+
+:func:`attach` picks for each watched group what its backend supports and says what it chose.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from laggard.integrations.tracer import CollectiveTracer, GroupInfo
+
+log = logging.getLogger(__name__)
+
+#: Flight-recorder ``profiling_name`` suffix -> tracer op.
+_FR_OPS = {"all_reduce": "allreduce", "allreduce": "allreduce", "_allgather_base": "allgather",
+           "all_gather": "allgather", "allgather": "allgather",
+           "all_gather_into_tensor_coalesced": "allgather",
+           "_reduce_scatter_base": "reduce_scatter", "reduce_scatter": "reduce_scatter",
+           "reduce_scatter_tensor_coalesced": "reduce_scatter", "broadcast": "broadcast",
+           "all_to_all": "alltoall", "alltoallbase": "alltoall", "barrier": "barrier"}
+#: Bytes per element of the flight recorder's dtype names.
+_DTYPE_BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8, "Int": 4,
+                "Byte": 1, "Char": 1, "Bool": 1, "Short": 2, "Float8_e4m3fn": 1,
+                "Float8_e5m2": 1}
+
+
+def wire_bytes(op: str, nbytes: int, world_size: int) -> int:
+    """Bytes one rank sends under the op's bandwidth-optimal algorithm.
+
+    Args:
+        op: ``allreduce`` (ring: ``2 (W-1)/W n``), ``allgather`` (``n`` = the rank's own input:
+            ``(W-1) n``), ``reduce_scatter`` (``n`` = the full input: ``(W-1)/W n``),
+            ``alltoall`` (``(W-1)/W n``), anything else: ``n``.
+        nbytes: bytes of the tensor as described for each op.
+        world_size: ranks in the group.
+
+    Source: Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations
+    in MPICH", IJHPCA 2005 (ring all-gather / reduce-scatter; all-reduce = both).
+    """
+    w = max(1, world_size)
+    if op == "allreduce":
+        return 2 * (w - 1) * nbytes // w
+    if op == "allgather":
+        return (w - 1) * nbytes
+    if op in ("reduce_scatter", "alltoall"):
+        return (w - 1) * nbytes // w
+    return nbytes
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> int:
+    return int(tensor.numel() * tensor.element_size())
+
+
+# ---------------------------------------------------------------------------------- FSDP2
+def instrument_fsdp(model: Any, tracer: CollectiveTracer) -> int:
+    """Time every all-gather and reduce-scatter of an FSDP2 model (``fully_shard``).
+
+    Wraps each FSDP module's current all-gather and reduce-scatter comms (the defaults, or your
+    own set before) with timed ones through ``FSDPModule.set_custom_all_gather`` /
+    ``set_custom_reduce_scatter``; the wrapped comm does the same collective, so training is
+    unchanged. Call after ``fully_shard`` and before the first step.
+
+    Args:
+        model: the root module; every ``FSDPModule`` in ``model.modules()`` is instrumented.
+        tracer: where the timings go.
+
+    Returns:
+        FSDP modules instrumented; 0 when this torch has no FSDP2 custom-comm API (its module
+        ``torch.distributed.fsdp._fully_shard`` is private; counted in ``tracer.stats`` and
+        logged once) or the model has no FSDP module.
+    """
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+    except ImportError as exc:
+        tracer._count("errors", "fsdp_import", "laggard: FSDP2 custom comms unavailable in this "
+                      "torch (%r); FSDP collectives not traced", exc)
+        return 0
+    timed_ag, timed_rs = _timed_comm_classes(AllGather, ReduceScatter)
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        try:
+            state = module._get_fsdp_state()
+            for pg in state._fsdp_param_groups:
+                if not isinstance(pg._all_gather_comm, timed_ag):
+                    module.set_custom_all_gather(timed_ag(pg._all_gather_comm, tracer))
+                if not isinstance(pg._reduce_scatter_comm, timed_rs):
+                    module.set_custom_reduce_scatter(timed_rs(pg._reduce_scatter_comm, tracer))
+            count += 1
+        except Exception as exc:  # noqa: BLE001 - leave the module untraced, train on
+            tracer._count("errors", "fsdp_instrument", "laggard: cannot instrument an FSDP "
+                          "module (%r); its collectives are not traced", exc)
+    return count
+
+
+def _timed_comm_classes(all_gather_base: type, reduce_scatter_base: type) -> tuple[type, type]:
+    """Subclasses of FSDP2's AllGather / ReduceScatter that time a wrapped comm."""
+
+    class TimedAllGather(all_gather_base):  # type: ignore[misc,valid-type]
+        def __init__(self, inner: Any, tracer: CollectiveTracer) -> None:
+            self.inner, self.tracer = inner, tracer
+
+        def allocate(self, *args: Any, **kwargs: Any) -> Any:
+            return self.inner.allocate(*args, **kwargs)
+
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any,
+                     async_op: bool = False) -> Any:
+            nbytes = wire_bytes("allgather", _tensor_bytes(input_tensor), group.size())
+            if async_op:
+                work = self.inner(output_tensor, input_tensor, group, async_op)
+                return self.tracer.track(work, "allgather", group, nbytes)
+            with self.tracer.timed("allgather", group, nbytes):
+                return self.inner(output_tensor, input_tensor, group, async_op)
+
+    class TimedReduceScatter(reduce_scatter_base):  # type: ignore[misc,valid-type]
+        def __init__(self, inner: Any, tracer: CollectiveTracer) -> None:
+            self.inner, self.tracer = inner, tracer
+
+        def allocate(self, *args: Any, **kwargs: Any) -> Any:
+            return self.inner.allocate(*args, **kwargs)
+
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,
+                     async_op: bool = False) -> Any:
+            nbytes = wire_bytes("reduce_scatter", _tensor_bytes(input_tensor), group.size())
+            if async_op:
+                work = self.inner(output_tensor, input_tensor, group, op, async_op)
+                return self.tracer.track(work, "reduce_scatter", group, nbytes)
+            with self.tracer.timed("reduce_scatter", group, nbytes):
+                return self.inner(output_tensor, input_tensor, group, op, async_op)
+
+    return TimedAllGather, TimedReduceScatter
+
+
+# ----------------------------------------------------------------------------------- NCCL
+class NcclCompletionHook:
+    """Feeds a tracer from ``ProcessGroup._register_on_completion_hook`` (NCCL only).
+
+    NCCL's watchdog thread calls the hook once per completed collective with a ``WorkInfo``:
+    ``op_type``, ``seq``, ``time_started`` / ``time_finished`` (host clock, enqueue and the
+    watchdog seeing completion) and ``active_duration`` (CUDA-event time of the kernel, when
+    ``TORCH_NCCL_ENABLE_TIMING=1``; it includes the kernel's wait for the last peer). The tracer
+    gets ``active_duration`` when it is non-zero, else finish minus start; no bytes (WorkInfo has
+    none: pair with the flight recorder for sizes).
+
+    Args:
+        tracer: where the timings go.
+        info: the watched group.
+    """
+
+    def __init__(self, tracer: CollectiveTracer, info: GroupInfo) -> None:
+        self.tracer, self.info = tracer, info
+
+    def register(self, pg: Any) -> bool:
+        """Register on ``pg``; False (counted, logged once) when its backend refuses."""
+        try:
+            pg._register_on_completion_hook(self)
+            return True
+        except Exception as exc:  # noqa: BLE001 - gloo and old torch raise here
+            self.tracer._count("unknown_backend", "completion_hook", "laggard: completion "
+                               "hook refused by group %s (%r)", self.info.label, exc)
+            return False
+
+    def __call__(self, work_info: Any) -> None:
+        try:
+            seconds = _seconds(getattr(work_info, "active_duration", 0))
+            if seconds <= 0:
+                seconds = max(0.0, _seconds(work_info.time_finished)
+                              - _seconds(work_info.time_started))
+            end = time.perf_counter()
+            op = _op_name(str(work_info.op_type))
+            self.tracer.record(op, None, end - seconds, end, 0, index=self.info.index)
+        except Exception as exc:  # noqa: BLE001 - never raise into NCCL's watchdog
+            self.tracer._count("errors", "completion_hook_call", "laggard: completion hook "
+                               "failed (%r)", exc)
+
+
+def _seconds(value: Any) -> float:
+    """A ``datetime.timedelta``, a ``datetime`` or a number of seconds -> float seconds."""
+    if hasattr(value, "total_seconds"):
+        return float(value.total_seconds())
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    return float(value)
+
+
+def _op_name(op_type: str) -> str:
+    """``OpType.ALLREDUCE`` / ``nccl:all_reduce`` -> ``allreduce``."""
+    name = op_type.rsplit(".", 1)[-1].rsplit(":", 1)[-1].lower()
+    return _FR_OPS.get(name, name.replace("_", ""))
+
+
+class FlightRecorderReader:
+    """Reads the in-process flight recorder incrementally, on its own thread.
+
+    Every ``interval_s`` it dumps the recorder (``_dump_fr_trace_json``; a copy of a ring of
+    ``TORCH_FR_BUFFER_SIZE`` entries, no collective is stopped), and hands the tracer each entry
+    completed since the last read: op, group, bytes from ``input_sizes`` and ``input_dtypes``,
+    and the duration from ``duration_ms`` or completed minus started (NCCL). gloo entries never
+    complete in the recorder: they are counted in :attr:`seen` and not timed. An entry left
+    uncompleted for ``stall_seconds`` is given up (``never_completed``).
+
+    Args:
+        tracer: where the timings go.
+        interval_s: seconds between reads.
+        dump: returns the recorder's JSON text; defaults to torch's
+            ``_dump_fr_trace_json(includeCollectives=True, onlyActive=False)`` (a fake in tests).
+    """
+
+    def __init__(self, tracer: CollectiveTracer, *, interval_s: float = 1.0,
+                 dump: Callable[[], str] | None = None) -> None:
+        self.tracer = tracer
+        self.interval_s = interval_s
+        self._dump = dump if dump is not None else _torch_fr_dump
+        self._next_id = 0  # first record_id not yet handed over
+        self.seen = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._by_name = {g.name: g for g in tracer.groups}
+
+    def start(self) -> FlightRecorderReader:
+        """Start the reader thread (daemon); returns self."""
+        self._thread = threading.Thread(target=self._run, name="laggard-fr", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread after one last read."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+        self.poll()
+
+    def poll(self) -> int:
+        """One read; returns the entries handed to the tracer. Never raises."""
+        try:
+            entries = json.loads(self._dump()).get("entries", [])
+        except Exception as exc:  # noqa: BLE001
+            self.tracer._count("errors", "fr_dump", "laggard: flight recorder read failed "
+                               "(%r)", exc)
+            return 0
+        handed = 0
+        now_ns = time.time_ns()
+        stall_ns = int(self.tracer.config.stall_seconds * 1e9)
+        for entry in sorted(entries, key=lambda e: e.get("record_id", -1)):
+            rid = entry.get("record_id", -1)
+            if not isinstance(rid, int) or rid < self._next_id:
+                continue
+            if entry.get("state") != "completed":
+                if now_ns - int(entry.get("time_created_ns", now_ns)) > stall_ns:
+                    self.tracer.stats["never_completed"] += 1
+                    self._next_id = rid + 1
+                    continue
+                break  # in order: wait for it (gloo stops here: its entries never complete)
+            self._next_id = rid + 1
+            handed += self._hand_over(entry)
+        self.seen += sum(1 for e in entries if isinstance(e.get("record_id"), int))
+        return handed
+
+    def _hand_over(self, entry: dict[str, Any]) -> int:
+        group = entry.get("process_group") or ["", ""]
+        info = self._by_name.get(str(group[0]))
+        if info is None:
+            self.tracer._count("unknown_group", "fr_group", "laggard: flight recorder entry of "
+                               "an unwatched group %r skipped", group)
+            return 0
+        op = _op_name(str(entry.get("profiling_name", "")))
+        started = int(entry.get("time_discovered_started_ns") or 0)
+        completed = int(entry.get("time_discovered_completed_ns") or 0)
+        duration_ms = entry.get("duration_ms")
+        seconds = (float(duration_ms) / 1e3 if duration_ms is not None
+                   else max(0.0, (completed - started) / 1e9))
+        raw = 0
+        for size, dtype in zip(entry.get("input_sizes", []), entry.get("input_dtypes", []),
+                               strict=False):
+            numel = 1
+            for dim in size:
+                numel *= int(dim)
+            raw += numel * _DTYPE_BYTES.get(str(dtype), 4)
+        end = time.perf_counter()
+        self.tracer.record(op, None, end - seconds, end, wire_bytes(op, raw, len(info.ranks)),
+                           index=info.index)
+        return 1
+
+
+def _torch_fr_dump() -> str:
+    import torch
+
+    return str(torch._C._distributed_c10d._dump_fr_trace_json(
+        includeCollectives=True, onlyActive=False))
+
+
+# ------------------------------------------------------------------------- the chooser
+def attach(tracer: CollectiveTracer, *, env: dict[str, str] | None = None,
+           groups: list[Any] | None = None) -> list[str]:
+    """Attach the backend-side sources each watched group's backend supports.
+
+    NCCL groups get the completion hook when ``TORCH_NCCL_ENABLE_TIMING=1`` (opt-in: it costs
+    overlap), else the flight-recorder reader when ``TORCH_FR_BUFFER_SIZE`` > 0, else nothing
+    backend-side (the Python-side sources still time what they wrap). gloo groups need nothing
+    here: their collectives are timed by the Python-side sources. Unknown backends are counted.
+
+    Args:
+        tracer: the tracer whose groups to attach to.
+        env: environment to read (default ``os.environ``).
+        groups: the process-group objects in ``tracer.groups`` order (default: the tracer's).
+
+    Returns:
+        One line per group saying which source it got, for the job's log.
+    """
+    env = dict(os.environ if env is None else env)
+    objects = groups if groups is not None else tracer._keep
+    lines, reader_needed = [], False
+    for info, pg in zip(tracer.groups, objects, strict=False):
+        if "nccl" in info.backend:
+            if env.get("TORCH_NCCL_ENABLE_TIMING") == "1" and NcclCompletionHook(
+                    tracer, info).register(pg):
+                lines.append(f"{info.label} nccl: completion hook (CUDA-event timing)")
+            elif int(env.get("TORCH_FR_BUFFER_SIZE", "0") or 0) > 0:
+                reader_needed = True
+                lines.append(f"{info.label} nccl: flight recorder, read off the training thread")
+            else:
+                lines.append(f"{info.label} nccl: Python-side sources only (set "
+                             "TORCH_NCCL_ENABLE_TIMING=1 or TORCH_FR_BUFFER_SIZE)")
+        elif info.backend == "gloo":
+            lines.append(f"{info.label} gloo: Python-side sources (FSDP comms, DDP hook, "
+                         "Work futures)")
+        else:
+            lines.append(f"{info.label} {info.backend}: no source")
+    if reader_needed:
+        tracer._fr_reader = FlightRecorderReader(tracer).start()  # type: ignore[attr-defined]
+    return lines
+
+
+__all__ = ["FlightRecorderReader", "NcclCompletionHook", "attach", "instrument_fsdp",
+           "wire_bytes"]

@@ -1,0 +1,405 @@
+"""CollectiveTracer: every collective of the watched process groups, whatever issued it.
+
+A job that shards (FSDP2), splits layers (tensor, pipeline parallel) or runs plain DDP issues its
+collectives from different places: FSDP's all-gather and reduce-scatter, DDP's bucket hooks, the
+model's own ``async_op=True`` calls. The tracer is the one place they are all recorded, per
+process group: op, bytes, issue-to-completion seconds on this rank's clock. The sources that
+feed it are chosen per backend at run time (:mod:`laggard.integrations.trace_sources`):
+
+* gloo: FSDP2's custom all-gather / reduce-scatter (timed around the call), DDP communication
+  hooks (:class:`~laggard.integrations.comm_timing.CommTimer` with ``tracer=``), and the ``Work``
+  futures of async collectives (:meth:`CollectiveTracer.track`);
+* NCCL: ``ProcessGroup._register_on_completion_hook`` (start and finish taken by NCCL's CUDA
+  events, needs ``TORCH_NCCL_ENABLE_TIMING=1``) or the in-process flight recorder read off the
+  training thread.
+
+Per rank and per group the tracer keeps each step's summed collective seconds; the
+:class:`~laggard.integrations.monitor.TrainingMonitor` gathers them once per window. Who the
+others waited for is then read from durations alone, never from timestamps of different hosts:
+the members of a synchronous collective finish at about the same moment, so the rank that
+*arrived last* is the one whose issue-to-completion time was shortest, that duration is the
+collective's own transfer time (nobody was waited for), and every other member's excess over it
+is its wait for the last peer (:func:`laggard.integrations.trace_window.group_waits`).
+
+Usage (FSDP2 on any backend)::
+
+    tracer = CollectiveTracer()                 # after init_process_group and every new_group
+    trace_sources.instrument_fsdp(model, tracer)
+    monitor = TrainingMonitor(config, tracer=tracer)
+
+Memory is bounded: at most ``Config.max_in_flight`` collectives in flight (a collective that has
+not completed after ``Config.stall_seconds`` is dropped and counted in ``never_completed``) and
+at most ``Config.max_completed`` completed ones between two :meth:`take_step` calls. Bad input (a
+group created after the tracer, a group this rank is not in, an unknown backend) is counted in
+:attr:`CollectiveTracer.stats`, logged once, and never raises.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from laggard.wire import CollectiveTiming
+
+log = logging.getLogger(__name__)
+
+#: Backends whose collectives a source of this package can time.
+KNOWN_BACKENDS = frozenset({"gloo", "nccl", "fake", "cpu:gloo,cuda:nccl"})
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """One watched process group.
+
+    Attributes:
+        index: position in :attr:`CollectiveTracer.groups` (the same on every rank when every
+            rank creates its groups in the same order, as torch.distributed requires).
+        name: torch's group name (``"0"`` for the default group).
+        backend: ``gloo``, ``nccl``... as ``torch.distributed.get_backend`` says.
+        ranks: the group's members as global ranks, in group-rank order.
+    """
+
+    index: int
+    name: str
+    backend: str
+    ranks: tuple[int, ...]
+
+    @property
+    def label(self) -> str:
+        """Short label for reports: ``world`` or ``g<index>[r0,r1,...]``."""
+        return f"g{self.index}[{','.join(map(str, self.ranks))}]"
+
+
+@dataclass(slots=True)
+class GroupStep:
+    """One group's collectives in one step on this rank.
+
+    Attributes:
+        count: collectives completed.
+        seconds: sum of their issue-to-completion seconds.
+        bytes: bytes this rank put on the wire for them (bandwidth-optimal algorithm).
+        by_op: op -> [count, seconds, bytes].
+    """
+
+    count: int = 0
+    seconds: float = 0.0
+    bytes: int = 0
+    by_op: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TraceStep:
+    """Every traced collective of one step on this rank.
+
+    Attributes:
+        groups: group index -> :class:`GroupStep`.
+        total_seconds: wall time during which a collective was in flight (union of intervals).
+        exposed_seconds: wall time the training thread spent blocked in synchronous collective
+            calls (union; FSDP2 on gloo issues its all-gathers synchronously).
+        bytes: bytes on the wire, all groups.
+        collectives: per op, count merged: op, seconds, bytes.
+    """
+
+    groups: dict[int, GroupStep] = field(default_factory=dict)
+    total_seconds: float = 0.0
+    exposed_seconds: float = 0.0
+    bytes: int = 0
+    collectives: list[CollectiveTiming] = field(default_factory=list)
+
+    @property
+    def hidden_seconds(self) -> float:
+        """Collective time overlapped with the training thread's own work (>= 0)."""
+        return max(0.0, self.total_seconds - self.exposed_seconds)
+
+    def op_seconds(self, op: str) -> float:
+        """Summed seconds of one op over every group (``allgather``, ``reduce_scatter``...)."""
+        return sum(g.by_op.get(op, [0, 0.0, 0])[1] for g in self.groups.values())
+
+    def summary(self) -> dict[str, float]:
+        """The ``comm`` object of a StepRecord."""
+        return {"total_seconds": self.total_seconds, "exposed_seconds": self.exposed_seconds,
+                "hidden_seconds": self.hidden_seconds, "bytes": float(self.bytes),
+                "raw_bytes": float(self.bytes)}
+
+
+#: (group index, op, start, end, bytes, blocking) of one completed collective.
+_Done = tuple[int, str, float, float, int, bool]
+
+
+class CollectiveTracer:
+    """Records the collectives of the watched process groups; see the module docstring.
+
+    Args:
+        config: :class:`CollectiveTracer.Config`; defaults when None.
+        groups: the process groups to watch; None watches every group that exists now
+            (``torch.distributed`` must be initialized; with no default group, none).
+
+    Attributes:
+        groups: the watched groups (:class:`GroupInfo`), in creation order.
+        stats: counters, never reset: ``recorded``, ``dropped`` (completed but not taken in
+            time), ``never_completed``, ``unknown_group`` (created after the tracer, or not a
+            process group), ``not_member`` (a group this rank is not in), ``unknown_backend``,
+            ``errors`` (the tracer's own failures).
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Configuration of :class:`CollectiveTracer`."""
+
+        max_in_flight: int = 4096
+        """Collectives in flight at once; beyond it the oldest is dropped (never_completed)."""
+
+        max_completed: int = 8192
+        """Completed collectives kept between two ``take_step`` calls; older ones dropped."""
+
+        stall_seconds: float = 600.0
+        """A collective in flight this long is dropped and counted as never completed (a hang
+        is the flight recorder's and the watchdog's business, not a memory leak's)."""
+
+        max_groups: int = 8
+        """Groups watched at most (each costs ``window_steps`` float64 in the window gather)."""
+
+        def __post_init__(self) -> None:
+            if self.max_in_flight < 1 or self.max_completed < 1:
+                raise ValueError("max_in_flight and max_completed must be >= 1")
+            if not self.stall_seconds > 0:
+                raise ValueError("stall_seconds must be > 0")
+            if not 1 <= self.max_groups <= 64:
+                raise ValueError("max_groups must be in [1, 64]")
+
+    def __init__(self, config: CollectiveTracer.Config | None = None, *,
+                 groups: list[Any] | None = None) -> None:
+        self.config = config if config is not None else CollectiveTracer.Config()
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("recorded", "dropped", "never_completed", "unknown_group", "not_member",
+             "unknown_backend", "errors"), 0)
+        self._lock = threading.Lock()
+        self._logged: set[str] = set()
+        self._tokens = itertools.count()
+        self._in_flight: collections.OrderedDict[int, tuple[int, str, float, int, bool]] = (
+            collections.OrderedDict())
+        self._done: collections.deque[_Done] = collections.deque()
+        self._by_id: dict[int, GroupInfo] = {}
+        self._keep: list[Any] = []  # the group objects: their ids stay theirs
+        self.groups: list[GroupInfo] = []
+        try:
+            self._watch(groups)
+        except Exception as exc:  # noqa: BLE001 - a tracer that watches nothing is still safe
+            self._count("errors", "discover", "laggard: tracer could not list process groups "
+                        "(%r); tracing nothing", exc)
+
+    # ------------------------------------------------------------------ process groups
+    def _watch(self, groups: list[Any] | None) -> None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        if groups is None:
+            from torch.distributed import distributed_c10d as c10d
+
+            groups = list(c10d._world.pg_map)  # creation order (a dict)
+        for pg in groups:
+            if pg is None:
+                pg = dist.group.WORLD
+            if pg is dist.GroupMember.NON_GROUP_MEMBER or not isinstance(pg, dist.ProcessGroup):
+                self._count("not_member" if pg is dist.GroupMember.NON_GROUP_MEMBER
+                            else "unknown_group", "watch",
+                            "laggard: tracer asked to watch %r, not a group this rank is in; "
+                            "skipped", pg)
+                continue
+            if id(pg) in self._by_id:
+                continue
+            if len(self.groups) >= self.config.max_groups:
+                self._count("unknown_group", "max_groups", "laggard: tracer watches at most %d "
+                            "process groups; the rest are not traced", self.config.max_groups)
+                break
+            backend = str(dist.get_backend(pg))
+            if backend not in KNOWN_BACKENDS:
+                self._count("unknown_backend", f"backend:{backend}", "laggard: process group "
+                            "backend %r has no timing source; its collectives are timed only "
+                            "where laggard issues or wraps them", backend)
+            info = GroupInfo(index=len(self.groups), name=str(pg.group_name), backend=backend,
+                             ranks=tuple(dist.get_process_group_ranks(pg)))
+            self.groups.append(info)
+            self._by_id[id(pg)] = info
+            self._keep.append(pg)
+
+    def group_info(self, group: Any) -> GroupInfo | None:
+        """The watched group for a process group object (None: the default group).
+
+        Returns None, counting ``unknown_group`` (logged once), for a group created after the
+        tracer or not watched.
+        """
+        if group is None:
+            try:
+                import torch.distributed as dist
+
+                group = dist.group.WORLD
+            except Exception:  # noqa: BLE001
+                return None
+        info = self._by_id.get(id(group))
+        if info is None:
+            self._count("unknown_group", "unknown_group", "laggard: a collective on a process "
+                        "group the tracer does not watch (created after it?) is not traced")
+        return info
+
+    # ------------------------------------------------------------------------- sources
+    def begin(self, op: str, group: Any, nbytes: int, *, blocking: bool = False) -> int | None:
+        """A collective was issued now; returns the token for :meth:`end`, or None (not traced).
+
+        Args:
+            op: ``allreduce``, ``allgather``, ``reduce_scatter``, ``broadcast``...
+            group: its process group (None: the default group).
+            nbytes: bytes this rank puts on the wire (``laggard.integrations.compression.wire``).
+            blocking: the call blocks the training thread until completion (synchronous).
+        """
+        info = self.group_info(group)
+        if info is None:
+            return None
+        now = time.perf_counter()
+        token = next(self._tokens)
+        with self._lock:
+            self._in_flight[token] = (info.index, op, now, int(nbytes), blocking)
+            if len(self._in_flight) > self.config.max_in_flight:
+                self._in_flight.popitem(last=False)
+                self.stats["never_completed"] += 1
+        return token
+
+    def end(self, token: int | None) -> None:
+        """The collective of ``token`` completed now (unknown or expired tokens are ignored)."""
+        if token is None:
+            return
+        now = time.perf_counter()
+        with self._lock:
+            entry = self._in_flight.pop(token, None)
+            if entry is not None:
+                index, op, start, nbytes, blocking = entry
+                self._append((index, op, start, now, nbytes, blocking))
+
+    def record(self, op: str, group: Any, start: float, end: float, nbytes: int, *,
+               blocking: bool = False, index: int | None = None) -> None:
+        """A collective timed elsewhere (DDP hook, NCCL events): ``perf_counter`` seconds."""
+        if index is None:
+            info = self.group_info(group)
+            if info is None:
+                return
+            index = info.index
+        with self._lock:
+            self._append((index, op, start, end, int(nbytes), blocking))
+
+    @contextmanager
+    def timed(self, op: str, group: Any, nbytes: int) -> Iterator[None]:
+        """Time a synchronous collective call: ``with tracer.timed("allgather", pg, n): ...``.
+
+        A call that raises is not recorded (and the exception passes through).
+        """
+        token = self.begin(op, group, nbytes, blocking=True)
+        try:
+            yield
+        except BaseException:
+            if token is not None:
+                with self._lock:
+                    self._in_flight.pop(token, None)
+            raise
+        self.end(token)
+
+    def track(self, work: Any, op: str, group: Any, nbytes: int) -> Any:
+        """Time an async collective through its ``Work`` (``async_op=True``); returns ``work``.
+
+        Completion is taken from ``work.get_future()``'s callback (gloo: the backend's thread,
+        right when the collective is done). A work without a future is timed to its first
+        ``wait()`` by the caller: not here, and counted in ``errors`` once.
+        """
+        token = self.begin(op, group, nbytes)
+        if token is None or work is None:
+            return work
+        try:
+            work.get_future().add_done_callback(lambda _fut: self.end(token))
+        except Exception as exc:  # noqa: BLE001
+            with self._lock:
+                self._in_flight.pop(token, None)
+            self._count("errors", "track", "laggard: cannot time an async collective (%r)", exc)
+        return work
+
+    # ------------------------------------------------------------------------ per step
+    def take_step(self) -> TraceStep:
+        """Summarise and forget the collectives completed since the previous call.
+
+        Also drops collectives in flight for longer than ``Config.stall_seconds``.
+        """
+        now = time.perf_counter()
+        with self._lock:
+            done = list(self._done)
+            self._done.clear()
+            stale = [t for t, e in self._in_flight.items()
+                     if now - e[2] > self.config.stall_seconds]
+            for t in stale:
+                del self._in_flight[t]
+            self.stats["never_completed"] += len(stale)
+            self.stats["recorded"] += len(done)
+        step = TraceStep()
+        if not done:
+            return step
+        per_op: dict[str, CollectiveTiming] = {}
+        for index, op, start, end, nbytes, _ in done:
+            g = step.groups.setdefault(index, GroupStep())
+            seconds = max(0.0, end - start)
+            g.count += 1
+            g.seconds += seconds
+            g.bytes += nbytes
+            entry = g.by_op.setdefault(op, [0, 0.0, 0])
+            entry[0] += 1
+            entry[1] += seconds
+            entry[2] += nbytes
+            merged = per_op.setdefault(op, CollectiveTiming(op, 0.0, 0))
+            merged.seconds += seconds
+            merged.bytes += nbytes
+        step.collectives = list(per_op.values())
+        step.bytes = sum(d[4] for d in done)
+        step.total_seconds = union_seconds([(d[2], d[3]) for d in done])
+        step.exposed_seconds = union_seconds([(d[2], d[3]) for d in done if d[5]])
+        return step
+
+    @property
+    def in_flight(self) -> int:
+        """Collectives issued and not yet completed (bounded by ``Config.max_in_flight``)."""
+        return len(self._in_flight)
+
+    # ------------------------------------------------------------------------- helpers
+    def _append(self, entry: _Done) -> None:
+        # caller holds the lock
+        if len(self._done) >= self.config.max_completed:
+            self._done.popleft()
+            self.stats["dropped"] += 1
+        self._done.append(entry)
+
+    def _count(self, counter: str, key: str, msg: str, *args: object) -> None:
+        self.stats[counter] += 1
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(msg, *args)
+
+
+def union_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals, seconds (overlaps counted once)."""
+    if not intervals:
+        return 0.0
+    ordered = sorted(intervals)
+    covered, cur_start, cur_end = 0.0, ordered[0][0], ordered[0][1]
+    for start, end in ordered[1:]:
+        if start > cur_end:
+            covered += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    return covered + cur_end - cur_start
+
+
+__all__ = ["CollectiveTracer", "GroupInfo", "GroupStep", "TraceStep", "union_seconds"]

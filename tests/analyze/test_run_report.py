@@ -1,0 +1,107 @@
+"""`laggard report`: the run report page from saved windows, its size, and that it renders
+offline in headless Chromium (skipped where Debian's chromium is not installed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from laggard.analyze.run_report import load_windows, write_report  # noqa: E402
+from laggard.detectors.window import STAT, STAT_NAMES  # noqa: E402
+
+
+def write_windows(path: Path, *, ranks: int = 4, windows: int = 120, k: int = 5,
+                  slow_rank: int = 2, onset: int = 40) -> None:
+    """A 600-step run's windows as the monitor saves them, rank ``slow_rank`` 25% slower from
+    window ``onset``, with a finding raised and later cleared, a loss note and one bad line."""
+    rng = np.random.default_rng(0)
+    lines = []
+    for w in range(windows):
+        rows = np.zeros((ranks, len(STAT_NAMES)))
+        rows[:, STAT["compute_seconds"]] = 0.020 * rng.lognormal(0, 0.02, ranks)
+        rows[:, STAT["data_seconds"]] = 0.001
+        rows[:, STAT["collective_wait_seconds"]] = 0.010
+        rows[:, STAT["step_seconds"]] = 0.035
+        if onset <= w < windows - 20:
+            rows[slow_rank, STAT["compute_seconds"]] *= 1.25
+            rows[slow_rank, STAT["collective_wait_seconds"]] = 0.005
+        medians = [[None if c == STAT["transfer_seconds"] else float(v) for c, v in
+                    enumerate(row)] for row in rows]
+        findings = []
+        if w == onset + 3:
+            findings.append({"detector": "straggler", "kind": "compute", "rank": slow_rank,
+                             "step": w * k + k - 1, "message": "rank 2: forward+backward 25% "
+                             "slower than the median rank", "cleared": False})
+        if w == windows - 17:
+            findings.append({"detector": "straggler", "kind": "compute", "rank": slow_rank,
+                             "step": w * k + k - 1, "message": "cleared", "cleared": True})
+        lines.append(json.dumps({"step": w * k + k - 1, "world_size": ranks,
+                                 "stat_names": list(STAT_NAMES), "medians": medians,
+                                 "scores": {}, "findings": findings,
+                                 "notes": {"loss": 5.0 - w / windows}}))
+    lines.insert(7, "{not json")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_report_of_a_600_step_run_is_self_contained_and_small(tmp_path: Path) -> None:
+    windows = tmp_path / "windows.jsonl"
+    write_windows(windows)
+    run = load_windows(windows)
+    assert (run.ranks, run.steps.size, run.bad_lines) == (4, 120, 1)
+    page = tmp_path / "report.html"
+    size = write_report(windows, page, title="test run", summary=["rank 2 slowed 25%"])
+    text = page.read_text()
+    assert size == len(text.encode()) and size < 2_000_000
+    assert text.count("data:image/png;base64,") == 3
+    # nothing fetched from anywhere: no external source, link or script
+    assert not re.search(r"(src|href)=['\"]?(https?:|//)", text)
+    assert "<script" not in text
+    assert "rank 2: forward+backward 25% slower" in text
+    assert "1 unreadable lines skipped" in text
+
+
+def test_report_command_errors_are_clear(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("garbage\n")
+    cmd = [sys.executable, "-m", "laggard.cli", "report"]
+    out = subprocess.run([*cmd, str(empty), "--html", str(tmp_path / "a.html")],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 1 and "no window found" in out.stderr
+    out = subprocess.run([*cmd, str(tmp_path / "missing.jsonl"), "--html",
+                          str(tmp_path / "b.html")], capture_output=True, text=True, check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium not installed")
+def test_report_renders_in_headless_chromium_without_network(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    windows = tmp_path / "windows.jsonl"
+    write_windows(windows)
+    page = tmp_path / "report.html"
+    write_report(windows, page)
+    shot = tmp_path / "shot.png"
+    # Every host name resolves to nothing: a page that needed the network would show holes.
+    subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+         "--host-resolver-rules=MAP * ~NOTFOUND", "--window-size=1000,2400",
+         f"--screenshot={shot}", page.as_uri()],
+        capture_output=True, timeout=120, check=True, cwd=tmp_path,
+    )
+    pixels = matplotlib.image.imread(shot)  # (H, W, 3 or 4) floats in [0, 1]
+    assert pixels.shape[0] >= 2000 and pixels.shape[1] >= 900
+    # The heatmaps' reds and blues are on screen: saturated pixels, not a blank page.
+    rgb = pixels[..., :3]
+    red = (rgb[..., 0] > 0.6) & (rgb[..., 2] < 0.4)
+    blue = (rgb[..., 2] > 0.6) & (rgb[..., 0] < 0.4)
+    assert red.sum() > 500 and blue.sum() > 500
