@@ -41,6 +41,7 @@ from laggard.integrations.compression.base import (
 )
 from laggard.integrations.compression.fp16 import Fp16Compression
 from laggard.integrations.compression.none import NoCompression
+from laggard.integrations.compression.onebit_adam import OneBitAdam, OneBitAdamCompression
 from laggard.integrations.compression.powersgd import PowerSGDCompression
 from laggard.integrations.compression.sign import SignCompression
 from laggard.integrations.compression.topk import TopKCompression
@@ -49,11 +50,12 @@ from laggard.integrations.compression.topk import TopKCompression
 COMPRESSORS: dict[str, type[CompressionState]] = {
     cls.name: cls
     for cls in (NoCompression, Fp16Compression, SignCompression, TopKCompression,
-                PowerSGDCompression)
+                PowerSGDCompression, OneBitAdamCompression)
 }
 
 _COMMON_OPTIONS = {"model", "timer", "integrity", "warmup_steps"}
-_OPTIONS = {"topk": {"ratio", "seed"}, "powersgd": {"rank", "seed"}}
+_OPTIONS = {"topk": {"ratio", "seed", "algorithm"}, "powersgd": {"rank", "seed"},
+            "onebit_adam": {"lr", "betas", "eps", "weight_decay"}}
 
 
 def make_hook(
@@ -90,4 +92,4 @@ def make_hook(
     return cls(group, **options), compression_hook
 
 
-__all__ = ["COMPRESSORS", "CompressionState", "compression_hook", "make_hook"]
+__all__ = ["COMPRESSORS", "CompressionState", "OneBitAdam", "compression_hook", "make_hook"]
