@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-COMPRESSORS = ("none", "fp16", "sign", "topk", "powersgd")
+COMPRESSORS = ("none", "fp16", "sign", "topk", "powersgd", "onebit_adam")
 MASTER_PORT = 29511
 
 
@@ -52,9 +52,13 @@ def worker(args: argparse.Namespace) -> int:
     batches = ByteBatches(load_stdlib_text(), batch_size=args.batch, seq_len=args.seq, seed=rank)
     ddp = DistributedDataParallel(model, bucket_cap_mb=25)
     timer = CommTimer()
-    state, hook = make_hook(args.compressor, model=model, timer=timer)
+    # 1-bit Adam brings its optimizer; its AdamW warm-up is the job's untimed warm-up
+    options = {"warmup_steps": args.warmup, "lr": 1e-3} if args.compressor == "onebit_adam" \
+        else {}
+    state, hook = make_hook(args.compressor, model=model, timer=timer, **options)
     ddp.register_comm_hook(state, hook)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = getattr(state, "optimizer", None) or torch.optim.AdamW(model.parameters(),
+                                                                        lr=1e-3)
     tx = Path("/sys/class/net/eth0/statistics/tx_bytes")
     step_seconds, losses, hook_bytes, raw_bytes = [], [], 0, 0
     for step in range(args.warmup + args.steps):
@@ -166,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.batch} x {args.seq} tokens, {args.steps} measured steps after {args.warmup}; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print("| link | compressor | step ms | speed-up vs none | loss (vs none) | hook MB | "
-          "link MB | link / hook |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+          "link MB | link / hook | load average (1 min) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     try:
         with tempfile.TemporaryDirectory(prefix="laggard-bench-") as tmp:
             for rate in rates:
@@ -184,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                               f"{base['step_s'] / s['step_s']:.2f}x | {s['loss']:.3f} "
                               f"({100 * (s['loss'] / base['loss'] - 1):+.1f}%) | "
                               f"{s['hook_bytes'] / 1e6:.1f} | {s['link_bytes'] / 1e6:.1f} | "
-                              f"{s['link_bytes'] / max(1, s['hook_bytes']):.3f} |", flush=True)
+                              f"{s['link_bytes'] / max(1, s['hook_bytes']):.3f} | "
+                              f"{os.getloadavg()[0]:.1f} |", flush=True)
     except NamespaceError as exc:
         print(f"cluster_compression: {exc}", file=sys.stderr)
         return 2
