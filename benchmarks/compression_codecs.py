@@ -85,9 +85,10 @@ def codec_throughput(names: list[str], reps: int) -> list[dict[str, Any]]:
         for name in names:
             state, hook = hook_state(name, params)
             bucket = FlatBucket(0, params)
-            hook_s, copy_s = alternate(lambda: hook(state, bucket).wait(),  # noqa: B023
-                                       lambda: bucket.buffer().copy_(grads),  # noqa: B023
-                                       lambda: copy_into.copy_(grads), reps, time.process_time)
+            hook_s, copy_s = alternate(
+                lambda s=state, h=hook, b=bucket: h(s, b).wait(),
+                lambda b=bucket, g=grads: b.buffer().copy_(g),
+                lambda y=copy_into, g=grads: y.copy_(g), reps, time.process_time)
             state.close()
             rows.append({"bucket": label, "compressor": name, "bytes": 4 * numel,
                          "hook": hook_s, "copy": copy_s})
@@ -98,13 +99,13 @@ def codec_only(numel: int, reps: int, world: int = 4) -> list[dict[str, Any]]:
     """The codecs without the hooks around them (module docstring), on ``numel`` fp32."""
     import torch
 
+    from laggard.integrations.compression import make_hook
     from laggard.integrations.compression.sign import (
         chunk_elements,
         chunk_lengths,
         compress_rows,
         decompress_rows,
     )
-    from laggard.integrations.compression import make_hook
     from laggard.integrations.compression.signcodec import Scratch, decode_rows, encode_rows
     from laggard.integrations.compression.topk import scatter_rows
 

@@ -64,8 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compression", default="none", choices=COMPRESSION_CHOICES,
                         help="gradient compression in the DDP communication hook: none (the "
                              "timed fp32 all-reduce), fp16, sign (1-bit, error feedback), topk "
-                             "(1%%, error feedback), powersgd (rank 4), onebit_adam (1-bit Adam: AdamW for 100 "
-                             "steps, then the momentum compressed to 1 bit) (default: none)")
+                             "(1%%, error feedback), powersgd (rank 4), onebit_adam (1-bit "
+                             "Adam: AdamW for 100 steps, then the momentum compressed to 1 bit) "
+                             "(default: none)")
     parser.add_argument("--inject-bitflip", default="", metavar="SPEC",
                         help="flip one bit and watch the gradient-integrity checks name the rank: "
                              "rank=R,step=S,bucket=B,element=E,bit=N,where=W with W in "

@@ -198,6 +198,7 @@ class OneBitAdamCompression(CompressionState):
         self._server_work = torch.zeros_like(self._server)
         self._pending: list[tuple[torch.Tensor, BucketLayout, torch.futures.Future]] = []
         self._covered = 0
+        self._first_index = 0
         self._scratch = (Scratch(), Scratch())  # autograd thread, stage-2 thread
         #: steps whose momentum was not finite on some rank (sent flagged, step skipped)
         self.nonfinite_steps = 0
@@ -220,6 +221,8 @@ class OneBitAdamCompression(CompressionState):
             momentum = self.optimizer.state[p].get("exp_avg")
             if momentum is not None:
                 local.add_(momentum.view(-1), alpha=beta1)
+        if not self._pending:
+            self._first_index = bucket.index()  # the step's integrity records go under it
         self._covered += layout.numel
         if not bucket.is_last():
             fut: torch.futures.Future = torch.futures.Future()
@@ -231,7 +234,8 @@ class OneBitAdamCompression(CompressionState):
             error = ValueError(f"onebit_adam: the step's buckets held {covered} gradient "
                                f"elements, the model {self.numel} (unused parameters?)")
             return _fail(pending, error)
-        return self._compress(bucket.index(), pending)
+        return self._compress(self._first_index if len(pending) > 1 else bucket.index(),
+                              pending)
 
     def _compress(self, index: int, pending: list) -> torch.futures.Future:
         w, c, n = self.world_size, self.chunk, self.numel

@@ -161,7 +161,8 @@ def test_onebit_adam_warmup_is_adamw_then_compresses(one_rank_group: None) -> No
     train(ddp, state.optimizer, range(3))
     train(DistributedDataParallel(reference, bucket_cap_mb=0.001), adamw, range(3))
     # the warm-up is AdamW, bit for bit
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+    pairs = zip(model.parameters(), reference.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
     assert state.optimizer.frozen and not isinstance(adamw, OneBitAdam)
     train(ddp, state.optimizer, range(3, 6))
     assert state.state_dict()["worker_error"].abs().sum() > 0
@@ -179,7 +180,7 @@ def test_onebit_adam_skips_a_step_whose_momentum_is_not_finite(one_rank_group: N
     train(ddp, state.optimizer, range(4, 5), poison=4)
     after = state.state_dict()
     assert state.nonfinite_steps == 1 == state.optimizer.nonfinite_steps
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     for key in ("worker_error", "server_error"):
         assert torch.equal(saved[key], after[key])  # no garbage in either error buffer
     train(ddp, state.optimizer, range(5, 7))  # and training goes on
