@@ -29,6 +29,7 @@ Usage::
 
     python benchmarks/compression.py [--world-size 4] [--steps 300] [--warmup 50]
         [--baselines builtin,torch-hook] [--markdown out.md]
+        [--compressors none,topk:momentum,powersgd:momentum]   # NAME:momentum: momentum=True
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=0,
                    help="plain all-reduce steps before compressing (warmup_steps)")
     p.add_argument("--reps", type=int, default=15, help="codec: timed calls per compressor")
+    p.add_argument("--no-codec", action="store_true", help="skip the codec throughput part")
     p.add_argument("--markdown", default="", help="also write the tables to this file")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--arms", default="", help=argparse.SUPPRESS)
@@ -121,6 +123,7 @@ def worker(args: argparse.Namespace) -> None:
     text = load_stdlib_text()
     arms: dict[str, dict[str, Any]] = {}
     for name in args.arms.split(","):
+        compressor, _, variant = name.partition(":")
         torch.manual_seed(args.seed)
         model = ByteLM()
         ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
@@ -135,13 +138,15 @@ def worker(args: argparse.Namespace) -> None:
             options: dict[str, Any] = {"warmup_steps": args.warmup}
             if name in ("none", "fp16"):
                 options = {}
-            elif name == "topk":
+            elif compressor == "topk":
                 options["ratio"] = args.topk_ratio
-            elif name == "powersgd":
+            elif compressor == "powersgd":
                 options["rank"] = args.powersgd_rank
             elif name == "onebit_adam":  # brings its optimizer: AdamW for the warm-up
                 options = {"warmup_steps": max(1, args.warmup), "lr": 3e-3}
-            state, hook = make_hook(name, model=model, **options)
+            if variant == "momentum":  # 1-bit Adam's recipe: the compressor on the momentum
+                options.update(momentum=True, warmup_steps=max(1, args.warmup), lr=3e-3)
+            state, hook = make_hook(compressor, model=model, **options)
             ddp.register_comm_hook(state, hook)
             opt = getattr(state, "optimizer", None)
         arms[name] = {"ddp": ddp, "state": state,
@@ -375,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args)
         return 0
     names = [n for n in args.compressors.split(",") if n]
-    unknown = set(names) - set(COMPRESSORS)
+    unknown = {n.removesuffix(":momentum") for n in names} - set(COMPRESSORS)
     if unknown:
         print(f"unknown compressors: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
@@ -385,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
         runs = interleaved(args, arms, Path(tmp))
     print("codec throughput and bytes by world size ...", file=sys.stderr, flush=True)
     one_rank_group()
-    codec = codec_throughput(names, args.reps) + codec_only(BUCKET_25MB, args.reps)
+    codec = [] if args.no_codec else (
+        codec_throughput([n for n in names if ":" not in n], args.reps)
+        + codec_only(BUCKET_25MB, args.reps))
     buckets = demo_buckets()
     by_world = bytes_by_world_size(buckets, args.topk_ratio, args.powersgd_rank)
     text = report(args, runs, codec, by_world, len(buckets))

@@ -40,6 +40,7 @@ from laggard.integrations.compression.base import (
     resolve_group,
 )
 from laggard.integrations.compression.fp16 import Fp16Compression
+from laggard.integrations.compression.momentum import MomentumCompression
 from laggard.integrations.compression.none import NoCompression
 from laggard.integrations.compression.onebit_adam import OneBitAdam, OneBitAdamCompression
 from laggard.integrations.compression.powersgd import PowerSGDCompression
@@ -54,8 +55,11 @@ COMPRESSORS: dict[str, type[CompressionState]] = {
 }
 
 _COMMON_OPTIONS = {"model", "timer", "integrity", "warmup_steps"}
+_ADAM = {"lr", "betas", "eps", "weight_decay"}
 _OPTIONS = {"topk": {"ratio", "seed", "algorithm"}, "powersgd": {"rank", "seed"},
-            "onebit_adam": {"lr", "betas", "eps", "weight_decay"}}
+            "onebit_adam": _ADAM}
+#: Compressors that can take Adam's momentum instead of the gradient (``momentum=True``).
+MOMENTUM = ("sign", "topk", "powersgd")
 
 
 def make_hook(
@@ -72,8 +76,13 @@ def make_hook(
         **options: ``model`` (the module DDP wraps, to name residuals in checkpoints),
             ``timer`` (a CommTimer to record into), ``warmup_steps`` (plain all-reduce steps
             before compressing, default 0), ``integrity`` (a GradientIntegrity), and per
-            compressor ``ratio`` (topk, in (0, 1], default 0.01), ``rank`` (powersgd, >= 1,
-            default 4), ``seed``.
+            compressor ``ratio`` (topk, in (0, 1], default 0.01), ``algorithm`` (topk:
+            ``auto``, ``allgather``, ``scatter``), ``rank`` (powersgd, >= 1, default 4),
+            ``seed``; ``onebit_adam`` takes ``model`` (required), ``warmup_steps`` (default
+            100) and AdamW's ``lr``, ``betas``, ``eps``, ``weight_decay``. ``momentum=True``
+            (sign, topk, powersgd) applies the compressor to Adam's momentum after
+            ``warmup_steps`` of AdamW, as 1-bit Adam does (:mod:`.momentum`); the state then
+            has the optimizer as ``.optimizer`` and takes AdamW's options too.
 
     Returns:
         ``(state, hook)`` for ``ddp.register_comm_hook(state, hook)``.
@@ -85,11 +94,26 @@ def make_hook(
     cls = COMPRESSORS.get(name)
     if cls is None:
         raise ValueError(f"unknown compressor {name!r}; choose one of {', '.join(COMPRESSORS)}")
-    unknown = set(options) - _COMMON_OPTIONS - _OPTIONS.get(name, set())
+    momentum = options.pop("momentum", False)
+    allowed = _COMMON_OPTIONS | _OPTIONS.get(name, set()) | (_ADAM if momentum else set())
+    unknown = set(options) - allowed
     if unknown:
-        raise ValueError(f"compressor {name!r} takes no option {', '.join(sorted(unknown))}")
+        hint = " (AdamW's options need momentum=True)" if unknown & _ADAM else ""
+        raise ValueError(f"compressor {name!r} takes no option {', '.join(sorted(unknown))}"
+                         f"{hint}")
+    if momentum and name not in MOMENTUM:
+        raise ValueError(f"momentum=True works with {', '.join(MOMENTUM)}, not {name!r}")
+    if momentum:
+        adam = {key: options.pop(key) for key in (*_ADAM, "warmup_steps") if key in options}
+        model = options.get("model")
+        if model is None:
+            raise ValueError(f"{name} with momentum=True needs model=: its optimizer updates "
+                             "that model")
+        inner = cls(resolve_group(process_group), **options)
+        return MomentumCompression(inner, **adam, model=model), compression_hook
     group = resolve_group(process_group)
     return cls(group, **options), compression_hook
 
 
-__all__ = ["COMPRESSORS", "CompressionState", "OneBitAdam", "compression_hook", "make_hook"]
+__all__ = ["COMPRESSORS", "CompressionState", "MomentumCompression", "OneBitAdam",
+           "compression_hook", "make_hook"]

@@ -207,3 +207,33 @@ def test_onebit_adam_refuses_what_it_cannot_resume_or_run(one_rank_group: None) 
         make_hook("onebit_adam", model=model, warmup_steps=0)
     with pytest.raises(ValueError, match="takes no option ratio"):
         make_hook("onebit_adam", model=model, ratio=0.1)
+
+
+@pytest.mark.parametrize("name", ["topk", "powersgd"])
+def test_momentum_compression_is_adamw_then_compresses_the_momentum(one_rank_group: None,
+                                                                     name: str) -> None:
+    model, reference = small_model(), small_model()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.001)
+    state, hook = make_hook(name, model=model, momentum=True, warmup_steps=3, lr=3e-3)
+    ddp.register_comm_hook(state, hook)
+    adamw = torch.optim.AdamW(reference.parameters(), lr=3e-3)
+    train(ddp, state.optimizer, range(3))
+    train(DistributedDataParallel(reference, bucket_cap_mb=0.001), adamw, range(3))
+    pairs = zip(model.parameters(), reference.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)  # the warm-up is AdamW
+    train(ddp, state.optimizer, range(3, 6))
+    assert state.timer.take_step().raw_bytes == 0  # one rank: nothing on a wire, either way
+    before = [p.detach().clone() for p in model.parameters()]
+    train(ddp, state.optimizer, range(6, 7), poison=6)  # NaN: the step is skipped
+    assert state.optimizer.nonfinite_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    checkpoint = state.state_dict()
+    assert checkpoint["momentum"] and "optimizer" in checkpoint
+    state.load_state_dict(checkpoint)
+    with pytest.raises(ValueError, match="without momentum=True"):
+        state.load_state_dict({**checkpoint, "momentum": False})
+    state.close()
+    with pytest.raises(ValueError, match="need momentum=True"):
+        make_hook(name, model=model, lr=0.1)
+    with pytest.raises(ValueError, match="not 'fp16'"):
+        make_hook("fp16", model=model, momentum=True)
