@@ -34,7 +34,6 @@ from laggard.agent.sampler import CollectorThread
 
 log = logging.getLogger("laggard.agent")
 
-HELP = "run the node agent: sample GPUs, network and host, receive rank timings, serve /metrics"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

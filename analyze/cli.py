@@ -49,8 +49,6 @@ from laggard.parsers.nccl_tests import parse_nccl_tests
 from laggard.parsers.nvidia_smi import parse_nvidia_smi_csv, parse_nvidia_smi_q
 from laggard.parsers.proc_net_dev import parse_proc_net_dev
 
-HELP = "read logs and dumps after an incident and name the culprit"
-
 #: Most files read from the directories given (a stray ``/`` must not walk the whole disk).
 MAX_FILES = 10_000
 #: Largest small-format file (nvidia-smi, /proc/net/dev, IB listing, exposition) read whole.

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from laggard.collectors.fake_nvml import FakeNvml
 from laggard.collectors.nvml import NvmlCollector
 from laggard.collectors.nvml_library import NvmlLibrary
 from laggard.collectors.xid import KernelLogSource, XidCollector
+from laggard.demo.harness import free_port
 
 GPUS = 8
 
@@ -127,15 +127,9 @@ def render_cost(rounds: int) -> tuple[float, float]:
             cpu_per_round(lambda: generate_latest(without), rounds))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def scrape_cost(scrapes: int, *flags: str) -> tuple[float, int]:
     """Median wall seconds of one GET /metrics from a real agent, and the body size."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "laggard.cli", "agent", "--web.listen-address",
            f"127.0.0.1:{port}", "--intake-address", "", "--collect-interval", "1", *flags]
     agent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -19,6 +19,9 @@ per :meth:`FakeNvml.advance` when no clock is given). With ``i`` the GPU index:
 Fields left unsupported on purpose (they raise ``NVMLError_NotSupported``, as on many boards):
 the reliability violation counter, and NVLink on odd-numbered GPUs. Even-numbered GPUs have 18
 NVLink links, one of them down.
+
+Why one module of ~450 lines: it mirrors pynvml's flat namespace (the functions, constants and
+error classes laggard calls), which a test swaps in for ``pynvml`` as one module object.
 """
 
 from __future__ import annotations

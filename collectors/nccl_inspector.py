@@ -32,6 +32,7 @@ from prometheus_client.metrics_core import Metric
 
 from laggard.collectors.base import NoDataError
 from laggard.collectors.histogram import Histogram
+from laggard.collectors.tailer import FileTailer
 from laggard.parsers.nccl_inspector import (
     MAX_LINE_BYTES,
     InspectorRecord,
@@ -62,8 +63,7 @@ class _OpSeries:
 
 @dataclass(slots=True)
 class _TailedFile:
-    offset: int = 0
-    inode: int = 0
+    tailer: FileTailer
     stream: InspectorStream = field(default_factory=InspectorStream)
 
 
@@ -99,35 +99,26 @@ class NcclInspectorCollector:
             for path in paths:
                 self._tail(path)
             for gone in set(self._files) - set(paths):
-                del self._files[gone]
+                self._files.pop(gone).tailer.close()
             yield from self._families()
 
     def _tail(self, path: str) -> None:
+        tailed = self._files.get(path)
+        if tailed is None:
+            tailed = self._files[path] = _TailedFile(FileTailer(
+                path, start_at_end=False, max_read_bytes=MAX_READ_BYTES_PER_ROUND,
+                max_line_bytes=MAX_LINE_BYTES, keep_open=False))
+        oversized = tailed.tailer.oversized_lines
         try:
-            st = os.stat(path)
+            lines = tailed.tailer.read_lines()
         except OSError:
             return
-        tailed = self._files.setdefault(path, _TailedFile(inode=st.st_ino))
-        if st.st_ino != tailed.inode or st.st_size < tailed.offset:
-            tailed.offset, tailed.inode, tailed.stream = 0, st.st_ino, InspectorStream()
-        if st.st_size == tailed.offset:
-            return
-        try:
-            with open(path, "rb") as f:
-                f.seek(tailed.offset)
-                chunk = f.read(MAX_READ_BYTES_PER_ROUND)
-        except OSError:
-            return
-        end = chunk.rfind(b"\n") + 1  # complete lines only; the writer may be mid-line
-        if end == 0:
-            if len(chunk) >= MAX_LINE_BYTES:  # one huge line: skip it rather than stall
-                tailed.offset += len(chunk)
-                self._malformed += 1
-            return
-        tailed.offset += end
+        if tailed.tailer.restarted:  # rewritten: its context starts afresh
+            tailed.stream = InspectorStream()
+        self._malformed += tailed.tailer.oversized_lines - oversized
         stream = tailed.stream
         before_malformed, before_dropped = stream.malformed, stream.dropped
-        for line in chunk[:end].splitlines():
+        for line in lines:
             item = stream.feed(line)
             if isinstance(item, InspectorRecord):
                 self._observe(item)

@@ -22,7 +22,6 @@ a fatal SXid a critical finding.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import queue
@@ -39,6 +38,7 @@ from prometheus_client.metrics_core import Metric
 
 from laggard.collectors.base import NoDataError
 from laggard.collectors.nvml_library import NvmlLibrary, shared_library
+from laggard.collectors.tailer import FileTailer
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.xid_catalog import xid_finding
 from laggard.parsers.kernel_log import KernelLogParser, SXidEvent, XidEvent
@@ -72,55 +72,64 @@ class KernelLogSource:
     def __init__(self, path: str) -> None:
         self.path = path
         self.lost_records = 0
-        self._fd: int | None = None
-        self._kmsg = False
-        self._inode: tuple[int, int] | None = None
-        self._offset = 0
-        self._partial = b""
-        self._started = False  # first open seeks to the end; later opens read from the start
+        self._fd: int | None = None  # /dev/kmsg
+        self._file: FileTailer | None = None  # any other path
 
     def read_lines(self) -> list[str]:
         """Lines added since the last call (complete lines only).
 
         Raises:
-            NoDataError: the path cannot be opened at the first read (no permission, no file).
+            NoDataError: the path cannot be opened at the first read (no permission), or it is
+                neither a character device nor a regular file.
         """
-        if self._fd is None and not self._open():
-            return []
-        assert self._fd is not None
-        if self._kmsg:
+        if self._fd is None and self._file is None:
+            self._open()
+        if self._fd is not None:
             return self._read_kmsg()
-        lines = self._read_file()
-        self._check_rotation()
-        return lines
+        assert self._file is not None
+        try:
+            lines = self._file.read_lines()
+        except OSError:
+            return []  # permissions changed under us: retried next round
+        return [line.decode("utf-8", errors="replace") for line in lines]
 
     def close(self) -> None:
         """Close the file descriptor, if open."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._file is not None:
+            self._file.close()
 
-    def _open(self) -> bool:
+    def _open(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            # The tailer waits for it, and reads a file that appears later from its start.
+            log.info("kernel log %s does not exist yet; waiting for it", self.path)
+            self._file = self._tailer()
+            return
         except OSError as exc:
-            if not self._started:
-                self._started = True
-                if exc.errno != errno.ENOENT:
-                    raise NoDataError(f"cannot read kernel log {self.path}: {exc}") from None
-                log.info("kernel log %s does not exist yet; waiting for it", self.path)
-            return False
-        st = os.fstat(fd)
-        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-            os.close(fd)
+            raise NoDataError(f"cannot read kernel log {self.path}: {exc}") from None
+        if stat.S_ISREG(st.st_mode):
+            self._file = self._tailer()
+            return
+        if not stat.S_ISCHR(st.st_mode):
             raise NoDataError(f"kernel log {self.path} is neither /dev/kmsg nor a file")
-        self._fd, self._kmsg = fd, stat.S_ISCHR(st.st_mode)
-        self._inode, self._partial = (st.st_dev, st.st_ino), b""
-        self._offset = 0
-        if not self._started:
-            self._started = True
-            self._offset = os.lseek(fd, 0, os.SEEK_END)  # kmsg: after the newest record
-        return True
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise NoDataError(f"cannot read kernel log {self.path}: {exc}") from None
+        os.lseek(self._fd, 0, os.SEEK_END)  # after the newest record
+
+    def _tailer(self) -> FileTailer:
+        tailer = FileTailer(self.path, start_at_end=True, max_read_bytes=MAX_READ_BYTES,
+                            max_line_bytes=MAX_PARTIAL_LINE)
+        try:
+            tailer.read_lines()  # opens it now: a file without permission fails at the start
+        except OSError as exc:
+            raise NoDataError(f"cannot read kernel log {self.path}: {exc}") from None
+        return tailer
 
     def _read_kmsg(self) -> list[str]:
         assert self._fd is not None
@@ -137,31 +146,6 @@ class KernelLogSource:
                 break
             lines.append(record.decode("utf-8", errors="replace").rstrip("\n"))
         return lines
-
-    def _read_file(self) -> list[str]:
-        assert self._fd is not None
-        try:
-            data = os.pread(self._fd, MAX_READ_BYTES, self._offset)
-        except OSError:
-            self.close()
-            return []
-        self._offset += len(data)
-        chunk = self._partial + data
-        *complete, self._partial = chunk.split(b"\n")
-        if len(self._partial) > MAX_PARTIAL_LINE:
-            self._partial = b""  # a runaway line without newline: drop it
-        return [line.decode("utf-8", errors="replace") for line in complete]
-
-    def _check_rotation(self) -> None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            self.close()  # vanished: reopen (from its start) when it comes back
-            return
-        if (st.st_dev, st.st_ino) != self._inode or st.st_size < self._offset:
-            # Rotated or truncated. What was appended to the old file before the switch has
-            # been read above (same round); the new file is read from its start.
-            self.close()
 
 
 @dataclass(slots=True)

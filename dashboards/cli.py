@@ -10,8 +10,6 @@ from pathlib import Path
 
 from laggard.dashboards.catalog import dashboard_files, render_files
 
-HELP = "write Grafana dashboards and Prometheus rules"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the subcommand's flags."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.resources
 import json
 import os
 import re
@@ -38,6 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laggard.demo.harness import (
+    NotReadyError,
+    PrometheusServer,
+    laggard_rules,
+    wait_until_ready,
+)
 from laggard.demo.netns import (
     EmulatedCluster,
     LinkShape,
@@ -45,8 +50,6 @@ from laggard.demo.netns import (
     Node,
     check_can_create,
 )
-
-HELP = "emulate N nodes with network namespaces, run one job across them, inject a fault, name it"
 
 #: Ports inside every node's namespace (each node has its own network stack, so all share them).
 AGENT_PORT = 9477
@@ -144,126 +147,6 @@ class Report:
 
 class DemoError(RuntimeError):
     """The demo cannot go on (a process died, a deadline passed); the message says why."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _http_json(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.loads(response.read())
-
-
-class Prometheus:
-    """A real Prometheus server on 127.0.0.1 scraping the given targets with laggard's rules.
-
-    Args:
-        workdir: where its configuration and TSDB go.
-        targets: ``host:port`` of every agent (scrape job ``laggard``, as the rules expect).
-        interval_s: scrape and evaluation interval in seconds.
-        rules: rule file texts to load.
-    """
-
-    def __init__(self, workdir: Path, targets: list[str], interval_s: float,
-                 rules: dict[str, str]) -> None:
-        self.binary = shutil.which("prometheus")
-        if self.binary is None:
-            raise DemoError("prometheus not found: install it (Debian: apt-get install "
-                            "prometheus) or put it on PATH")
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        rule_paths = []
-        for name, text in rules.items():
-            path = workdir / name
-            path.write_text(text)
-            rule_paths.append(str(path))
-        interval = f"{int(interval_s * 1000)}ms"
-        config = {
-            "global": {"scrape_interval": interval, "evaluation_interval": interval,
-                       "scrape_timeout": interval},
-            "rule_files": rule_paths,
-            "scrape_configs": [{"job_name": "laggard",
-                                "static_configs": [{"targets": targets}]}],
-        }
-        self.config_path = workdir / "prometheus.yml"
-        self.config_path.write_text(json.dumps(config, indent=1))  # JSON is YAML
-        self.data = workdir / "tsdb"
-        self.log = open(workdir / "prometheus.log", "w")  # noqa: SIM115 - closed in stop()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 20.0) -> None:
-        """Start it and wait until ``/-/ready``. Raises DemoError when it does not come up."""
-        assert self.binary is not None
-        self.proc = subprocess.Popen(
-            [self.binary, f"--config.file={self.config_path}",
-             f"--storage.tsdb.path={self.data}", f"--web.listen-address=127.0.0.1:{self.port}",
-             "--storage.tsdb.retention.time=1h"],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise DemoError(f"prometheus exited {self.proc.returncode}; see {self.log.name}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1):
-                    return
-            time.sleep(0.2)
-        raise DemoError("prometheus not ready in time")
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        """Instant query; the result vector (empty on any error)."""
-        try:
-            query = urllib.parse.urlencode({"query": promql})
-            doc = _http_json(f"{self.url}/api/v1/query?{query}")
-        except (OSError, ValueError):
-            return []
-        return doc.get("data", {}).get("result", [])
-
-    def alerts(self) -> list[dict[str, Any]]:
-        """Active alerts (pending and firing)."""
-        try:
-            return _http_json(f"{self.url}/api/v1/alerts")["data"]["alerts"]
-        except (OSError, ValueError, KeyError):
-            return []
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-def demo_rules() -> dict[str, str]:
-    """laggard's Prometheus rule files, ``for:`` durations cut to :data:`DEMO_ALERT_FOR`."""
-    folder = importlib.resources.files("laggard.dashboards") / "rules"
-    rules = {}
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if entry.name.endswith((".yml", ".yaml")):
-            text = re.sub(r"^(\s*for:\s*)\S+", rf"\g<1>{DEMO_ALERT_FOR}", entry.read_text(),
-                          flags=re.MULTILINE)
-            rules[entry.name] = text
-    return rules
-
-
-def _wait_http(url: str, deadline: float, what: str, procs: list[subprocess.Popen[Any]]) -> None:
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            pass
-        for proc in procs:
-            if proc.poll() is not None:
-                raise DemoError(f"{what} exited {proc.returncode} before answering")
-        if time.monotonic() > deadline:
-            raise DemoError(f"{what} did not answer at {url} in time")
-        time.sleep(0.1)
 
 
 def _pump(stream: Any, path: Path, echo: threading.Event | None) -> None:
@@ -540,14 +423,24 @@ def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
             "--node", node.name, "--collect-interval", "0.5", *off],
             stdout=log, stderr=subprocess.STDOUT))
     for node, agent in zip(nodes, agents, strict=True):
-        _wait_http(f"http://{node.address}:{AGENT_PORT}/metrics", min(deadline,
-                   time.monotonic() + 30), f"agent on {node.name}", [agent])
+        try:
+            wait_until_ready(f"http://{node.address}:{AGENT_PORT}/metrics",
+                             timeout=min(deadline - time.monotonic(), 30),
+                             what=f"agent on {node.name}", procs=[agent])
+        except NotReadyError as exc:
+            raise DemoError(str(exc)) from None
     print("  agents: " + ", ".join(f"http://{n.address}:{AGENT_PORT}/metrics" for n in nodes))
 
-    prometheus = Prometheus(workdir, [f"{n.address}:{AGENT_PORT}" for n in nodes],
-                            args.scrape_interval, demo_rules())
     try:
-        prometheus.start()
+        prometheus = PrometheusServer(workdir, [f"{n.address}:{AGENT_PORT}" for n in nodes],
+                                      args.scrape_interval, laggard_rules(DEMO_ALERT_FOR))
+    except FileNotFoundError as exc:
+        raise DemoError(str(exc)) from None
+    try:
+        try:
+            prometheus.start()
+        except NotReadyError as exc:
+            raise DemoError(str(exc)) from None
         print(f"  prometheus: {prometheus.url} (alert 'for:' cut to {DEMO_ALERT_FOR} for the "
               "demo)")
         injector = None
@@ -628,7 +521,7 @@ def _train(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path, sl
     report.findings = [f for f in result["findings"] if f.get("detector") == "straggler"]
 
 
-def _collect_alerts(prometheus: Prometheus, report: Report, deadline: float,
+def _collect_alerts(prometheus: PrometheusServer, report: Report, deadline: float,
                     args: argparse.Namespace) -> None:
     """Wait (bounded) for a laggard straggler alert to fire; keep every active alert seen."""
     wait_until = min(deadline, time.monotonic() + 20 + 4 * args.scrape_interval)

@@ -21,12 +21,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
-
-HELP = "train a small model on W local ranks and find the slow one"
 
 #: Seconds to wait for the agent's /metrics to answer after starting it.
 AGENT_START_TIMEOUT = 15.0
@@ -387,25 +384,23 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 def _with_free_port(address: str, kind: int) -> str:
     """``host:port``, with port 0 replaced by one that is free now."""
+    from laggard.demo.harness import free_port
     from laggard.wire import parse_address
 
     host, port = parse_address(address)
     if port == 0:
-        with socket.socket(socket.AF_INET, kind) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
+        port = free_port(kind, host)
     return f"{host}:{port}"
 
 
 def _wait_for_agent(url: str, agent: subprocess.Popen[bytes]) -> bool:
-    deadline = time.monotonic() + AGENT_START_TIMEOUT
-    while time.monotonic() < deadline and agent.poll() is None:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return True
-        except OSError:
-            time.sleep(0.1)
-    return False
+    from laggard.demo.harness import NotReadyError, wait_until_ready
+
+    try:
+        wait_until_ready(url, timeout=AGENT_START_TIMEOUT, what="agent", procs=[agent])
+    except NotReadyError:
+        return False
+    return True
 
 
 def _ranks_seen_by_agent(url: str) -> list[int] | None:

@@ -31,6 +31,9 @@ NaN and Inf counts of each payload before sending and of each result ride in the
 
 A row that cannot be decoded (wrong length, unknown version) is reported as a fault of the check
 itself (``kind="check_fault"``), never as a corrupt gradient, and left out of the comparison.
+
+Why one module of ~500 lines: the window wire format (:func:`encode_window`/:func:`decode_window`)
+and the checks that read it (sum bound, hash agreement, localisation) change together.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The ``laggard`` command line: one subcommand per module, imported only when chosen.
 
-Each subcommand module exposes ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int`` (the exit status). Importing lazily keeps ``laggard agent`` free of torch
-and keeps a broken optional module from breaking the others.
+Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int`` (the exit
+status); its one-line help lives here, so ``laggard --help`` shows it without importing it.
+Importing lazily keeps ``laggard agent`` free of torch and keeps a broken optional module from
+breaking the others.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ import sys
 
 from laggard import __version__
 
-#: subcommand -> module implementing it
-SUBCOMMANDS: dict[str, str] = {
-    "agent": "laggard.agent.daemon",
-    "demo": "laggard.demo.local",
-    "analyze": "laggard.analyze.cli",
-    "dashboards": "laggard.dashboards.cli",
-    "cluster-demo": "laggard.demo.cluster",
+#: subcommand -> (module implementing it, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "agent": ("laggard.agent.daemon", "run the node agent: sample GPUs, network and host, "
+              "receive rank timings, serve /metrics"),
+    "demo": ("laggard.demo.local", "train a small model on W local ranks and find the slow one"),
+    "analyze": ("laggard.analyze.cli",
+                "read logs and dumps after an incident and name the culprit"),
+    "dashboards": ("laggard.dashboards.cli", "write Grafana dashboards and Prometheus rules"),
+    "cluster-demo": ("laggard.demo.cluster", "emulate N nodes with network namespaces, run one "
+                     "job across them, inject a fault, name it"),
 }
 
 
@@ -36,27 +40,16 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"laggard {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, module_name in SUBCOMMANDS.items():
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
         if name != chosen:
-            sub.add_parser(name, help=_help_of(module_name), add_help=False)
+            sub.add_parser(name, help=help_text, add_help=False)
             continue
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
         parser.set_defaults(_subparser=p)
     return parser
-
-
-def _help_of(module_name: str) -> str:
-    # Short help without importing (torch-heavy modules stay unimported).
-    return {
-        "laggard.agent.daemon": "run the node agent (serves /metrics)",
-        "laggard.demo.local": "train a small model on W local ranks and find the slow one",
-        "laggard.analyze.cli": "read logs and dumps after an incident and name the culprit",
-        "laggard.dashboards.cli": "write Grafana dashboards and Prometheus rules",
-        "laggard.demo.cluster": "emulate several nodes with network namespaces",
-    }.get(module_name, "")
 
 
 def main(argv: list[str] | None = None) -> int:

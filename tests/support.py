@@ -8,20 +8,16 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from laggard.demo.harness import NotReadyError, free_port, wait_until_ready
+
+__all__ = ["FIXTURES", "REPO", "AgentProcess", "free_port", "scrape", "start_agent", "stop_agent"]
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(url: str, timeout: float = 5.0) -> str:
@@ -55,17 +51,12 @@ def start_agent(*extra: str, timeout: float = 15.0) -> AgentProcess:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     agent = AgentProcess(proc, port, intake_port)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"agent exited {proc.returncode}: {proc.stdout.read()}")
-        try:
-            agent.scrape()
-            return agent
-        except OSError:
-            time.sleep(0.1)
-    stop_agent(agent)
-    raise RuntimeError("agent did not answer in time")
+    try:
+        wait_until_ready(agent.metrics_url, timeout=timeout, what="agent", procs=[proc])
+    except NotReadyError as exc:
+        _, out = stop_agent(agent)
+        raise RuntimeError(f"{exc}: {out}") from None
+    return agent
 
 
 def stop_agent(agent: AgentProcess) -> tuple[int, str]:

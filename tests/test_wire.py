@@ -63,3 +63,11 @@ def test_bad_datagrams_are_rejected_with_a_reason(payload, reason):
 def test_unknown_keys_are_ignored_for_forward_compatibility():
     doc = {"v": 1, "rank": 0, "world_size": 1, "step": 2, "future_field": [1, 2]}
     assert decode_datagram(json.dumps(doc).encode()).step == 2
+
+
+def test_the_old_import_path_still_gives_the_same_classes() -> None:
+    import laggard.agent.records as moved
+    import laggard.wire as wire
+
+    for name in moved.__all__:
+        assert getattr(moved, name) is getattr(wire, name), name

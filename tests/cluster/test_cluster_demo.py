@@ -20,11 +20,11 @@ import pytest
 
 from laggard.demo.cluster import (
     DEMO_ALERT_FOR,
-    demo_rules,
     measure_links,
     parse_rate,
     slow_links,
 )
+from laggard.demo.harness import laggard_rules
 from laggard.demo.netns import EmulatedCluster, LinkShape
 
 pytestmark = pytest.mark.slow
@@ -120,7 +120,7 @@ def test_rates_parse_in_tc_notation() -> None:
 
 
 def test_demo_rules_are_laggards_with_for_cut_short() -> None:
-    rules = demo_rules()
+    rules = laggard_rules(DEMO_ALERT_FOR)
     assert "laggard-alerts.yml" in rules
     alerts = rules["laggard-alerts.yml"]
     assert "LaggardStragglerDetected" in alerts

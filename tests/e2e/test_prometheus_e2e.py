@@ -18,8 +18,6 @@ Prometheus is always stopped, by its pid, whatever happens in the test.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
 import random
@@ -31,18 +29,15 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from support import FIXTURES, AgentProcess, free_port, start_agent, stop_agent
+from support import FIXTURES, AgentProcess, start_agent, stop_agent
 
-from laggard.dashboards.catalog import RULE_FILES, RULES_DIR, render_dashboards
+from laggard.dashboards.catalog import render_dashboards
+from laggard.demo.harness import PrometheusServer, laggard_rules
 from laggard.detectors.finding import Finding, Severity
 from laggard.wire import CollectiveTiming, StepRecord, WindowReport
 
@@ -60,56 +55,6 @@ SLOWDOWN = 1.3
 BUILTINS = {"$__rate_interval": "10s", "$__range": "5m", "$__interval": "1s"}
 #: How long every panel may take to show data (the first scrape lands after ~5-6 s).
 DATA_DEADLINE_S = 30.0
-
-
-@dataclass
-class Prometheus:
-    """A running Prometheus server on loopback."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-
-    def api(self, path: str, **params: str) -> Any:
-        query = urllib.parse.urlencode(params)
-        with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=5) as resp:
-            doc = json.load(resp)
-        assert doc["status"] == "success", doc
-        return doc["data"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        return self.api("query", query=expr)["result"]
-
-
-def _stop_by_pid(pid: int) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if done:
-                return
-            time.sleep(0.05)
-
-
-def _rules_without_waiting(dest: Path) -> list[str]:
-    """Copies of laggard's rule files with every ``for:`` set to 0s."""
-    paths = []
-    for name in RULE_FILES:
-        doc = yaml.safe_load((RULES_DIR / name).read_text())
-        for group in doc["groups"]:
-            for rule in group["rules"]:
-                if "for" in rule:
-                    rule["for"] = "0s"
-        path = dest / name
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        paths.append(str(path))
-    return paths
 
 
 @pytest.fixture
@@ -132,52 +77,10 @@ def agent(kernel_log: Path) -> Iterator[AgentProcess]:
         stop_agent(agent)
 
 
-@contextlib.contextmanager
-def running_prometheus(config: dict[str, Any], workdir: Path) -> Iterator[Prometheus]:
-    """Run Debian's prometheus with ``config`` on a free loopback port until the block ends.
-
-    The server is stopped by its pid (SIGTERM, then SIGKILL) however the block ends.
-    """
-    port = free_port()
-    config_file = workdir / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(config))
-    log_file = workdir / "prometheus.log"
-    with log_file.open("wb") as log:
-        proc = subprocess.Popen(
-            ["prometheus", f"--config.file={config_file}",
-             f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-             "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        server = Prometheus(proc, f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 15
-        while True:
-            assert proc.poll() is None, log_file.read_text()
-            try:
-                with urllib.request.urlopen(f"{server.url}/-/ready", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "prometheus not ready in 15 s"
-            time.sleep(0.1)
-        yield server
-    finally:
-        _stop_by_pid(proc.pid)
-        proc.poll()  # the child is reaped: let Popen know (ECHILD -> returncode 0)
-
-
 @pytest.fixture
-def prometheus(agent: AgentProcess, tmp_path: Path) -> Iterator[Prometheus]:
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": _rules_without_waiting(tmp_path),
-        "scrape_configs": [{
-            "job_name": "laggard",
-            "static_configs": [{"targets": [f"127.0.0.1:{agent.port}"]}],
-        }],
-    }
-    with running_prometheus(config, tmp_path) as server:
+def prometheus(agent: AgentProcess, tmp_path: Path) -> Iterator[PrometheusServer]:
+    with PrometheusServer(tmp_path, [f"127.0.0.1:{agent.port}"], interval_s=1.0,
+                          rules=laggard_rules(alert_for="0s")) as server:
         yield server
 
 
@@ -256,7 +159,7 @@ def _substitute(text: str, values: dict[str, str]) -> str:
     return text
 
 
-def _resolve_variables(prom: Prometheus, dashboard: dict[str, Any]) -> dict[str, str]:
+def _resolve_variables(prom: PrometheusServer, dashboard: dict[str, Any]) -> dict[str, str]:
     """Evaluate each query variable as Grafana does; multi-values become ``(a|b)`` regexes.
 
     Raises:
@@ -278,7 +181,7 @@ def _resolve_variables(prom: Prometheus, dashboard: dict[str, Any]) -> dict[str,
     return values
 
 
-def _dead_queries(prom: Prometheus, uids: tuple[str, ...] | None = None) -> list[str]:
+def _dead_queries(prom: PrometheusServer, uids: tuple[str, ...] | None = None) -> list[str]:
     """Every panel query of every dashboard (or of those in ``uids``) without a number now."""
     dead = []
     for dashboard in render_dashboards().values():
@@ -299,20 +202,20 @@ def _dead_queries(prom: Prometheus, uids: tuple[str, ...] | None = None) -> list
     return dead
 
 
-def _firing(prom: Prometheus, alertname: str) -> set[str]:
+def _firing(prom: PrometheusServer, alertname: str) -> set[str]:
     """Ranks for which ``alertname`` is firing."""
     return {a["labels"].get("rank", "") for a in prom.api("alerts")["alerts"]
             if a["labels"]["alertname"] == alertname and a["state"] == "firing"}
 
 
-def _ever_fired(prom: Prometheus, alertname: str, **labels: str) -> bool:
+def _ever_fired(prom: PrometheusServer, alertname: str, **labels: str) -> bool:
     matchers = "".join(f', {k}="{v}"' for k, v in labels.items())
     return bool(prom.query(
         f'max_over_time(ALERTS{{alertname="{alertname}", alertstate="firing"{matchers}}}[5m])'))
 
 
 def test_every_panel_has_data_and_the_alerts_fire(
-    agent: AgentProcess, prometheus: Prometheus, kernel_log: Path
+    agent: AgentProcess, prometheus: PrometheusServer, kernel_log: Path
 ) -> None:
     # GPU 0 (PCI 0000:18:00 in the fake) falls off the bus, as the kernel logs it.
     with kernel_log.open("a") as log:
@@ -365,7 +268,7 @@ def test_every_panel_has_data_and_the_alerts_fire(
 
 @pytest.mark.timeout(300)
 def test_demo_training_job_straggler_named_by_prometheus(
-    agent: AgentProcess, prometheus: Prometheus, tmp_path: Path
+    agent: AgentProcess, prometheus: PrometheusServer, tmp_path: Path
 ) -> None:
     """The real job: PyTorch's launcher, 3 gloo ranks of the demo model, rank 1 slowed 2x.
 
@@ -409,7 +312,8 @@ def test_demo_training_job_straggler_named_by_prometheus(
 
 def test_prometheus_is_stopped_by_pid_when_the_test_fails(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="the test failed"):
-        with running_prometheus({"global": {"scrape_interval": "1s"}}, tmp_path) as server:
+        with PrometheusServer(tmp_path, []) as server:
+            assert server.proc is not None
             pid = server.proc.pid
             os.kill(pid, 0)  # alive
             raise RuntimeError("the test failed")

@@ -1,0 +1,205 @@
+"""Process plumbing shared by the demos, the tests and the benchmarks: free loopback ports,
+waiting for a server to answer, and a real Prometheus server with laggard's rules.
+
+Nothing here imports torch: the agent's tests use it on a machine without it.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["NotReadyError", "PrometheusServer", "free_port", "laggard_rules", "wait_until_ready"]
+
+
+class NotReadyError(RuntimeError):
+    """A server did not answer in time, or its process exited first; the message says which."""
+
+
+def free_port(kind: int = socket.SOCK_STREAM, host: str = "127.0.0.1") -> int:
+    """A port on ``host`` that was free a moment ago (TCP by default; ``SOCK_DGRAM`` for UDP).
+
+    Another process may take it before the caller binds it; on a test machine that is rare.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, kind) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_until_ready(url: str, *, timeout: float, what: str = "server",
+                     procs: Iterable[subprocess.Popen[Any]] = ()) -> None:
+    """Poll ``url`` every 0.1 s until it answers HTTP 2xx.
+
+    Args:
+        url: what to GET (``/metrics``, ``/-/ready``).
+        timeout: seconds to wait in all.
+        what: the server's name in the error message.
+        procs: processes that must stay alive meanwhile (the server, its launcher).
+
+    Raises:
+        NotReadyError: ``timeout`` passed, or one of ``procs`` exited before the server answered.
+    """
+    procs = list(procs)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            pass
+        for proc in procs:
+            if proc.poll() is not None:
+                raise NotReadyError(f"{what} exited {proc.returncode} before answering at {url}")
+        if time.monotonic() > deadline:
+            raise NotReadyError(f"{what} did not answer at {url} within {timeout:g} s")
+        time.sleep(0.1)
+
+
+def laggard_rules(alert_for: str | None = None) -> dict[str, str]:
+    """laggard's Prometheus rule files (name -> text), as shipped in ``laggard.dashboards``.
+
+    Args:
+        alert_for: when given (``"0s"``, ``"2s"``), every alert's ``for:`` duration is replaced
+            by it: the expressions stay the shipped ones, only the waiting is cut (demos, tests).
+    """
+    folder = importlib.resources.files("laggard.dashboards") / "rules"
+    rules = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith((".yml", ".yaml")):
+            text = entry.read_text()
+            if alert_for is not None:
+                text = re.sub(r"^(\s*for:\s*)\S+", rf"\g<1>{alert_for}", text, flags=re.MULTILINE)
+            rules[entry.name] = text
+    return rules
+
+
+class PrometheusServer:
+    """A real Prometheus server on a free loopback port, scraping laggard agents.
+
+    Use as a context manager (or call :meth:`start` and :meth:`stop`): the server is stopped by
+    its pid, SIGTERM then SIGKILL, however the block ends.
+
+    Args:
+        workdir: where its configuration, TSDB and log go.
+        targets: ``host:port`` of every agent (scrape job ``laggard``, as the rules expect).
+        interval_s: scrape and rule-evaluation interval in seconds.
+        rules: rule file texts by file name (see :func:`laggard_rules`).
+
+    Raises:
+        FileNotFoundError: no ``prometheus`` binary on PATH (Debian: ``apt-get install
+            prometheus``).
+    """
+
+    def __init__(self, workdir: Path, targets: list[str], interval_s: float = 1.0,
+                 rules: dict[str, str] | None = None) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise FileNotFoundError("prometheus not found: install it (Debian: apt-get install "
+                                    "prometheus) or put it on PATH")
+        self.binary = binary
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.workdir = workdir
+        rule_paths = []
+        for name, text in (rules or {}).items():
+            path = workdir / name
+            path.write_text(text)
+            rule_paths.append(str(path))
+        interval = f"{int(interval_s * 1000)}ms"
+        config = {
+            "global": {"scrape_interval": interval, "evaluation_interval": interval,
+                       "scrape_timeout": interval},
+            "rule_files": rule_paths,
+            "scrape_configs": [{"job_name": "laggard",
+                                "static_configs": [{"targets": targets}]}],
+        }
+        self.config_path = workdir / "prometheus.yml"
+        self.config_path.write_text(json.dumps(config, indent=1))  # JSON is YAML
+        self.log_path = workdir / "prometheus.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> PrometheusServer:
+        """Start it and wait until ``/-/ready`` answers.
+
+        Raises:
+            NotReadyError: it exited or was not ready within ``timeout`` seconds (it is stopped).
+        """
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, f"--config.file={self.config_path}",
+                 f"--storage.tsdb.path={self.workdir / 'tsdb'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}",
+                 "--storage.tsdb.retention.time=1h", "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_until_ready(f"{self.url}/-/ready", timeout=timeout, what="prometheus",
+                             procs=[self.proc])
+        except NotReadyError as exc:
+            self.stop()
+            raise NotReadyError(f"{exc}; its log: {self.log_path}") from None
+        return self
+
+    def api(self, path: str, **params: str) -> Any:
+        """GET ``/api/v1/PATH`` and return its ``data``.
+
+        Raises:
+            OSError: the server did not answer; ValueError: it answered with an error.
+        """
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=5) as resp:
+            doc = json.load(resp)
+        if doc.get("status") != "success":
+            raise ValueError(f"prometheus: {doc.get('error', doc)}")
+        return doc["data"]
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """Instant query; the result vector, empty when the query fails or finds nothing."""
+        try:
+            return self.api("query", query=promql).get("result", [])
+        except (OSError, ValueError):
+            return []
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Active alerts (pending and firing); empty when the server does not answer."""
+        try:
+            return self.api("alerts").get("alerts", [])
+        except (OSError, ValueError):
+            return []
+
+    def stop(self) -> None:
+        """Stop the server by its pid (SIGTERM, then SIGKILL after 10 s); safe to call twice."""
+        if self.proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            if self.proc.poll() is not None:
+                return
+            try:
+                os.kill(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> PrometheusServer:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
