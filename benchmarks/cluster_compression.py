@@ -91,6 +91,94 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ CPU model
+def cpu_model(args: argparse.Namespace, compressors: list[str], rate_bps: float) -> None:
+    """Model, not a measurement: the step at ``rate_bps`` if every rank had a core to itself.
+
+    One process, a one-rank gloo group (the collectives move nothing): per compressor, the median
+    *CPU time* of the process per step (forward, backward, the hook's codec on both stages, the
+    optimizer; ``time.process_time``, so time spent waiting for a core on a shared machine is
+    not counted), plus the bytes one rank of a ``--nodes``-rank job sends per step (the hooks'
+    formulas for that world size) at the link rate, fully exposed.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from laggard.demo.model import ByteBatches, ByteLM, load_stdlib_text
+    from laggard.integrations.compression import make_hook
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    w = args.nodes
+    print(f"\n# model: CPU time per step (one process, one thread) + bytes of a {w}-rank job "
+          f"at {rate_bps / 1e9:g} Gbit/s; load average {os.getloadavg()[0]:.1f}")
+    print("| compressor | CPU ms / step | bytes / rank / step | modelled step ms | vs none |")
+    print("|---|---:|---:|---:|---:|")
+    base = None
+    for name in compressors:
+        torch.manual_seed(0)
+        model = ByteLM(dim=args.dim, heads=4, layers=args.layers, seq_len=64)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=25)
+        options = {"warmup_steps": 1, "lr": 1e-3} if name == "onebit_adam" else {}
+        state, hook = make_hook(name, model=model, **options)
+        sizes: dict[int, int] = {}  # bucket index -> elements, as DDP cut them
+
+        def recording(state, bucket, hook=hook, sizes=sizes):  # type: ignore[no-untyped-def]
+            sizes[bucket.index()] = bucket.buffer().numel()
+            return hook(state, bucket)
+
+        ddp.register_comm_hook(state, recording)
+        optimizer = getattr(state, "optimizer", None) or torch.optim.AdamW(model.parameters(),
+                                                                            lr=1e-3)
+        batches = ByteBatches(load_stdlib_text(), batch_size=args.batch, seq_len=args.seq,
+                              seed=0)
+        seconds = []
+        for step in range(args.warmup + args.steps):
+            x, y = batches.next()
+            start = time.process_time()
+            F.cross_entropy(ddp(x).flatten(0, 1), y.flatten()).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step >= args.warmup:
+                seconds.append(time.process_time() - start)
+        state.close()
+        sent = wire_bytes(name, list(sizes.values()), w)
+        modelled = statistics.median(seconds) + sent * 8 / rate_bps
+        base = base or modelled
+        print(f"| {name} | {1e3 * statistics.median(seconds):.1f} | {sent:,} | "
+              f"{1e3 * modelled:.1f} | {base / modelled:.2f}x |", flush=True)
+    dist.destroy_process_group()
+
+
+def wire_bytes(name: str, buckets: list[int], w: int) -> int:
+    """Bytes one rank of a ``w``-rank job sends per step, for buckets of these sizes (the
+    formulas the hooks report with; ``topk`` as ``auto`` picks, ratio 1%)."""
+    import math
+
+    from laggard.integrations.compression.wire import (
+        allgather_bytes,
+        alltoall_bytes,
+        ring_allreduce_bytes,
+    )
+
+    if name == "none":
+        return sum(ring_allreduce_bytes(4 * n, w) for n in buckets)
+    if name in ("onebit_adam", "sign"):  # 1-bit Adam: the whole model as one vector
+        chunks = [sum(buckets)] if name == "onebit_adam" else buckets
+        rows = [8 * math.ceil(n / (8 * w)) // 8 + 8 for n in chunks]
+        return sum(alltoall_bytes(r, w) + allgather_bytes(r, w) for r in rows)
+    if name == "topk":
+        total = 0
+        for n in buckets:
+            k = max(1, math.ceil(0.01 * n))
+            kr = min(-(-n // w), -(-k // w))
+            total += allgather_bytes(8 * k, w) if w <= 2 else 2 * alltoall_bytes(8 * kr, w)
+        return total
+    raise ValueError(f"no byte model for {name!r} here")
+
+
 # ------------------------------------------------------------------------- orchestrator side
 def run_job(cluster, compressor: str, args: argparse.Namespace, out: Path) -> list[dict]:  # type: ignore[no-untyped-def]
     """One job across every node of ``cluster``; the per-rank result documents."""
@@ -153,9 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--loss-tail", type=int, default=10, help="last steps averaged for the loss")
     p.add_argument("--job-timeout", type=float, default=240.0)
+    p.add_argument("--cpu-model", action="store_true",
+                   help="instead: the CPU-time model of the step (no root, no namespaces)")
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.cpu_model:
+        from laggard.demo.cluster import parse_rate
+
+        cpu_model(args, [c for c in args.compressors.split(",") if c],
+                  parse_rate(args.rates.split(",")[0]))
+        return 0
 
     import tempfile
 

@@ -12,9 +12,9 @@ One invocation measures, with the demo's byte-level transformer (``laggard.demo.
    of the last window against ``none``'s. ``none`` against the built-in all-reduce is the hook
    overhead (``--baselines builtin,torch-hook`` adds torch's own Python ``allreduce_hook``, to
    separate the cost of any Python hook from laggard's).
-2. **Codec throughput**, in this process on a one-rank gloo group: each whole hook on a bucket
-   holding the model and on a 25 MB bucket (DDP's default), and the codecs alone (encode +
-   decode of a 24 MiB gradient at W=4), gradient bytes per second against ``y.copy_(x)`` into a
+2. **Codec throughput** (``compression_codecs.py``), in this process on a one-rank gloo group:
+   each whole hook on a bucket holding the model and on a 25 MB bucket (DDP's default), and the
+   codecs alone on the 25 MB bucket at W=4 chunks, in CPU time against ``y.copy_(x)`` into a
    preallocated buffer, alternated in the same loop. With one rank the collectives move nothing.
 3. **Bytes by world size**: per compressor, bytes per rank per step for W = 2 ... 64 on the
    model's real DDP buckets (captured after DDP's rebuild), from the payload tensors each
@@ -341,7 +341,8 @@ def report(args: argparse.Namespace, runs: dict[str, dict], codec: list[dict],
         notes.append(f"torch's own `allreduce_hook` / DDP built-in = "
                      f"{torch_hook['step'] / builtin['step']:.3f}.")
     out += ["", " ".join(notes), "",
-            "### Codec throughput (one rank, one thread; hook vs `y.copy_(x)` alternated)", "",
+            "### Codec throughput (one rank, one thread; CPU time of hook or codec vs "
+            "`y.copy_(x)`, alternated)", "",
             "| bucket | compressor | ms | GB/s | copy GB/s | throughput / copy |",
             "|---|---|---|---|---|---|"]
     for row in codec:

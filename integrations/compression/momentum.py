@@ -11,9 +11,13 @@ inflates AdamW's variance and shrinks its steps.
 all-reduces gradients uncompressed (its optimizer is then AdamW); after that it writes each
 rank's local momentum ``beta1 m + (1 - beta1) g`` into the bucket in place of the gradient and
 lets the wrapped compressor (its own error feedback, collectives, bytes and integrity
-fingerprints unchanged) average it; :class:`~laggard.integrations.compression.onebit_adam.OneBitAdam`
-takes the result as its momentum. A result that is not finite (the wrapped compressor's NaN
+fingerprints unchanged) average it; :class:`.onebit_adam.OneBitAdam` takes the result as its
+momentum. A result that is not finite (the wrapped compressor's NaN
 flag) makes the optimizer skip that step on every rank.
+
+Each rank's momentum is built from the shared, compressed momentum of the previous step, as in
+1-bit Adam. Keeping each rank's own full momentum instead (Deep Gradient Compression's momentum
+correction) was tried and trailed further on the demo model (``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
