@@ -38,6 +38,8 @@ STATEFUL = ("sign", "topk", "powersgd", "onebit_adam")
 ARMS = {name: (name, {}) for name in COMPRESSORS}
 # the scatter variant's result holds at most k entries (the all-gather's up to W k): 2% here
 ARMS["topk_scatter"] = ("topk", {"algorithm": "scatter", "ratio": 0.02})
+# 1-bit Adam's recipe with top-k: AdamW for 3 steps, then the momentum through top-k
+ARMS["topk_momentum"] = ("topk", {"momentum": True, "warmup_steps": 3, "lr": 5e-3})
 ONEBIT = {"warmup_steps": 3, "lr": 5e-3}
 #: Resumed at step 3: the momentum compression has run for one step, so the errors are not 0.
 ONEBIT_RESUME = {"warmup_steps": 2, "lr": 5e-3}
@@ -95,7 +97,8 @@ def hook_and_optimizer(name: str, model: torch.nn.Module, options: dict | None =
         state, hook = make_hook(name, model=model, **onebit)
         return state, hook, state.optimizer
     state, hook = make_hook(name, model=model, **(options or {}))
-    return state, hook, torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    own = getattr(state, "optimizer", None)  # momentum=True brings its optimizer
+    return state, hook, own or torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
 
 
 def train(label: str, rank: int, world: int, counter: WireCounter) -> dict:

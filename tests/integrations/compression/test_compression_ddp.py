@@ -144,13 +144,13 @@ def trained(job: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", ["none", "fp16", "sign", "topk", "powersgd", "onebit_adam",
-                                  "topk_scatter"])
+                                  "topk_scatter", "topk_momentum"])
 def test_training_converges_with_replicas_identical(trained: list[dict], name: str) -> None:
     for rank in trained:
         run = rank[name]
         assert run["identical"], "parameters differ across ranks"
         losses = run["losses"]
-        if name == "onebit_adam":
+        if name in ("onebit_adam", "topk_momentum"):
             # 3 warm-up steps are far fewer than 1-bit Adam wants (its variance is frozen from
             # them), and a step can spike; the trend still has to be down
             assert sorted(losses[-4:])[1] < 0.85 * sum(losses[:2]) / 2, losses
@@ -169,7 +169,7 @@ ONEBIT_WARMUP = 3  # ddp_worker.ONEBIT: plain all-reduce steps before the moment
     ("none", 1, 1), ("fp16", 2, 2), ("sign", 25, 32), ("topk", 45, 1 / (WORLD * 0.01)),
     ("powersgd", 4, 100), ("onebit_adam", 25, 32),
     # the sparse reduce-scatter: N / (2k) at any world size, a little less for rounding
-    ("topk_scatter", 22, 1 / (2 * 0.02)),
+    ("topk_scatter", 22, 1 / (2 * 0.02)), ("topk_momentum", 45, 1 / (WORLD * 0.01)),
 ])
 def test_reported_bytes_are_the_bytes_handed_to_the_collectives(
     trained: list[dict], name: str, min_ratio: float, max_ratio: float,
@@ -180,7 +180,7 @@ def test_reported_bytes_are_the_bytes_handed_to_the_collectives(
         fp32 = 2 * (WORLD - 1) * run["grad_bytes"] // WORLD
         assert all(raw == fp32 for raw in run["raw_bytes"])
         compressed = run["reported_bytes"]
-        if name == "onebit_adam":  # the warm-up is the plain fp32 all-reduce
+        if name in ("onebit_adam", "topk_momentum"):  # the warm-up: the plain fp32 all-reduce
             assert compressed[:ONEBIT_WARMUP] == [fp32] * ONEBIT_WARMUP
             compressed = compressed[ONEBIT_WARMUP:]
         for sent in compressed:
