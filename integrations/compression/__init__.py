@@ -11,21 +11,24 @@ builds ``(state, hook)`` for ``DistributedDataParallel.register_comm_hook``::
     torch.save(state.state_dict(), f"compression-rank{rank}.pt")   # residuals are per rank
     state.close()                        # every rank, before destroy_process_group()
 
-========  ==========================================================  ==========================
-name      what crosses the wire                                       bytes per rank, N fp32
-========  ==========================================================  ==========================
-none      fp32 ring all-reduce                                        2 (W-1)/W * 4N
-fp16      fp16 ring all-reduce (torch's ``fp16_compress_hook``)       2 (W-1)/W * 2N
-sign      signs, 1 bit each, all-to-all then all-gather (1-bit Adam)  2 (W-1)/W * N/8 + scales
-topk      k values + k int32 indices, all-gather (DGC)                (W-1) * 8k
-powersgd  rank-r factors P, Q, two all-reduces (PowerSGD)             2 (W-1)/W * 4 r (n+m)
-========  ==========================================================  ==========================
+===========  ==========================================================  ========================
+name         what crosses the wire                                       bytes per rank, N fp32
+===========  ==========================================================  ========================
+none         fp32 ring all-reduce                                        2 (W-1)/W * 4N
+fp16         fp16 ring all-reduce (torch's ``fp16_compress_hook``)       2 (W-1)/W * 2N
+sign         signs, 1 bit each, all-to-all then all-gather (1-bit Adam)  2 (W-1)/W * N/8 + scales
+topk         k values + int32 indices: all-gather (W <= 2), else sparse  (W-1) * 8k, or
+             reduce-scatter + all-gather with re-selection (Ok-Topk)     2 (W-1)/W * 8k
+powersgd     rank-r factors P, Q, two all-reduces (PowerSGD)             2 (W-1)/W * 4 r (n+m)
+onebit_adam  Adam's momentum after a warm-up, 1 bit each, as ``sign``    2 (W-1)/W * N/8 + scales
+===========  ==========================================================  ========================
 
 Every hook returns its future without blocking the autograd thread (the second stage of
-``sign`` and ``powersgd`` runs on a worker thread), times each collective and counts the bytes it
-sends through a :class:`~laggard.integrations.comm_timing.CommTimer`, and keeps error-feedback
-residuals per parameter, so they survive DDP's bucket rebuild after the first iteration and a
-``state_dict`` / ``load_state_dict`` round trip.
+``sign``, ``powersgd``, ``onebit_adam`` and top-k's reduce-scatter runs on a worker thread),
+times each collective and counts the bytes it sends through a
+:class:`~laggard.integrations.comm_timing.CommTimer`, and keeps error-feedback residuals per
+parameter, so they survive DDP's bucket rebuild after the first iteration and a ``state_dict`` /
+``load_state_dict`` round trip.
 """
 
 from __future__ import annotations
