@@ -10,6 +10,16 @@ __all__ = ["AgentConfig", "DEFAULT_LISTEN_ADDRESS", "DEFAULT_INTAKE_ADDRESS", "p
 
 #: 9400 is dcgm-exporter's and 9100 node_exporter's; laggard takes the next free pair.
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1:9477"
+#: Exposition samples the intake's per-rank families may hold (``--intake.max-series``): about
+#: 65 ranks with five phases and two ops each (a node runs 8); at most ~1.3 MB of text even with
+#: 64-character names, rendered in ~0.1 s of CPU.
+DEFAULT_MAX_SERIES = 10_000
+#: Seconds after its last record at which a rank is forgotten (``--intake.rank-ttl``): longer
+#: than a checkpoint save or an evaluation pause, short enough that a finished job's straggler
+#: flags do not page for long.
+DEFAULT_RANK_TTL_SECONDS = 300.0
+#: Distinct phase names, and op names, kept per rank; further ones are dropped and counted.
+MAX_NAMES_PER_RANK = 16
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,11 +65,21 @@ class AgentConfig:
     max_ranks: int = 4096
     """Most ranks the intake tracks; records of further ranks are rejected and counted."""
 
+    max_series: int = DEFAULT_MAX_SERIES
+    """Most exposition samples the intake's per-rank families may hold (the series budget)."""
+
+    rank_ttl_seconds: float = DEFAULT_RANK_TTL_SECONDS
+    """Seconds without a record after which a rank (and the job's flags) are forgotten."""
+
     def __post_init__(self) -> None:
         if not 0.1 <= self.collect_interval <= 3600:
             raise ValueError(f"collect interval {self.collect_interval} s outside [0.1, 3600]")
         if self.max_ranks < 1:
             raise ValueError("max ranks must be at least 1")
+        if self.max_series < 100:
+            raise ValueError("intake max series must be at least 100")
+        if not 1 <= self.rank_ttl_seconds <= 86400:
+            raise ValueError(f"rank TTL {self.rank_ttl_seconds} s outside [1, 86400]")
         if self.fake_gpus < 0:
             raise ValueError("fake GPUs must be >= 0")
         for address in (self.listen_address, self.intake_address):

@@ -8,22 +8,22 @@ SIGINT.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from laggard.agent import registry
 from laggard.agent.config import (
     DEFAULT_INTAKE_ADDRESS,
     DEFAULT_LISTEN_ADDRESS,
+    DEFAULT_MAX_SERIES,
+    DEFAULT_RANK_TTL_SECONDS,
     AgentConfig,
     parse_address,
 )
@@ -31,6 +31,8 @@ from laggard.agent.context import AgentContext
 from laggard.agent.exporter import AgentExporter
 from laggard.agent.intake import RankTable, UdpIntake
 from laggard.agent.sampler import CollectorThread
+from laggard.agent.supervisor import RestartableThread, Supervisor
+from laggard.agent.web import make_app, make_http_server
 
 log = logging.getLogger("laggard.agent")
 
@@ -40,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``laggard agent`` (node_exporter's style: ``--collector.NAME``)."""
     parser.add_argument("--web.listen-address", dest="listen_address",
                         default=DEFAULT_LISTEN_ADDRESS,
-                        help="host:port for /metrics (default %(default)s; 9400 is "
-                             "dcgm-exporter's, 9100 node_exporter's)")
+                        help="host:port for /metrics, [v6]:port for IPv6 (default "
+                             "%(default)s; 9400 is dcgm-exporter's, 9100 node_exporter's)")
     parser.add_argument("--intake-address", default=DEFAULT_INTAKE_ADDRESS,
                         help="host:port of the UDP intake for training ranks "
                              "(default %(default)s; empty to disable)")
@@ -74,6 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", default="", help="node label (default: the host name)")
     parser.add_argument("--max-ranks", type=int, default=4096,
                         help="most training ranks tracked (default %(default)s)")
+    parser.add_argument("--intake.max-series", dest="max_series", type=int,
+                        default=DEFAULT_MAX_SERIES, metavar="N",
+                        help="most exposition samples the intake's per-rank series may hold; "
+                             "past it new ranks are rejected and new names dropped, counted "
+                             "(default %(default)s)")
+    parser.add_argument("--intake.rank-ttl", dest="rank_ttl", type=float,
+                        default=DEFAULT_RANK_TTL_SECONDS, metavar="SECONDS",
+                        help="forget a rank, its series and straggler flags after this long "
+                             "without a record (default %(default)s)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
 
@@ -105,6 +116,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         kmsg_path=args.kmsg_path,
         fake_gpus=args.fake_gpus,
         max_ranks=args.max_ranks,
+        max_series=args.max_series,
+        rank_ttl_seconds=args.rank_ttl,
         nccl_inspector_dir=args.nccl_inspector_dir,
         flight_recorder_path=args.flight_recorder_path,
     )
@@ -119,29 +132,6 @@ class _UnbuildableCollector:
 
     def collect(self) -> Iterable[Any]:
         raise RuntimeError(f"not started: {self._error}")
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
-
-
-class _ThreadingWSGIServer(WSGIServer):
-    # One thread per request, as prometheus_client's own server does: a slow client cannot hold
-    # up Prometheus' scrape.
-    daemon_threads = True
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        threading.Thread(target=self._handle, args=(request, client_address),
-                         daemon=True).start()
-
-    def _handle(self, request: Any, client_address: Any) -> None:
-        try:
-            self.finish_request(request, client_address)
-        except Exception:  # noqa: BLE001
-            self.handle_error(request, client_address)
-        finally:
-            self.shutdown_request(request)
 
 
 class Agent:
@@ -168,57 +158,49 @@ class Agent:
         self.table: RankTable | None = None
         self.intake: UdpIntake | None = None
         if config.intake_address:
-            self.table = RankTable(config.max_ranks, self.context.findings, self.context.node)
+            self.table = RankTable(config.max_ranks, self.context.findings, self.context.node,
+                                   max_series=config.max_series,
+                                   rank_ttl_seconds=config.rank_ttl_seconds)
             try:
                 self.intake = UdpIntake(config.intake_address, self.table)
             except OSError as exc:
                 raise OSError(exc.errno, f"intake udp://{config.intake_address}: "
                                          f"{exc.strerror or exc}") from None
+        self.supervisor = Supervisor()
         self.registry = CollectorRegistry()
         self.registry.register(
-            AgentExporter(self.threads, self.table, self.context.findings, self.context.node)
+            AgentExporter(self.threads, self.table, self.context.findings, self.context.node,
+                          intake=self.intake, supervisor=self.supervisor)
         )
         ProcessCollector(namespace="laggard_agent", registry=self.registry)
         host, port = parse_address(config.listen_address)
         try:
-            self.server = make_server(host, port, self._app(), _ThreadingWSGIServer,
-                                      _QuietHandler)
+            self.server = make_http_server(host, port,
+                                           make_app(self.registry, self.context.findings))
         except OSError as exc:
             if self.intake is not None:
                 self.intake.stop()
             raise OSError(exc.errno, f"--web.listen-address {config.listen_address}: "
                                      f"{exc.strerror or exc}") from None
         self.port: int = self.server.server_port
-        self._server_thread = threading.Thread(target=self.server.serve_forever,
-                                               name="laggard-http", daemon=True)
-
-    def _app(self) -> Callable[..., Iterable[bytes]]:
-        metrics_app = make_wsgi_app(self.registry)
-
-        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-            path = environ.get("PATH_INFO", "/")
-            if path == "/findings":
-                body = json.dumps(self.context.findings.recent(), default=str).encode()
-                start_response("200 OK", [("Content-Type", "application/json")])
-                return [body]
-            if path in ("/", ""):
-                start_response("200 OK", [("Content-Type", "text/html")])
-                return [b"<html><body><h1>laggard agent</h1><a href='/metrics'>metrics</a> "
-                        b"<a href='/findings'>findings</a></body></html>"]
-            return metrics_app(environ, start_response)
-
-        return app
+        self._server_thread = RestartableThread(self.server.serve_forever, "laggard-http")
 
     def start(self) -> None:
-        """Start sampling, the intake and the HTTP server."""
+        """Start sampling, the intake, the HTTP server and the supervisor watching them."""
         for thread in self.threads:
             thread.start()
+            self.supervisor.watch(thread.thread)
         if self.intake is not None:
             self.intake.start()
+            self.supervisor.watch(self.intake.thread)
         self._server_thread.start()
+        self.supervisor.watch(self._server_thread)
+        self.supervisor.start()
 
     def stop(self) -> None:
         """Stop everything started by :meth:`start` (idempotent)."""
+        # The supervisor first, or it would restart the threads as they stop.
+        self.supervisor.stop()
         self.server.shutdown()
         self.server.server_close()
         if self.intake is not None:

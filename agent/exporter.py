@@ -10,8 +10,9 @@ from prometheus_client.metrics_core import Metric
 
 from laggard import __version__
 from laggard.agent.context import FindingLog
-from laggard.agent.intake import RankTable
+from laggard.agent.intake import RankTable, UdpIntake
 from laggard.agent.sampler import CollectorThread
+from laggard.agent.supervisor import Supervisor
 
 
 class AgentExporter:
@@ -25,14 +26,19 @@ class AgentExporter:
         table: the intake's per-rank table, or None when the intake is off.
         findings: findings raised on this node and reported by the job.
         node: this node's name (``laggard_agent_info{node}``).
+        intake: the UDP intake (its kernel drops), or None.
+        supervisor: the thread supervisor (its restart counts), or None.
     """
 
     def __init__(self, threads: Iterable[CollectorThread], table: RankTable | None,
-                 findings: FindingLog, node: str) -> None:
+                 findings: FindingLog, node: str, *, intake: UdpIntake | None = None,
+                 supervisor: Supervisor | None = None) -> None:
         self._threads = list(threads)
         self._table = table
         self._findings = findings
         self._node = node
+        self._intake = intake
+        self._supervisor = supervisor
 
     def collect(self) -> Iterator[Metric]:
         """Called by prometheus_client on every scrape."""
@@ -69,8 +75,12 @@ class AgentExporter:
         yield success
         yield duration
         yield from merged.values()
+        if self._supervisor is not None:
+            yield from self._supervisor.collect()
         if self._table is not None:
             yield from self._table.collect()
+        if self._intake is not None:
+            yield from self._intake.collect()
         findings = CounterMetricFamily(
             "laggard_findings_total", "Findings raised, by detector, kind and severity.",
             labels=["detector", "kind", "severity"])

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
+from laggard.agent.supervisor import RestartableThread
 from laggard.collectors.base import Collector, NoDataError
 
 log = logging.getLogger(__name__)
@@ -53,9 +54,8 @@ class CollectorThread:
         self._sample = Sample()
         self._stop = threading.Event()
         self._last_error: str | None = None
-        self._thread = threading.Thread(
-            target=self._run, name=f"laggard-collector-{collector.name}", daemon=True
-        )
+        #: The sampling thread (restartable: the agent's supervisor watches it).
+        self.thread = RestartableThread(self._run, f"laggard-collector-{collector.name}")
 
     @property
     def sample(self) -> Sample:
@@ -66,13 +66,12 @@ class CollectorThread:
 
     def start(self) -> None:
         """Start sampling in the background."""
-        self._thread.start()
+        self.thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
         """Ask the thread to stop and wait up to ``timeout`` seconds for it."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self.thread.join(timeout)
 
     def collect_once(self) -> Sample:
         """Run one round now (in the caller's thread) and store it."""

@@ -221,6 +221,10 @@ def analyze_paths(paths: list[str],
         except OSError as exc:
             inputs.errors.append(f"{path}: {exc.strerror or exc}")
             continue
+        except Exception as exc:  # noqa: BLE001 - one odd file must not cost the others' report
+            inputs.errors.append(f"{path}: could not tell its kind "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})")
+            continue
         before = len(inputs.findings)
         try:
             _read_one(path, file_kind, inputs)
@@ -236,16 +240,24 @@ def analyze_paths(paths: list[str],
             inputs.errors.append(f"{path}: not a valid {file_kind}: {exc}")
         except Exception as exc:  # noqa: BLE001 - one odd file must not cost the others' report
             inputs.errors.append(f"{path}: could not be analysed as {file_kind} "
-                                 f"({type(exc).__name__}: {exc})")
+                                 f"({type(exc).__name__}: {str(exc)[:200]})")
     findings = inputs.findings
     if inputs.nccl_logs:
-        findings += collectives.nccl_findings(inputs.nccl_logs)
+        try:
+            findings += collectives.nccl_findings(inputs.nccl_logs)
+        except Exception as exc:  # noqa: BLE001 - keep the per-file findings already made
+            inputs.errors.append(f"NCCL logs ({len(inputs.nccl_logs)}): cross-rank comparison "
+                                 f"failed ({type(exc).__name__}: {str(exc)[:200]})")
     for group, dumps in sorted(inputs.fr_dumps.items()):
-        locations = collectives.rank_locations(
-            collectives.job_inits(inputs.nccl_logs, {os.path.dirname(group)}))
         source = (dumps[0].source if len(dumps) == 1
                   else f"{os.path.dirname(group) or '.'} ({len(dumps)} dumps)")
-        findings += collectives.fr_findings(source, analyze_dumps(dumps), locations)
+        try:
+            locations = collectives.rank_locations(
+                collectives.job_inits(inputs.nccl_logs, {os.path.dirname(group)}))
+            findings += collectives.fr_findings(source, analyze_dumps(dumps), locations)
+        except Exception as exc:  # noqa: BLE001 - one group's dumps must not cost the others
+            inputs.errors.append(f"{source}: cross-rank flight-recorder analysis failed "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})")
     return sort_findings(findings), inputs
 
 

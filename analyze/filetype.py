@@ -34,6 +34,7 @@ import io
 import json
 import os
 import re
+import zlib
 from collections.abc import Iterator
 from typing import IO
 
@@ -143,7 +144,7 @@ def _inspector_json(text: str) -> bool:
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a few thousand "[" exhaust json's recursion
             return False
         return isinstance(obj, dict) and any(
             k in obj for k in ("coll_perf", "p2p_perf", "dump_stats", "proxy_trace",
@@ -155,11 +156,15 @@ def detect(path: str) -> str:
     """Return the kind of the file at ``path`` (one of :data:`KINDS`).
 
     Raises:
-        FileKindError: empty, binary, or no known marker in its first or last 64 KiB.
+        FileKindError: empty, binary, a truncated or corrupt gzip file, or no known marker in
+            its first or last 64 KiB.
         OSError: it cannot be opened or read.
     """
     with _open_binary(path) as f:
-        head = f.read(PROBE_BYTES)
+        try:
+            head = f.read(PROBE_BYTES)
+        except (EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError already
+            raise FileKindError(f"truncated or corrupt gzip file: {exc}") from None
         if not head:
             raise FileKindError("empty file")
         if _PICKLE.match(head):

@@ -53,3 +53,14 @@ class Finding:
         out = asdict(self)
         out["severity"] = self.severity.value
         return out
+
+
+#: Every ``kind`` of finding, by ``detector``, that the in-job detectors send to the node agent in
+#: WindowReports. These are the only label values the agent takes from the wire for
+#: ``laggard_findings_total`` and ``laggard_straggler_active``; anything else is exported as
+#: ``other``, so no sender can grow the exposition (tests keep this in step with the detectors).
+JOB_FINDING_KINDS: dict[str, frozenset[str]] = {
+    "straggler": frozenset({"compute", "data", "communication", "job_slowdown"}),
+    "integrity": frozenset({"sum_mismatch", "check_fault", "nonfinite", "payload_mismatch",
+                            "replica_mismatch", "result_mismatch"}),
+}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,15 @@ STANDARD_PHASES = ("data", "forward", "backward", "optimizer", "collective_wait"
 _MAX_PHASES = 16
 _MAX_COLLECTIVES = 64
 _MAX_NAME_LEN = 64
+#: Deepest nesting of arrays and objects accepted. The format itself is 3 levels deep (a window
+#: report's finding evidence a few more); the limit is checked before ``json.loads``, whose
+#: recursion a few thousand ``[`` would otherwise exhaust.
+MAX_JSON_DEPTH = 16
+#: Largest rank or world size accepted (ranks are label values: keep them small integers).
+MAX_RANKS_ON_WIRE = 1 << 24
+#: Largest magnitude of any number accepted: every integer up to it is exact as a float, so
+#: every counter and gauge built from it can be exported (Python ints beyond float range cannot).
+MAX_WIRE_NUMBER = 1 << 53
 
 
 class RecordError(ValueError):
@@ -43,7 +53,9 @@ class RecordError(ValueError):
 
     Attributes:
         reason: short label for ``laggard_intake_rejected_total{reason}``: ``oversized``,
-            ``not_json``, ``version``, ``schema``.
+            ``too_deep``, ``not_json``, ``version``, ``schema``, ``range`` (a number outside its
+            range: a rank outside ``[0, world_size)``, an integer too large to export),
+            ``decoder_error`` (anything else the decoder raised).
     """
 
     def __init__(self, reason: str, detail: str) -> None:
@@ -132,27 +144,28 @@ class StepRecord:
         """Parse and validate one datagram payload.
 
         Raises:
-            RecordError: oversized, not JSON, unknown version, or a field of the wrong type or
-                range (negative or non-finite durations, rank outside the world size...).
+            RecordError: oversized, too deep, not JSON, unknown version, a window report, or a
+                field of the wrong type or range (negative or non-finite durations, rank outside
+                the world size...).
         """
-        if len(payload) > MAX_DATAGRAM_BYTES:
-            raise RecordError("oversized", f"{len(payload)} bytes > {MAX_DATAGRAM_BYTES}")
-        try:
-            doc = json.loads(payload)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise RecordError("not_json", str(exc)[:80]) from None
-        if not isinstance(doc, dict):
-            raise RecordError("not_json", "top level is not an object")
-        if doc.get("v") != WIRE_VERSION:
-            raise RecordError("version", f"unsupported version {doc.get('v')!r}")
-        rank = _int(doc, "rank")
-        world_size = _int(doc, "world_size")
-        step = _int(doc, "step")
-        if world_size < 1 or not 0 <= rank < world_size or step < 0:
-            raise RecordError("schema", f"rank {rank} world_size {world_size} step {step}")
+        item = decode_datagram(payload)
+        if not isinstance(item, StepRecord):
+            raise RecordError("schema", "a window report, not a step record")
+        return item
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> StepRecord:
+        """Validate an already-parsed step document (version already checked).
+
+        Raises:
+            RecordError: a field of the wrong type or out of range.
+        """
+        world_size = _int(doc, "world_size", 1, MAX_RANKS_ON_WIRE)
+        rank = _int(doc, "rank", 0, world_size - 1)
+        step = _int(doc, "step", 0, MAX_WIRE_NUMBER)
         local_rank = doc.get("local_rank")
         if local_rank is not None:
-            local_rank = _int(doc, "local_rank")
+            local_rank = _int(doc, "local_rank", 0, MAX_RANKS_ON_WIRE)
         node = doc.get("node")
         if node is not None and (not isinstance(node, str) or len(node) > _MAX_NAME_LEN):
             raise RecordError("schema", "node must be a short string")
@@ -169,9 +182,7 @@ class StepRecord:
         for c in collectives_doc:
             if not isinstance(c, dict):
                 raise RecordError("schema", "collective must be an object")
-            nbytes = c.get("bytes", 0)
-            if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
-                raise RecordError("schema", "collective bytes must be a non-negative int")
+            nbytes = _int(c, "bytes", 0, MAX_WIRE_NUMBER) if "bytes" in c else 0
             collectives.append(
                 CollectiveTiming(_name(c.get("op")), _duration(c.get("seconds"), "op"), nbytes)
             )
@@ -184,6 +195,9 @@ class StepRecord:
             isinstance(x, int) and not isinstance(x, bool) for x in checksums
         ):
             raise RecordError("schema", "checksums must be a list of ints")
+        # Fingerprints are 64-bit words, signed or not; anything wider is not one.
+        if any(not -(1 << 63) <= x < (1 << 64) for x in checksums):
+            raise RecordError("range", "checksums must fit in 64 bits")
         return cls(
             rank=rank,
             world_size=world_size,
@@ -251,26 +265,19 @@ class WindowReport:
         Raises:
             RecordError: a field of the wrong type or out of range.
         """
-        step = _int(doc, "step")
-        world_size = _int(doc, "world_size")
-        if step < 0 or world_size < 1:
-            raise RecordError("schema", "step and world_size out of range")
+        step = _int(doc, "step", 0, MAX_WIRE_NUMBER)
+        world_size = _int(doc, "world_size", 1, MAX_RANKS_ON_WIRE)
         scores_doc = doc.get("scores", {})
         if not isinstance(scores_doc, dict) or len(scores_doc) > MAX_REPORT_RANKS:
             raise RecordError("schema", "scores must be a small object")
         scores: dict[int, float] = {}
         for key, value in scores_doc.items():
-            try:
-                rank = int(key)
-            except ValueError:
-                raise RecordError("schema", "score keys must be ranks") from None
+            if not (isinstance(key, str) and key.isdigit() and len(key) <= 8):
+                raise RecordError("schema", "score keys must be ranks")
+            rank = int(key)
             if not 0 <= rank < world_size:
-                raise RecordError("schema", f"rank {rank} outside world size")
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise RecordError("schema", "scores must be numbers")
-            if not math.isfinite(value):
-                raise RecordError("schema", "scores must be finite")
-            scores[rank] = float(value)
+                raise RecordError("range", f"rank {rank} outside world size")
+            scores[rank] = _number(value, "score")
         findings = doc.get("findings", [])
         if not isinstance(findings, list) or len(findings) > _MAX_REPORT_FINDINGS:
             raise RecordError("schema", "findings must be a short list")
@@ -279,6 +286,11 @@ class WindowReport:
                 raise RecordError("schema", "finding must be an object")
             for key in ("detector", "kind", "severity"):
                 _name(f.get(key))
+            # A finding names a rank of this job, or none (a job-level finding).
+            if f.get("rank") is not None:
+                _int(f, "rank", 0, world_size - 1)
+            if f.get("step") is not None:
+                _int(f, "step", 0, MAX_WIRE_NUMBER)
         comm = doc.get("comm", {})
         if not isinstance(comm, dict) or len(comm) > _MAX_PHASES:
             raise RecordError("schema", "comm must be a small object")
@@ -286,10 +298,9 @@ class WindowReport:
         stats = doc.get("detector_stats", {})
         if not isinstance(stats, dict) or len(stats) > _MAX_PHASES:
             raise RecordError("schema", "detector_stats must be a small object")
-        for key, value in stats.items():
+        for key in stats:
             _name(key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise RecordError("schema", "detector_stats values must be non-negative ints")
+            _int(stats, key, 0, MAX_WIRE_NUMBER)
         return cls(step=step, world_size=world_size, scores=scores, findings=findings,
                    comm=checked_comm, detector_stats=dict(stats))
 
@@ -297,27 +308,93 @@ class WindowReport:
 def decode_datagram(payload: bytes) -> StepRecord | WindowReport:
     """Parse one datagram into a :class:`StepRecord` or a :class:`WindowReport`.
 
+    Total: whatever the bytes, it returns a record or raises :class:`RecordError`, never
+    anything else (the intake thread counts the reason and goes on).
+
     Raises:
-        RecordError: see :meth:`StepRecord.decode`; ``reason`` is the rejection label.
+        RecordError: ``reason`` is the rejection label (see :class:`RecordError`).
     """
+    try:
+        return _decode(payload)
+    except RecordError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a decoder bug must cost one datagram, not the intake
+        raise RecordError("decoder_error", f"{type(exc).__name__}: {exc}"[:120]) from None
+
+
+def _decode(payload: bytes) -> StepRecord | WindowReport:
     if len(payload) > MAX_DATAGRAM_BYTES:
         raise RecordError("oversized", f"{len(payload)} bytes > {MAX_DATAGRAM_BYTES}")
-    if b'"type":"window"' in payload or b'"type": "window"' in payload:
-        try:
-            doc = json.loads(payload)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise RecordError("not_json", str(exc)[:80]) from None
-        if isinstance(doc, dict) and doc.get("type") == "window":
-            if doc.get("v") != WIRE_VERSION:
-                raise RecordError("version", f"unsupported version {doc.get('v')!r}")
-            return WindowReport.from_doc(doc)
-    return StepRecord.decode(payload)
+    if json_depth(payload) > MAX_JSON_DEPTH:
+        raise RecordError("too_deep", f"nested deeper than {MAX_JSON_DEPTH}")
+    try:
+        doc = json.loads(payload)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise RecordError("not_json", str(exc)[:80]) from None
+    if not isinstance(doc, dict):
+        raise RecordError("not_json", "top level is not an object")
+    if doc.get("v") != WIRE_VERSION:
+        raise RecordError("version", f"unsupported version {str(doc.get('v'))[:20]}")
+    if doc.get("type") == "window":
+        return WindowReport.from_doc(doc)
+    return StepRecord.from_doc(doc)
 
 
-def _int(doc: dict[str, Any], key: str) -> int:
+# A JSON string (escapes included): brackets inside strings do not nest.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def json_depth(payload: bytes, limit: int = MAX_JSON_DEPTH) -> int:
+    """Nesting depth of arrays and objects in ``payload``, found without parsing it.
+
+    Strings are cut out, then empty ``[]`` / ``{}`` pairs removed, one level per pass (C-speed
+    byte replaces, at most ``limit`` passes), so even a datagram full of brackets costs well
+    under a millisecond.
+
+    Args:
+        payload: candidate JSON text.
+        limit: deepest nesting of interest.
+
+    Returns:
+        The depth when it is at most ``limit``; ``limit + 1`` when the payload nests deeper or its
+        brackets do not pair up (either way ``json.loads`` must not see it).
+    """
+    if payload.count(b"[") + payload.count(b"{") <= limit:
+        return payload.count(b"[") + payload.count(b"{")  # an upper bound within the limit
+    brackets = _JSON_STRING.sub(b"", payload).translate(None, _NOT_BRACKETS)
+    if b"[" * (limit + 1) in brackets or b"{" * (limit + 1) in brackets:
+        return limit + 1
+    for depth in range(limit + 1):
+        if not brackets:
+            return depth
+        # Empty pairs become a marker first, so that a pair they leave behind waits for the
+        # next pass: exactly one level per pass, both kinds.
+        reduced = brackets.replace(b"[]", b"\0").replace(b"{}", b"\0").replace(b"\0", b"")
+        if reduced == brackets:  # brackets left that do not pair up
+            break
+        brackets = reduced
+    return limit + 1
+
+
+def _int(doc: dict[str, Any], key: str, low: int, high: int) -> int:
     value = doc.get(key)
     if not isinstance(value, int) or isinstance(value, bool):
         raise RecordError("schema", f"{key} must be an int")
+    if not low <= value <= high:
+        raise RecordError("range", f"{key} outside [{low}, {high}]")
+    return value
+
+
+def _number(value: Any, what: str) -> float:
+    """A finite number of magnitude at most :data:`MAX_WIRE_NUMBER`, as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RecordError("schema", f"{what}: must be a number")
+    if isinstance(value, int) and abs(value) > MAX_WIRE_NUMBER:
+        raise RecordError("range", f"{what}: too large")
+    value = float(value)
+    if not math.isfinite(value) or abs(value) > MAX_WIRE_NUMBER:
+        raise RecordError("range", f"{what}: must be finite and at most 2**53")
     return value
 
 
@@ -328,11 +405,9 @@ def _name(value: Any) -> str:
 
 
 def _duration(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RecordError("schema", f"{what}: duration must be a number")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise RecordError("schema", f"{what}: duration must be finite and >= 0")
+    value = _number(value, what)
+    if value < 0:
+        raise RecordError("range", f"{what}: must be >= 0")
     return value
 
 

@@ -169,7 +169,7 @@ def _names(value: Any) -> tuple[str, ...]:
 def _int(value: Any, default: int | None = None) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf from a JSON dump
         return default
 
 
@@ -287,6 +287,8 @@ def _load_text(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         pass
+    except RecursionError as exc:  # nested deeper than json's recursion allows
+        raise DumpError("JSON nested too deeply for a dump") from exc
     try:
         return ast.literal_eval(_python_literal(text))
     except (ValueError, SyntaxError, MemoryError, RecursionError, tokenize.TokenError) as exc:

@@ -90,9 +90,15 @@ class IbPort:
 
 
 _SYSFS = re.compile(
-    r"(?:^|/)infiniband/(?P<dev>[^/\s]+)/ports/(?P<port>\d+)/(?P<rest>[\w/]+?)(?::|\s)\s*"
+    r"(?:^|/)infiniband/(?P<dev>[^/\s]+)/ports/(?P<port>\d{1,6})/(?P<rest>[\w/]+?)(?::|\s)\s*"
     r"(?P<value>.*)$")
 _HEAD_BANNER = re.compile(r"^==> (?P<path>\S+) <==$")  # `head` / `tail` of several files
+
+
+def _is_counter(value: str) -> bool:
+    # A 64-bit counter has at most 20 digits; a longer digit string is not one (and int() of
+    # thousands of digits raises ValueError in Python 3.11+).
+    return value.isdigit() and len(value) <= 20
 
 
 def _state_name(value: str) -> str:
@@ -125,13 +131,13 @@ def parse_ib_listing(lines: Iterable[str]) -> list[IbPort]:
             port.rate = value
         elif rest == "link_layer":
             port.link_layer = value
-        elif rest.startswith(("counters/", "hw_counters/")) and value.isdigit():
+        elif rest.startswith(("counters/", "hw_counters/")) and _is_counter(value):
             port.counters[rest.split("/", 1)[1]] = int(value)
     return list(ports.values())
 
 
 _CA = re.compile(r"^CA '(?P<dev>[^']+)'")
-_IBSTAT_PORT = re.compile(r"^\s+Port (?P<port>\d+):\s*$")
+_IBSTAT_PORT = re.compile(r"^\s+Port (?P<port>\d{1,6}):\s*$")
 _IBSTAT_FIELD = re.compile(r"^\s+(?P<key>[A-Za-z ]+):\s*(?P<value>.*)$")
 
 
@@ -159,7 +165,8 @@ def parse_ibstat(lines: Iterable[str]) -> list[IbPort]:
     return ports
 
 
-_PERF_HEADER = re.compile(r"#\s*Port (?:extended )?counters:\s*Lid (?P<lid>\d+) port (?P<port>\d+)")
+_PERF_HEADER = re.compile(
+    r"#\s*Port (?:extended )?counters:\s*Lid (?P<lid>\d+) port (?P<port>\d{1,6})")
 _PERF_FIELD = re.compile(r"^(?P<key>\w+):\.*(?P<value>\d+|0x[0-9a-fA-F]+)\s*$")
 
 
@@ -174,6 +181,6 @@ def parse_perfquery(lines: Iterable[str]) -> list[IbPort]:
             ports.append(port)
         elif (m := _PERF_FIELD.match(text)) and port is not None:
             name = _PERFQUERY_NAMES.get(m["key"])
-            if name is not None and m["value"].isdigit():
+            if name is not None and _is_counter(m["value"]):
                 port.counters[name] = int(m["value"])
     return ports

@@ -184,15 +184,22 @@ def parse_nvidia_smi_csv(lines: Iterable[str]) -> list[SmiGpu]:
     """Parse ``nvidia-smi --query-gpu=... --format=csv`` output (header required).
 
     Raises:
-        ValueError: the first row is not a header of ``--query-gpu`` field names.
+        ValueError: the first row is not a header of ``--query-gpu`` field names, or the text
+            is not CSV.
     """
-    reader = csv.reader(line for line in lines if line.strip())
-    header = next(reader, None)
-    if not header or not all(_CSV_HEADER.match(h.strip()) for h in header):
-        raise ValueError("nvidia-smi CSV without a header row cannot be mapped to fields")
+    # A carriage return inside a line (a file saved on Windows, then cut oddly) is csv's
+    # "new-line character seen in unquoted field": nvidia-smi never writes one inside a cell.
+    reader = csv.reader(line.replace("\r", " ") for line in lines if line.strip())
+    try:
+        header = next(reader, None)
+        if not header or not all(_CSV_HEADER.match(h.strip()) for h in header):
+            raise ValueError("nvidia-smi CSV without a header row cannot be mapped to fields")
+        rows = list(reader)
+    except csv.Error as exc:
+        raise ValueError(f"not CSV: {exc}") from None
     names = [_csv_name(h) for h in header]
     gpus = []
-    for row in reader:
+    for row in rows:
         if len(row) != len(names):
             continue
         gpu = SmiGpu()

@@ -12,12 +12,28 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from laggard.demo.harness import NotReadyError, free_port, wait_until_ready
 
-__all__ = ["FIXTURES", "REPO", "AgentProcess", "free_port", "scrape", "start_agent", "stop_agent"]
+__all__ = ["FIXTURES", "REPO", "AgentProcess", "free_port", "registry_of", "scrape",
+           "start_agent", "stop_agent"]
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
+
+
+def registry_of(collector: object) -> CollectorRegistry:
+    """A fresh registry holding ``collector`` (anything with ``collect()``), not collected until
+    a test reads it."""
+
+    class _Lazy:
+        def collect(self):
+            return collector.collect()
+
+    registry = CollectorRegistry()
+    registry.register(_Lazy())
+    return registry
 
 
 def scrape(url: str, timeout: float = 5.0) -> str:

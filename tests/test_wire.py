@@ -40,18 +40,39 @@ def test_window_report_round_trip():
         (b"\xff\xfe garbage", "not_json"),
         (b"[1, 2]", "not_json"),
         (b'{"v": 2, "rank": 0, "world_size": 1, "step": 0}', "version"),
-        (b'{"v": 1, "rank": 4, "world_size": 4, "step": 0}', "schema"),
-        (b'{"v": 1, "rank": 0, "world_size": 1, "step": -1}', "schema"),
+        (b'{"v": 1, "rank": 4, "world_size": 4, "step": 0}', "range"),
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": -1}', "range"),
         (b'{"v": 1, "rank": "0", "world_size": 1, "step": 0}', "schema"),
-        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "phases": {"f": -1}}', "schema"),
-        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "phases": {"f": NaN}}', "schema"),
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "phases": {"f": -1}}', "range"),
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "phases": {"f": NaN}}', "range"),
         (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "step_seconds": true}', "schema"),
         (b'{"v": 1, "type": "window", "step": 0, "world_size": 2, "scores": {"9": 1}}',
-         "schema"),
+         "range"),
         (b'{"v": 1, "type": "window", "step": 0, "world_size": 2, "findings": [1]}', "schema"),
         (b'{"v": 1, "type": "window", "step": 0, "world_size": 2,'
-         b' "detector_stats": {"windows": -1}}', "schema"),
+         b' "detector_stats": {"windows": -1}}', "range"),
         (b"x" * (MAX_DATAGRAM_BYTES + 1), "oversized"),
+        # One datagram of brackets once exhausted json's recursion and killed the intake.
+        (b"[" * 5000, "too_deep"),
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "x": ' + b"[" * 17 + b"]" * 17 + b"}",
+         "too_deep"),
+        # Integers beyond float range once made every later scrape fail with OverflowError.
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "collectives": [{"op": "a", '
+         b'"seconds": 0, "bytes": 1' + b"0" * 400 + b"}]}", "range"),
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 1' + b"0" * 30 + b"}", "range"),
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "phases": {"f": 1' + b"0" * 400
+         + b"}}", "range"),
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "comm": {"bytes": 1e300}}', "range"),
+        (b'{"v": 1, "rank": 0, "world_size": 1, "step": 0, "checksums": [1' + b"0" * 30 + b"]}",
+         "range"),
+        (b'{"v": 1, "rank": 0, "world_size": 1' + b"0" * 30 + b', "step": 0}', "range"),
+        # A finding must name a rank of its own job.
+        (b'{"v": 1, "type": "window", "step": 0, "world_size": 4, "findings": [{"detector": '
+         b'"straggler", "kind": "compute", "severity": "warning", "rank": 999999999}]}', "range"),
+        (b'{"v": 1, "type": "window", "step": 0, "world_size": 4, "scores": {"1e3": 1}}',
+         "schema"),
+        (b'{"v": 1, "type": "window", "step": 0, "world_size": 4, "scores": {"1": 1e999}}',
+         "range"),
     ],
 )
 def test_bad_datagrams_are_rejected_with_a_reason(payload, reason):

@@ -61,8 +61,8 @@ def test_garbage_datagrams_are_counted_and_good_ones_still_land(agent_factory):
     assert _wait_for(agent, "laggard_intake_datagrams_total", {}, 1) == 1
     text = agent.scrape()
     rejected = {r: _value(text, "laggard_intake_rejected_total", {"reason": r})
-                for r in ("oversized", "not_json", "version", "schema")}
-    assert rejected == {"oversized": 1, "not_json": 5, "version": 1, "schema": 1}
+                for r in ("oversized", "not_json", "version", "range")}
+    assert rejected == {"oversized": 1, "not_json": 5, "version": 1, "range": 1}
     assert agent.proc.poll() is None
 
 
