@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-COMPRESSORS = ("none", "fp16", "sign", "topk", "powersgd")
+COMPRESSORS = ("none", "fp16", "sign", "topk", "powersgd", "onebit_adam")
 MASTER_PORT = 29511
 
 
@@ -52,9 +52,13 @@ def worker(args: argparse.Namespace) -> int:
     batches = ByteBatches(load_stdlib_text(), batch_size=args.batch, seq_len=args.seq, seed=rank)
     ddp = DistributedDataParallel(model, bucket_cap_mb=25)
     timer = CommTimer()
-    state, hook = make_hook(args.compressor, model=model, timer=timer)
+    # 1-bit Adam brings its optimizer; its AdamW warm-up is the job's untimed warm-up
+    options = {"warmup_steps": args.warmup, "lr": 1e-3} if args.compressor == "onebit_adam" \
+        else {}
+    state, hook = make_hook(args.compressor, model=model, timer=timer, **options)
     ddp.register_comm_hook(state, hook)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = getattr(state, "optimizer", None) or torch.optim.AdamW(model.parameters(),
+                                                                        lr=1e-3)
     tx = Path("/sys/class/net/eth0/statistics/tx_bytes")
     step_seconds, losses, hook_bytes, raw_bytes = [], [], 0, 0
     for step in range(args.warmup + args.steps):
@@ -85,6 +89,94 @@ def worker(args: argparse.Namespace) -> int:
            "params": sum(p.numel() for p in model.parameters())}
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(doc))
     return 0
+
+
+# ------------------------------------------------------------------------------ CPU model
+def cpu_model(args: argparse.Namespace, compressors: list[str], rate_bps: float) -> None:
+    """Model, not a measurement: the step at ``rate_bps`` if every rank had a core to itself.
+
+    One process, a one-rank gloo group (the collectives move nothing): per compressor, the median
+    *CPU time* of the process per step (forward, backward, the hook's codec on both stages, the
+    optimizer; ``time.process_time``, so time spent waiting for a core on a shared machine is
+    not counted), plus the bytes one rank of a ``--nodes``-rank job sends per step (the hooks'
+    formulas for that world size) at the link rate, fully exposed.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from laggard.demo.model import ByteBatches, ByteLM, load_stdlib_text
+    from laggard.integrations.compression import make_hook
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    w = args.nodes
+    print(f"\n# model: CPU time per step (one process, one thread) + bytes of a {w}-rank job "
+          f"at {rate_bps / 1e9:g} Gbit/s; load average {os.getloadavg()[0]:.1f}")
+    print("| compressor | CPU ms / step | bytes / rank / step | modelled step ms | vs none |")
+    print("|---|---:|---:|---:|---:|")
+    base = None
+    for name in compressors:
+        torch.manual_seed(0)
+        model = ByteLM(dim=args.dim, heads=4, layers=args.layers, seq_len=64)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=25)
+        options = {"warmup_steps": 1, "lr": 1e-3} if name == "onebit_adam" else {}
+        state, hook = make_hook(name, model=model, **options)
+        sizes: dict[int, int] = {}  # bucket index -> elements, as DDP cut them
+
+        def recording(state, bucket, hook=hook, sizes=sizes):  # type: ignore[no-untyped-def]
+            sizes[bucket.index()] = bucket.buffer().numel()
+            return hook(state, bucket)
+
+        ddp.register_comm_hook(state, recording)
+        optimizer = getattr(state, "optimizer", None) or torch.optim.AdamW(model.parameters(),
+                                                                            lr=1e-3)
+        batches = ByteBatches(load_stdlib_text(), batch_size=args.batch, seq_len=args.seq,
+                              seed=0)
+        seconds = []
+        for step in range(args.warmup + args.steps):
+            x, y = batches.next()
+            start = time.process_time()
+            F.cross_entropy(ddp(x).flatten(0, 1), y.flatten()).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step >= args.warmup:
+                seconds.append(time.process_time() - start)
+        state.close()
+        sent = wire_bytes(name, list(sizes.values()), w)
+        modelled = statistics.median(seconds) + sent * 8 / rate_bps
+        base = base or modelled
+        print(f"| {name} | {1e3 * statistics.median(seconds):.1f} | {sent:,} | "
+              f"{1e3 * modelled:.1f} | {base / modelled:.2f}x |", flush=True)
+    dist.destroy_process_group()
+
+
+def wire_bytes(name: str, buckets: list[int], w: int) -> int:
+    """Bytes one rank of a ``w``-rank job sends per step, for buckets of these sizes (the
+    formulas the hooks report with; ``topk`` as ``auto`` picks, ratio 1%)."""
+    import math
+
+    from laggard.integrations.compression.wire import (
+        allgather_bytes,
+        alltoall_bytes,
+        ring_allreduce_bytes,
+    )
+
+    if name == "none":
+        return sum(ring_allreduce_bytes(4 * n, w) for n in buckets)
+    if name in ("onebit_adam", "sign"):  # 1-bit Adam: the whole model as one vector
+        chunks = [sum(buckets)] if name == "onebit_adam" else buckets
+        rows = [8 * math.ceil(n / (8 * w)) // 8 + 8 for n in chunks]
+        return sum(alltoall_bytes(r, w) + allgather_bytes(r, w) for r in rows)
+    if name == "topk":
+        total = 0
+        for n in buckets:
+            k = max(1, math.ceil(0.01 * n))
+            kr = min(-(-n // w), -(-k // w))
+            total += allgather_bytes(8 * k, w) if w <= 2 else 2 * alltoall_bytes(8 * kr, w)
+        return total
+    raise ValueError(f"no byte model for {name!r} here")
 
 
 # ------------------------------------------------------------------------- orchestrator side
@@ -149,9 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--loss-tail", type=int, default=10, help="last steps averaged for the loss")
     p.add_argument("--job-timeout", type=float, default=240.0)
+    p.add_argument("--cpu-model", action="store_true",
+                   help="instead: the CPU-time model of the step (no root, no namespaces)")
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.cpu_model:
+        from laggard.demo.cluster import parse_rate
+
+        cpu_model(args, [c for c in args.compressors.split(",") if c],
+                  parse_rate(args.rates.split(",")[0]))
+        return 0
 
     import tempfile
 
@@ -166,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.batch} x {args.seq} tokens, {args.steps} measured steps after {args.warmup}; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print("| link | compressor | step ms | speed-up vs none | loss (vs none) | hook MB | "
-          "link MB | link / hook |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+          "link MB | link / hook | load average (1 min) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     try:
         with tempfile.TemporaryDirectory(prefix="laggard-bench-") as tmp:
             for rate in rates:
@@ -184,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                               f"{base['step_s'] / s['step_s']:.2f}x | {s['loss']:.3f} "
                               f"({100 * (s['loss'] / base['loss'] - 1):+.1f}%) | "
                               f"{s['hook_bytes'] / 1e6:.1f} | {s['link_bytes'] / 1e6:.1f} | "
-                              f"{s['link_bytes'] / max(1, s['hook_bytes']):.3f} |", flush=True)
+                              f"{s['link_bytes'] / max(1, s['hook_bytes']):.3f} | "
+                              f"{os.getloadavg()[0]:.1f} |", flush=True)
     except NamespaceError as exc:
         print(f"cluster_compression: {exc}", file=sys.stderr)
         return 2

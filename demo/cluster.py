@@ -117,7 +117,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=int, default=10,
                         help="steps per in-job detection window (default 10)")
     parser.add_argument("--compression", default="none",
-                        help="gradient compression hook: none, fp16, sign, topk, powersgd")
+                        help="gradient compression hook: none, fp16, sign, topk, powersgd, "
+                             "onebit_adam")
     parser.add_argument("--scrape-interval", type=float, default=1.0,
                         help="Prometheus scrape and rule evaluation interval, s (default 1)")
     parser.add_argument("--timeout", type=float, default=600.0,

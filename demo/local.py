@@ -32,7 +32,7 @@ AGENT_START_TIMEOUT = 15.0
 #: Seconds between SIGTERM and SIGKILL when stopping a child process.
 STOP_GRACE = 5.0
 #: ``laggard.integrations.compression.COMPRESSORS`` (not imported: that imports torch).
-COMPRESSION_CHOICES = ("none", "fp16", "sign", "topk", "powersgd")
+COMPRESSION_CHOICES = ("none", "fp16", "sign", "topk", "powersgd", "onebit_adam")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compression", default="none", choices=COMPRESSION_CHOICES,
                         help="gradient compression in the DDP communication hook: none (the "
                              "timed fp32 all-reduce), fp16, sign (1-bit, error feedback), topk "
-                             "(1%%, error feedback), powersgd (rank 4) (default: none)")
+                             "(1%%, error feedback), powersgd (rank 4), onebit_adam (1-bit "
+                             "Adam: AdamW for 100 steps, then the momentum compressed to 1 bit) "
+                             "(default: none)")
     parser.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp",
                         help="data parallelism: ddp (DistributedDataParallel, default) or fsdp "
                              "(FSDP2 fully_shard per block, ZeRO-3)")

@@ -56,6 +56,8 @@ MIN_SLOWDOWN = 0.05
 #: competes for the cores and caches the others use, which raises every rank's CPU time by
 #: 10-12% (seen here), an artefact of the emulation that a GPU job does not have.
 JOB_SLOWDOWN_THRESHOLD = 0.25
+#: AdamW's learning rate in the demo (and 1-bit Adam's, which runs AdamW for its warm-up).
+LEARNING_RATE = 3e-3
 
 
 
@@ -80,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def comm_hook(name: str, timer: CommTimer) -> tuple[Any, Any]:
+def comm_hook(name: str, timer: CommTimer, model: torch.nn.Module) -> tuple[Any, Any]:
     """The DDP communication hook for ``--compression NAME`` and its state.
 
     Every name, ``none`` (the plain averaging all-reduce) included, comes from
@@ -89,7 +91,21 @@ def comm_hook(name: str, timer: CommTimer) -> tuple[Any, Any]:
     """
     from laggard.integrations.compression import make_hook
 
-    return make_hook(name, timer=timer)
+    return make_hook(name, timer=timer, **hook_options(name, model))
+
+
+def hook_options(name: str, model: torch.nn.Module) -> dict[str, Any]:
+    """``make_hook`` options: the model, and 1-bit Adam's learning rate (it owns the optimizer)."""
+    return {"model": model, **({"lr": LEARNING_RATE} if name == "onebit_adam" else {})}
+
+
+def make_optimizer(state: Any, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW, or the optimizer a hook brings (1-bit Adam: AdamW for its warm-up, then the
+    frozen-variance steps on the momentum the hook all-reduces)."""
+    own = getattr(state, "optimizer", None)
+    if own is not None:
+        return own
+    return torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
 
 
 def integrity_hook(ddp: DistributedDataParallel, name: str, timer: CommTimer,
@@ -110,7 +126,8 @@ def integrity_hook(ddp: DistributedDataParallel, name: str, timer: CommTimer,
 
     integrity = GradientIntegrity(GradientIntegrity.Config(replica_every=10),
                                   injector=BitFlipInjector.parse(flip))
-    state, hook = make_hook(name, timer=timer, integrity=integrity)
+    state, hook = make_hook(name, timer=timer, integrity=integrity,
+                            **hook_options(name, ddp.module))
     ddp.register_comm_hook(IntegrityHookState(integrity, state), with_integrity(hook))
     return state, integrity
 
@@ -164,7 +181,7 @@ def build_job(args: argparse.Namespace, rank: int) -> Job:
                                straggler=detector_config()),
         comm_timer=timer, tracer=tracer,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = make_optimizer(state, model)
     return Job(model=model, ddp=ddp, batches=batches, optimizer=optimizer, monitor=monitor,
                hook_state=state, integrity=integrity, tracer=tracer, per_step=[])
 
@@ -185,7 +202,7 @@ def parallelize(model: ByteLM, args: argparse.Namespace,
     timer = CommTimer(tracer=tracer)
     state, integrity = integrity_hook(ddp, args.compression, timer, args.inject_bitflip)
     if integrity is None:
-        state, hook = comm_hook(args.compression, timer)
+        state, hook = comm_hook(args.compression, timer, model)
         ddp.register_comm_hook(state, hook)
     return ddp, timer, state, integrity
 

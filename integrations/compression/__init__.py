@@ -11,21 +11,24 @@ builds ``(state, hook)`` for ``DistributedDataParallel.register_comm_hook``::
     torch.save(state.state_dict(), f"compression-rank{rank}.pt")   # residuals are per rank
     state.close()                        # every rank, before destroy_process_group()
 
-========  ==========================================================  ==========================
-name      what crosses the wire                                       bytes per rank, N fp32
-========  ==========================================================  ==========================
-none      fp32 ring all-reduce                                        2 (W-1)/W * 4N
-fp16      fp16 ring all-reduce (torch's ``fp16_compress_hook``)       2 (W-1)/W * 2N
-sign      signs, 1 bit each, all-to-all then all-gather (1-bit Adam)  2 (W-1)/W * N/8 + scales
-topk      k values + k int32 indices, all-gather (DGC)                (W-1) * 8k
-powersgd  rank-r factors P, Q, two all-reduces (PowerSGD)             2 (W-1)/W * 4 r (n+m)
-========  ==========================================================  ==========================
+===========  ==========================================================  ========================
+name         what crosses the wire                                       bytes per rank, N fp32
+===========  ==========================================================  ========================
+none         fp32 ring all-reduce                                        2 (W-1)/W * 4N
+fp16         fp16 ring all-reduce (torch's ``fp16_compress_hook``)       2 (W-1)/W * 2N
+sign         signs, 1 bit each, all-to-all then all-gather (1-bit Adam)  2 (W-1)/W * N/8 + scales
+topk         k values + int32 indices: all-gather (W <= 2), else sparse  (W-1) * 8k, or
+             reduce-scatter + all-gather with re-selection (Ok-Topk)     2 (W-1)/W * 8k
+powersgd     rank-r factors P, Q, two all-reduces (PowerSGD)             2 (W-1)/W * 4 r (n+m)
+onebit_adam  Adam's momentum after a warm-up, 1 bit each, as ``sign``    2 (W-1)/W * N/8 + scales
+===========  ==========================================================  ========================
 
 Every hook returns its future without blocking the autograd thread (the second stage of
-``sign`` and ``powersgd`` runs on a worker thread), times each collective and counts the bytes it
-sends through a :class:`~laggard.integrations.comm_timing.CommTimer`, and keeps error-feedback
-residuals per parameter, so they survive DDP's bucket rebuild after the first iteration and a
-``state_dict`` / ``load_state_dict`` round trip.
+``sign``, ``powersgd``, ``onebit_adam`` and top-k's reduce-scatter runs on a worker thread),
+times each collective and counts the bytes it sends through a
+:class:`~laggard.integrations.comm_timing.CommTimer`, and keeps error-feedback residuals per
+parameter, so they survive DDP's bucket rebuild after the first iteration and a ``state_dict`` /
+``load_state_dict`` round trip.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from laggard.integrations.compression.base import (
     resolve_group,
 )
 from laggard.integrations.compression.fp16 import Fp16Compression
+from laggard.integrations.compression.momentum import MomentumCompression
 from laggard.integrations.compression.none import NoCompression
+from laggard.integrations.compression.onebit_adam import OneBitAdam, OneBitAdamCompression
 from laggard.integrations.compression.powersgd import PowerSGDCompression
 from laggard.integrations.compression.sign import SignCompression
 from laggard.integrations.compression.topk import TopKCompression
@@ -49,11 +54,15 @@ from laggard.integrations.compression.topk import TopKCompression
 COMPRESSORS: dict[str, type[CompressionState]] = {
     cls.name: cls
     for cls in (NoCompression, Fp16Compression, SignCompression, TopKCompression,
-                PowerSGDCompression)
+                PowerSGDCompression, OneBitAdamCompression)
 }
 
 _COMMON_OPTIONS = {"model", "timer", "integrity", "warmup_steps"}
-_OPTIONS = {"topk": {"ratio", "seed"}, "powersgd": {"rank", "seed"}}
+_ADAM = {"lr", "betas", "eps", "weight_decay"}
+_OPTIONS = {"topk": {"ratio", "seed", "algorithm"}, "powersgd": {"rank", "seed"},
+            "onebit_adam": _ADAM}
+#: Compressors that can take Adam's momentum instead of the gradient (``momentum=True``).
+MOMENTUM = ("sign", "topk", "powersgd")
 
 
 def make_hook(
@@ -70,8 +79,13 @@ def make_hook(
         **options: ``model`` (the module DDP wraps, to name residuals in checkpoints),
             ``timer`` (a CommTimer to record into), ``warmup_steps`` (plain all-reduce steps
             before compressing, default 0), ``integrity`` (a GradientIntegrity), and per
-            compressor ``ratio`` (topk, in (0, 1], default 0.01), ``rank`` (powersgd, >= 1,
-            default 4), ``seed``.
+            compressor ``ratio`` (topk, in (0, 1], default 0.01), ``algorithm`` (topk:
+            ``auto``, ``allgather``, ``scatter``), ``rank`` (powersgd, >= 1, default 4),
+            ``seed``; ``onebit_adam`` takes ``model`` (required), ``warmup_steps`` (default
+            100) and AdamW's ``lr``, ``betas``, ``eps``, ``weight_decay``. ``momentum=True``
+            (sign, topk, powersgd) applies the compressor to Adam's momentum after
+            ``warmup_steps`` of AdamW, as 1-bit Adam does (:mod:`.momentum`); the state then
+            has the optimizer as ``.optimizer`` and takes AdamW's options too.
 
     Returns:
         ``(state, hook)`` for ``ddp.register_comm_hook(state, hook)``.
@@ -83,11 +97,26 @@ def make_hook(
     cls = COMPRESSORS.get(name)
     if cls is None:
         raise ValueError(f"unknown compressor {name!r}; choose one of {', '.join(COMPRESSORS)}")
-    unknown = set(options) - _COMMON_OPTIONS - _OPTIONS.get(name, set())
+    momentum = options.pop("momentum", False)
+    allowed = _COMMON_OPTIONS | _OPTIONS.get(name, set()) | (_ADAM if momentum else set())
+    unknown = set(options) - allowed
     if unknown:
-        raise ValueError(f"compressor {name!r} takes no option {', '.join(sorted(unknown))}")
+        hint = " (AdamW's options need momentum=True)" if unknown & _ADAM else ""
+        raise ValueError(f"compressor {name!r} takes no option {', '.join(sorted(unknown))}"
+                         f"{hint}")
+    if momentum and name not in MOMENTUM:
+        raise ValueError(f"momentum=True works with {', '.join(MOMENTUM)}, not {name!r}")
+    if momentum:
+        adam = {key: options.pop(key) for key in (*_ADAM, "warmup_steps") if key in options}
+        model = options.get("model")
+        if model is None:
+            raise ValueError(f"{name} with momentum=True needs model=: its optimizer updates "
+                             "that model")
+        inner = cls(resolve_group(process_group), **options)
+        return MomentumCompression(inner, **adam, model=model), compression_hook
     group = resolve_group(process_group)
     return cls(group, **options), compression_hook
 
 
-__all__ = ["COMPRESSORS", "CompressionState", "compression_hook", "make_hook"]
+__all__ = ["COMPRESSORS", "CompressionState", "MomentumCompression", "OneBitAdam",
+           "compression_hook", "make_hook"]

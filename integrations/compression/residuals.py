@@ -157,3 +157,50 @@ class ErrorFeedback:
                                  f"{param.numel()}")
             fresh[id(param)] = value.detach().reshape(-1).to(torch.float32, copy=True)
         self._param, self._owner, self._flat = fresh, {}, {}
+
+
+class ServerResiduals:
+    """The error feedback of a two-stage all-reduce's *server* stage: per bucket, what the
+    average of this rank's chunk (elements ``[rank c, (rank+1) c)`` of the padded bucket) still
+    owes, as 1-bit Adam's ``delta_bar`` (Tang et al. 2021, Algorithm 1).
+
+    When DDP rebuilds a bucket, its chunks no longer map to the same parameters, so the residual
+    is folded into this rank's worker residual, times W (the next average divides by W): the sum
+    of all residuals over ranks, hence the error feedback's guarantee, is unchanged. Pass
+    :meth:`fold` as the worker :class:`ErrorFeedback`'s ``on_evict``.
+
+    Args:
+        rank, world_size: this rank's place in the group.
+    """
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self._server: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}
+
+    def get(self, index: int, layout: BucketLayout, c: int) -> torch.Tensor:
+        """Bucket ``index``'s server residual, float32 ``(c,)``, zeros for a new layout."""
+        entry = self._server.get(index)
+        if entry is None or entry[0] != layout.key or entry[1].numel() != c:
+            device = layout.params[0].device if layout.params else None
+            entry = (layout.key, torch.zeros(c, dtype=torch.float32, device=device))
+            self._server[index] = entry
+        return entry[1]
+
+    def fold(self, index: int, layout: BucketLayout, flat: torch.Tensor) -> None:
+        """``on_evict``: add ``W *`` the server residual into the bucket's old worker buffer."""
+        entry = self._server.pop(index, None)
+        if entry is None or entry[0] != layout.key:
+            return
+        c = entry[1].numel()
+        start, end = self.rank * c, min(self.rank * c + c, layout.numel)
+        if end > start:
+            flat[start:end].add_(entry[1][: end - start], alpha=self.world_size)
+
+    def folded(self) -> dict[int, tuple[int, torch.Tensor]]:
+        """``extra`` for :meth:`ErrorFeedback.export`: each bucket's residual folded as on a
+        rebuild (checkpoints stay per parameter, independent of the bucket layout)."""
+        return {index: (self.rank * server.numel(), server * self.world_size)
+                for index, (_, server) in self._server.items()}
+
+    def clear(self) -> None:
+        self._server.clear()

@@ -1,4 +1,4 @@
-"""``topk``: top-k sparsification with error feedback, exchanged with one all-gather.
+"""``topk``: top-k sparsification with error feedback, by all-gather or sparse reduce-scatter.
 
 Compressor (Deep Gradient Compression; Lin et al., ICLR 2018; error feedback as in Stich et al.,
 "Sparsified SGD with Memory", NeurIPS 2018): ``p = g + e``; send the ``k = ceil(ratio * N)``
@@ -8,13 +8,30 @@ entries are exact.
 
 Choosing the entries: ``torch.topk`` over millions of elements is slow on CPU (580 ms for 1% of
 25 M here), so, as DGC does, a threshold is estimated on a random sample; the candidates above it
-(about 1.25 k) go through an exact ``topk``. The result is the exact top k (up to ties) whenever
-the sample did not overshoot; when it did, the exact ``topk`` over the whole bucket runs instead.
+(about 1.25 k) go through an exact selection. The result is the exact top k (up to ties)
+whenever the sample did not overshoot; when it did, an exact selection over the bucket runs.
 
-Collective: each rank contributes ``k`` fp32 values and ``k`` int32 indices (one int32 tensor of
-``2k``) to an all-gather: ``(W-1) * 8k`` bytes per rank, against ``2 (W-1)/W * 4 N`` for an fp32
-ring all-reduce, a ratio of ``N / (W k) = 1 / (W * ratio)``: 25 at 1% and 4 ranks, shrinking as
-the world grows, because every rank receives every other rank's selection.
+Two exchanges (``algorithm``):
+
+* ``allgather``: each rank contributes ``k`` fp32 values and ``k`` int32 indices to an
+  all-gather: ``(W-1) * 8k`` bytes per rank against ``2 (W-1)/W * 4 N`` for an fp32 ring
+  all-reduce, a ratio of ``1 / (W ratio)`` that shrinks as the world grows (every rank receives
+  every selection).
+* ``scatter``: the sparse reduce-scatter then all-gather of Ok-Topk (Li and Hoefler, "Near-Optimal
+  Sparse Allreduce for Distributed Deep Learning", PPoPP 2022), with fixed, equal regions and a
+  fixed budget per region instead of Ok-Topk's balanced boundaries and global threshold (so gloo's
+  fixed-size all-to-all serves it, without a round to exchange sizes). The bucket is cut into W
+  regions of ``c = ceil(N/W)``; rank i sends the top ``k_r = ceil(k/W)`` of its ``p`` in region j
+  to rank j (all-to-all); rank j adds the W contributions / W to its *server* residual and
+  re-sparsifies: its top ``k_r`` go to every rank (all-gather), the rest stays in the server
+  residual (error feedback on both stages, as in 1-bit Adam's compressed all-reduce). Bytes per
+  rank: ``2 (W-1)/W * 8 k_r W``, about ``16k`` at any world size: ``N / (2k)`` = 50-fold fewer
+  than fp32 at 1%, flat in W. The result holds at most ``k`` entries (``k_r`` per region), not
+  the exact global top k.
+
+``auto`` takes ``allgather`` up to 2 ranks (the same ``8k`` bytes in one collective) and
+``scatter`` above. A bucket whose gradients hold NaN/Inf is sent as a NaN flag and its residuals
+are left as they were; every rank's result for it is NaN (counted in ``nonfinite_buckets``).
 """
 
 from __future__ import annotations
@@ -22,13 +39,23 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from laggard.integrations.compression.base import CompressionState
-from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback
-from laggard.integrations.compression.wire import allgather_bytes
+from laggard.integrations.compression.residuals import (
+    BucketLayout,
+    ErrorFeedback,
+    ServerResiduals,
+)
+from laggard.integrations.compression.two_stage import StageTwoWorker
+from laggard.integrations.compression.wire import allgather_bytes, alltoall_bytes
 
+#: The exchanges :class:`TopKCompression` can use (``auto`` picks by world size).
+ALGORITHMS = ("auto", "allgather", "scatter")
+#: Elements per block of the CPU candidate search (1 MiB of float32, an L2 cache's worth).
+BLOCK = 1 << 18
 #: Below this many elements the exact ``torch.topk`` is cheap enough.
 EXACT_BELOW = 1 << 16
 #: Sample at least this many elements, and enough that ~200 of them lie above the threshold.
@@ -38,31 +65,85 @@ OVERSELECT = 1.25
 
 
 def select_topk(values: torch.Tensor, k: int, generator: torch.Generator,
-                workspace: torch.Tensor | None = None) -> torch.Tensor:
+                workspace: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
     """Indices of the ``k`` entries of largest magnitude (unordered).
 
+    On CPU the buffer is read from memory once: the comparison with the sampled threshold runs
+    blockwise on the bits of the magnitudes (numpy kernels on views of the same memory, see
+    :func:`_candidates_numpy`); ``torch.nonzero`` alone costs ~5 copies of the buffer on CPU.
+    A bucket of zeros (threshold 0) selects its nonzero entries and then the first zeros,
+    without sorting.
+
     Args:
-        values: 1-D float tensor of ``N`` elements.
+        values: 1-D float tensor of ``N`` elements, finite (the hooks check before selecting).
         k: 1 <= k <= N.
         generator: CPU generator for the sample positions.
         workspace: optional float tensor like ``values`` to hold the magnitudes (saves
             allocating and faulting in a fresh buffer every step).
+        mask: optional bool tensor of ``N`` elements for the comparison, likewise.
 
     Returns:
         int64 tensor of ``k`` distinct indices.
     """
     n = values.numel()
-    magnitude = torch.abs(values, out=workspace) if workspace is not None else values.abs()
     if n < EXACT_BELOW or 4 * k >= n:
+        magnitude = torch.abs(values, out=workspace) if workspace is not None else values.abs()
         return torch.topk(magnitude, k, sorted=False).indices
     size = min(n, max(MIN_SAMPLE, 200 * n // k))
     positions = torch.randint(n, (size,), generator=generator).to(values.device)
     above = min(size, math.ceil(size * OVERSELECT * k / n))
-    threshold = magnitude[positions].kthvalue(size - above + 1).values
-    candidates = (magnitude >= threshold).nonzero().view(-1)
+    threshold = values[positions].abs().kthvalue(size - above + 1).values
+    if values.device.type == "cpu" and values.dtype == torch.float32 and values.is_contiguous():
+        return torch.from_numpy(_candidates_numpy(values.numpy(), k, float(threshold)))
+    magnitude = torch.abs(values, out=workspace) if workspace is not None else values.abs()
+    above_mask = torch.ge(magnitude, threshold, out=mask) if mask is not None \
+        else magnitude >= threshold
+    candidates = above_mask.nonzero().view(-1)
     if candidates.numel() < k:
         return torch.topk(magnitude, k, sorted=False).indices
     return candidates[torch.topk(magnitude[candidates], k, sorted=False).indices]
+
+
+def _candidates_numpy(values: np.ndarray, k: int, threshold: float) -> np.ndarray:
+    """The top-k positions of float32 ``values`` given a sampled magnitude threshold.
+
+    One read of ``values`` from memory: per cache-sized block, the magnitude's bits
+    (``bits & 0x7fffffff``, which order like the magnitudes themselves for finite floats) are
+    compared with the threshold's and the positions above it collected; only the ~1.25 k
+    candidates' magnitudes are ever materialised.
+    """
+    n = values.size
+    if threshold <= 0:  # most of the bucket is zero: nonzeros first, then any zeros
+        candidates = np.flatnonzero(values)
+        if candidates.size < k:
+            zeros = np.flatnonzero(values == 0)[: k - candidates.size]
+            return np.concatenate([candidates, zeros]).astype(np.int64)
+    else:
+        bits, limit = values.view(np.int32), np.float32(threshold).view(np.int32)
+        magnitude_bits = np.empty(min(n, BLOCK), dtype=np.int32)
+        above = np.empty(min(n, BLOCK), dtype=np.bool_)
+        parts = []
+        for start in range(0, n, BLOCK):
+            block = bits[start : start + BLOCK]
+            m, a = magnitude_bits[: block.size], above[: block.size]
+            np.bitwise_and(block, 0x7FFFFFFF, out=m)
+            found = np.flatnonzero(np.greater_equal(m, limit, out=a))
+            if found.size:
+                parts.append(found + start)
+        candidates = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        if candidates.size < k:  # the sample overshot: exact selection over everything
+            return np.argpartition(np.abs(values), n - k)[-k:].astype(np.int64)
+    best = np.argpartition(np.abs(values[candidates]), candidates.size - k)[-k:]
+    return candidates[best].astype(np.int64)
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """True when no element is NaN or Inf, in one read (a float32 sum; an overflowing sum of
+    finite values, beyond 3e38, also reads as not finite: such gradients are as unusable)."""
+    if tensor.device.type == "cpu" and tensor.dtype == torch.float32:
+        return bool(np.isfinite(np.add.reduce(tensor.numpy(), dtype=np.float32)))
+    return bool(torch.isfinite(tensor.sum()))
 
 
 class TopKCompression(CompressionState):
@@ -70,42 +151,67 @@ class TopKCompression(CompressionState):
 
     Args:
         process_group, model, timer: see :class:`CompressionState`.
-        ratio: fraction of each bucket's elements sent, in (0, 1]; default 1%.
+        ratio: fraction of each bucket's elements sent, in (0, 1]; default 1%. ``k`` is
+            ``ceil(ratio N)``, at least 1 and never more than the bucket (``ratio`` 1 sends
+            every element, exactly).
         seed: seed of the threshold's sampling.
+        algorithm: ``allgather`` (every rank's k entries to every rank), ``scatter`` (the sparse
+            reduce-scatter / all-gather), or ``auto`` (default): ``allgather`` up to 2 ranks,
+            where both send ``8k`` bytes and it takes one collective, ``scatter`` above.
 
     Raises:
-        ValueError: ``ratio`` outside (0, 1].
+        ValueError: ``ratio`` outside (0, 1] or an unknown ``algorithm``.
+
+    Attributes:
+        nonfinite_buckets: buckets whose gradients held NaN/Inf on this rank (sent as a NaN flag;
+            the residual was left as it was; every rank's result for the bucket is NaN).
     """
 
     name = "topk"
 
     def __init__(self, process_group: dist.ProcessGroup, *, ratio: float = 0.01, seed: int = 0,
-                 **kwargs: Any) -> None:
+                 algorithm: str = "auto", **kwargs: Any) -> None:
         if not 0 < ratio <= 1:
             raise ValueError(f"top-k ratio must be in (0, 1], got {ratio!r}")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"top-k algorithm {algorithm!r} not in {ALGORITHMS}")
         super().__init__(process_group, **kwargs)
         self.ratio = ratio
-        self.residuals = ErrorFeedback()
+        if algorithm == "auto":
+            algorithm = "allgather" if self.world_size <= 2 else "scatter"
+        self.algorithm = algorithm
+        self.server = ServerResiduals(self.rank, self.world_size)
+        self.residuals = ErrorFeedback(on_evict=self.server.fold)
         self._generator = torch.Generator().manual_seed(seed)
-        self._workspace: dict[int, torch.Tensor] = {}  # bucket index -> magnitudes buffer
+        # bucket index -> magnitudes and mask buffers
+        self._workspace: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.nonfinite_buckets = 0
+        self._worker = StageTwoWorker(process_group) if algorithm == "scatter" else None
+
+    def k(self, numel: int) -> int:
+        """Entries a bucket of ``numel`` elements sends in the all-gather variant."""
+        return min(numel, max(1, math.ceil(self.ratio * numel)))
+
+    def workspace(self, index: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bucket's reusable magnitudes and comparison-mask buffers."""
+        workspace = self._workspace.get(index)
+        if workspace is None or workspace[0].shape != like.shape:
+            workspace = self._workspace[index] = (
+                torch.empty_like(like), torch.empty(like.shape, dtype=torch.bool,
+                                                    device=like.device))
+        return workspace
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
         self.timer.bucket_ready()
-        buffer, w = bucket.buffer(), self.world_size
+        if self.algorithm == "scatter":
+            return self._scatter(bucket)
+        buffer, w, index = bucket.buffer(), self.world_size, bucket.index()
         layout = BucketLayout.of(bucket)
-        p = self.residuals.flat(bucket.index(), layout)
-        p.add_(buffer)
-        k = max(1, math.ceil(self.ratio * layout.numel))
-        workspace = self._workspace.get(bucket.index())
-        if workspace is None or workspace.shape != p.shape:
-            workspace = self._workspace[bucket.index()] = torch.empty_like(p)
-        chosen = select_topk(p, k, self._generator, workspace)
-        payload = torch.empty(2 * k, dtype=torch.int32, device=p.device)
-        payload[:k] = p[chosen].view(torch.int32)
-        payload[k:] = chosen
-        p[chosen] = 0
+        k = self.k(layout.numel)
+        p = self.residuals.flat(index, layout)
+        payload = self.select(p, buffer, k, self.workspace(index, p))
         if self.integrity is not None:
-            self.integrity.allgather_sent(bucket.index(), payload)
+            self.integrity.allgather_sent(index, payload)
         gathered = torch.empty(w * 2 * k, dtype=torch.int32, device=p.device)
         fut = dist.all_gather_single(gathered, payload, group=self.process_group,
                                      async_op=True).get_future()
@@ -115,23 +221,137 @@ class TopKCompression(CompressionState):
         def decompress(_: torch.futures.Future) -> torch.Tensor:
             rows = gathered.view(w, 2 * k)
             if self.integrity is not None:
-                self.integrity.allgather_received(bucket.index(), rows)
-            values = rows[:, :k].contiguous().view(torch.float32).reshape(-1)
-            indices = rows[:, k:].reshape(-1).to(torch.int64)
-            buffer.zero_()
-            buffer.index_add_(0, indices, values.to(buffer.dtype), alpha=1 / w)
-            return buffer
+                self.integrity.allgather_received(index, rows)
+            return scatter_rows(buffer, rows, 0, 1 / w)
 
         return fut.then(decompress)
 
+    def select(self, p: torch.Tensor, gradient: torch.Tensor | None, k: int,
+                workspace: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """``p += gradient``, then the payload of p's top k (int32 ``(2k,)``: values' bits,
+        then indices), zeroing them in ``p``. A non-finite gradient is not added: the payload
+        is the NaN flag (NaN values at indices ``0..k-1``) and ``p`` keeps its value."""
+        if gradient is not None and not all_finite(gradient):
+            self.nonfinite_buckets += 1
+            return nan_flag(k, p.device)
+        payload = torch.empty(2 * k, dtype=torch.int32, device=p.device)
+        if gradient is not None:
+            p[: gradient.numel()].add_(gradient)
+        magnitudes, mask = workspace if workspace is not None else (None, None)
+        chosen = select_topk(p, k, self._generator, magnitudes, mask)
+        if p.device.type == "cpu":  # numpy's fancy indexing: ~20x torch's for these sizes
+            flat, where = p.numpy(), chosen.numpy()
+            payload.numpy()[:k] = flat[where].view(np.int32)
+            flat[where] = 0
+        else:
+            payload[:k] = p[chosen].view(torch.int32)
+            p[chosen] = 0
+        payload[k:] = chosen
+        return payload
+
+    def _scatter(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """The sparse reduce-scatter / all-gather variant (module docstring)."""
+        buffer, w, index = bucket.buffer(), self.world_size, bucket.index()
+        layout = BucketLayout.of(bucket)
+        n = layout.numel
+        c = -(-n // w)  # region (chunk) length
+        kr = min(c, -(-self.k(n) // w))  # entries per region
+        p = self.residuals.flat(index, layout, padded_numel=w * c)
+        workspace = self.workspace(index, p)
+        if all_finite(buffer):
+            p[:n].add_(buffer)
+            rows = [self.select(p[j * c : (j + 1) * c], None, kr,
+                                 (workspace[0][j * c : (j + 1) * c],
+                                  workspace[1][j * c : (j + 1) * c]))
+                    for j in range(w)]
+        else:  # every region flagged; the residual is left as it was
+            self.nonfinite_buckets += 1
+            rows = [nan_flag(kr, p.device)] * w
+        payload = torch.stack(rows)
+        received = torch.empty_like(payload)
+        if self.integrity is not None:
+            self.integrity.alltoall_sent(index, payload)
+        first = dist.all_to_all_single(received, payload, group=self.process_group,
+                                       async_op=True).get_future()
+        first = self.timer.track(first, alltoall_bytes(payload[0].numel() * 4, w), "alltoall",
+                                 raw_bytes=self.raw_bytes(buffer), bucket_ready=False)
+        server = self.server.get(index, layout, c)
+        real = max(0, min(c, n - self.rank * c))
+
+        def finish() -> torch.Tensor:
+            if self.integrity is not None:
+                self.integrity.alltoall_received(index, received)
+            values = received[:, :kr].contiguous().view(torch.float32).reshape(-1)
+            if bool(torch.isfinite(values).all()):
+                server.index_add_(0, received[:, kr:].reshape(-1).long(), values, alpha=1 / w)
+                server[real:].zero_()
+                reply = self.select(server, None, kr, self.workspace(-1 - index, server))
+            else:  # pass the flag on, keep the server residual
+                reply = nan_flag(kr, server.device)
+            gathered = torch.empty(w * 2 * kr, dtype=torch.int32, device=reply.device)
+            if self.integrity is not None:
+                self.integrity.allgather_sent(index, reply, stage=1)
+            second = dist.all_gather_single(gathered, reply, group=self._worker.group,
+                                            async_op=True)
+            self.timer.track(second.get_future(), allgather_bytes(reply.numel() * 4, w),
+                             "allgather", raw_bytes=0, bucket_ready=False).wait()
+            rows = gathered.view(w, 2 * kr)
+            if self.integrity is not None:
+                self.integrity.allgather_received(index, rows, stage=1)
+            return scatter_rows(buffer, rows, c, 1.0)
+
+        assert self._worker is not None
+        return self._worker.submit(first, finish, buffer.device)
+
     def state_dict(self) -> dict[str, Any]:
-        """Residuals per parameter name."""
+        """Residuals per parameter name (server residuals folded in, as on a bucket rebuild)."""
         self._require_names()
         state = super().state_dict()
-        state["residuals"] = self.residuals.export(self._names)
+        state["residuals"] = self.residuals.export(self._names, self.server.folded())
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._require_names()
         self.residuals.load(state["residuals"], self._params)
+        self.server.clear()
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+
+
+def nan_flag(k: int, device: torch.device) -> torch.Tensor:
+    """The payload of a bucket that held NaN/Inf: NaN values at indices ``0..k-1`` (int32
+    ``(2k,)``); every receiver turns the whole bucket to NaN (:func:`scatter_rows`)."""
+    payload = torch.empty(2 * k, dtype=torch.int32, device=device)
+    payload[:k] = torch.full((k,), float("nan"), device=device).view(torch.int32)
+    payload[k:] = torch.arange(k, device=device)
+    return payload
+
+
+def scatter_rows(buffer: torch.Tensor, rows: torch.Tensor, region: int,
+                 weight: float) -> torch.Tensor:
+    """Write the gathered sparse rows into ``buffer`` (zeros elsewhere); NaN if any is flagged.
+
+    Args:
+        buffer: the bucket's flat buffer, ``N`` elements, overwritten.
+        rows: int32 ``(R, 2k)``: values' bits, then indices.
+        region: 0 when the indices are bucket positions (all-gather variant, where rows may
+            share indices and are summed); else row ``j``'s indices are offsets in region ``j``
+            of this length (scatter variant; regions past ``N`` are padding and dropped).
+        weight: multiplies the values (``1/W`` for the all-gather variant's mean).
+    """
+    r, width = rows.shape
+    k = width // 2
+    values = rows[:, :k].contiguous().view(torch.float32)
+    indices = rows[:, k:].to(torch.int64)
+    buffer.zero_()
+    if not bool(torch.isfinite(values).all()):
+        return buffer.fill_(float("nan"))
+    if region:
+        indices += torch.arange(r, device=rows.device).unsqueeze(1) * region
+        keep = indices < buffer.numel()
+        indices, values = indices[keep], values[keep]
+    buffer.index_add_(0, indices.reshape(-1), values.reshape(-1).to(buffer.dtype), alpha=weight)
+    return buffer

@@ -114,14 +114,16 @@ def run(scenario: str, rank: int, world: int) -> dict:
     if hook_name.startswith("compress-"):
         from laggard.integrations.compression import make_hook
 
-        inner, compressor = make_hook(hook_name.removeprefix("compress-"), None, model=ddp,
-                                      integrity=integrity)
+        name = hook_name.removeprefix("compress-")
+        # 1-bit Adam: one AdamW step, then the momentum is compressed (from FLIP_STEP on)
+        options = {"warmup_steps": 1, "lr": 1e-3} if name == "onebit_adam" else {}
+        inner, compressor = make_hook(name, None, model=ddp, integrity=integrity, **options)
         ddp.register_comm_hook(IntegrityHookState(integrity, inner), with_integrity(compressor))
     else:
         hook = {"allgather": gather_hook, "alltoall": alltoall_hook}.get(
             hook_name, integrity_allreduce_hook)
         ddp.register_comm_hook(IntegrityHookState(integrity), hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    opt = getattr(inner, "optimizer", None) or torch.optim.SGD(ddp.parameters(), lr=0.1)
     applied, raised = [], None
     for step in range(STEPS):
         if monitor is not None:

@@ -147,11 +147,12 @@ def test_two_ranks_name_the_corrupt_one_through_the_sum_check(tmp_path: Path) ->
     assert ("result_mismatch", FLIP_RANK % 2, FLIP_STEP) in found
 
 
-COMPRESSORS = ("none", "fp16", "sign", "topk", "powersgd")
+COMPRESSORS = ("none", "fp16", "sign", "topk", "powersgd", "onebit_adam")
 SCENARIOS_3 = [f"compress-{c}:warn:{where}:{bit}" for c in COMPRESSORS
                for where, bit in (("none", 0), ("after_reduce", 0))] + [
     "compress-none:warn:before_send:30", "compress-powersgd:warn:before_send:30",
-    "compress-topk:warn:before_send:5", "compress-sign:warn:before_send:5"]
+    "compress-topk:warn:before_send:5", "compress-sign:warn:before_send:5",
+    "compress-onebit_adam:warn:before_send:5"]
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +172,9 @@ def test_every_compressor_clean_and_after_reduce(three: list[dict], compressor: 
 
 @pytest.mark.parametrize("compressor, kind, rank", [
     ("none", "sum_mismatch", None), ("powersgd", "sum_mismatch", None),
-    ("topk", "payload_mismatch", FLIP_RANK), ("sign", "payload_mismatch", FLIP_RANK)])
+    ("topk", "payload_mismatch", FLIP_RANK), ("sign", "payload_mismatch", FLIP_RANK),
+    # 3 ranks: top-k's sparse reduce-scatter and 1-bit Adam both start with an all-to-all
+    ("onebit_adam", "payload_mismatch", FLIP_RANK)])
 def test_compressed_payload_flips(three: list[dict], compressor: str, kind: str,
                                   rank: int | None) -> None:
     found = kinds(three, f"compress-{compressor}:warn:before_send:{30 if rank is None else 5}")

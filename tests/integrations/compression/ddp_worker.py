@@ -33,7 +33,16 @@ from laggard.integrations.compression.wire import (
 )
 
 STEPS = 8
-STATEFUL = ("sign", "topk", "powersgd")
+STATEFUL = ("sign", "topk", "powersgd", "onebit_adam")
+#: Training arms: label -> (compressor, options). 1-bit Adam brings its own optimizer.
+ARMS = {name: (name, {}) for name in COMPRESSORS}
+# the scatter variant's result holds at most k entries (the all-gather's up to W k): 2% here
+ARMS["topk_scatter"] = ("topk", {"algorithm": "scatter", "ratio": 0.02})
+# 1-bit Adam's recipe with top-k: AdamW for 3 steps, then the momentum through top-k
+ARMS["topk_momentum"] = ("topk", {"momentum": True, "warmup_steps": 3, "lr": 5e-3})
+ONEBIT = {"warmup_steps": 3, "lr": 5e-3}
+#: Resumed at step 3: the momentum compression has run for one step, so the errors are not 0.
+ONEBIT_RESUME = {"warmup_steps": 2, "lr": 5e-3}
 
 
 def make_model() -> torch.nn.Module:
@@ -81,10 +90,22 @@ def nb(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def train(name: str, rank: int, world: int, counter: WireCounter) -> dict:
+def hook_and_optimizer(name: str, model: torch.nn.Module, options: dict | None = None,
+                       momentum: float = 0.9, onebit: dict = ONEBIT) -> tuple:
+    """``make_hook`` and the optimizer to train with: 1-bit Adam's own, else SGD."""
+    if name == "onebit_adam":
+        state, hook = make_hook(name, model=model, **onebit)
+        return state, hook, state.optimizer
+    state, hook = make_hook(name, model=model, **(options or {}))
+    own = getattr(state, "optimizer", None)  # momentum=True brings its optimizer
+    return state, hook, own or torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+
+
+def train(label: str, rank: int, world: int, counter: WireCounter) -> dict:
+    name, options = ARMS[label]
     model = make_model()
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
-    state, hook = make_hook(name, model=model)
+    state, hook, opt = hook_and_optimizer(name, model, options)
     layouts: dict[int, list[int]] = {}
 
     def recording_hook(state, bucket):  # type: ignore[no-untyped-def]
@@ -92,7 +113,6 @@ def train(name: str, rank: int, world: int, counter: WireCounter) -> dict:
         return hook(state, bucket)
 
     ddp.register_comm_hook(state, recording_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     losses, reported, counted, raw = [], [], [], []
     for step in range(STEPS):
         x, y = batch(rank, step)
@@ -121,6 +141,8 @@ def reference(rank: int) -> dict:
     """Each hook on one hand-made bucket (two matrices and a vector) of random gradients."""
     out = {}
     for name in COMPRESSORS:
+        if name == "onebit_adam":  # compresses the optimizer's momentum: checked in training
+            continue
         params = [torch.nn.Parameter(torch.zeros(48, 40)), torch.nn.Parameter(torch.zeros(40)),
                   torch.nn.Parameter(torch.zeros(40, 24))]
         grads = torch.randn(sum(p.numel() for p in params),
@@ -140,11 +162,11 @@ def run_steps(name: str, rank: int, steps: range, model_state: dict | None = Non
     if model_state is not None:
         model.load_state_dict(model_state)
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
-    state, hook = make_hook(name, model=model)
+    # SGD without momentum: nothing else to restore (1-bit Adam's optimizer is in its state)
+    state, hook, opt = hook_and_optimizer(name, model, momentum=0.0, onebit=ONEBIT_RESUME)
     if compression_state is not None:
         state.load_state_dict(compression_state)
     ddp.register_comm_hook(state, hook)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no momentum: nothing else to restore
     for step in steps:
         x, y = batch(rank, step)
         torch.nn.functional.mse_loss(ddp(x), y).backward()
@@ -161,6 +183,21 @@ def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
     return float((flat_params(a) - flat_params(b)).abs().max())
 
 
+def errors(state: dict) -> dict[str, torch.Tensor]:
+    """The error-feedback buffers of a compressor's ``state_dict``, by name."""
+    if state["compressor"] == "onebit_adam":
+        return {"server_error": state["server_error"], "worker_error": state["worker_error"]}
+    return state["residuals"]
+
+
+def lose_errors(name: str, state: dict) -> dict | None:
+    """The checkpoint without its error buffers (1-bit Adam keeps its optimizer state)."""
+    if name != "onebit_adam":
+        return None
+    return {**state, "worker_error": torch.zeros_like(state["worker_error"]),
+            "server_error": torch.zeros_like(state["server_error"])}
+
+
 def resume(rank: int) -> dict:
     """Uninterrupted 6 steps against 3 + checkpoint (torch.save/load) + 3, and against 3 + 3
     with the compressor's state lost."""
@@ -171,18 +208,19 @@ def resume(rank: int) -> dict:
         first, state = run_steps(name, rank, range(3))
         blob = io.BytesIO()
         torch.save({"model": first.state_dict(), "compression": state.state_dict()}, blob)
-        saved = state.state_dict()["residuals"]
+        saved = errors(state.state_dict())
         state.close()
         blob.seek(0)
         checkpoint = torch.load(blob)
         resumed, state = run_steps(name, rank, range(3, 6), checkpoint["model"],
                                    checkpoint["compression"])
         state.close()
-        restored_probe = make_hook(name, model=make_model())[0]
+        restored_probe = hook_and_optimizer(name, make_model(), onebit=ONEBIT_RESUME)[0]
         restored_probe.load_state_dict(checkpoint["compression"])
-        restored = restored_probe.state_dict()["residuals"]
+        restored = errors(restored_probe.state_dict())
         restored_probe.close()
-        lost, state = run_steps(name, rank, range(3, 6), checkpoint["model"])
+        lost, state = run_steps(name, rank, range(3, 6), checkpoint["model"],
+                                lose_errors(name, checkpoint["compression"]))
         state.close()
         out[name] = {
             "saved_norm": float(torch.cat([v.reshape(-1) for v in saved.values()]).norm()),
@@ -213,7 +251,7 @@ def main(mode: str, out_dir: str) -> None:
         torch.save(result, os.path.join(out_dir, f"reference-rank{rank}.pt"))
     if "train" in modes:
         counter = WireCounter(world)
-        trained = {name: train(name, rank, world, counter) for name in COMPRESSORS}
+        trained = {label: train(label, rank, world, counter) for label in ARMS}
         with open(os.path.join(out_dir, f"train-rank{rank}.json"), "w") as f:
             json.dump(trained, f)
     if "resume" in modes:

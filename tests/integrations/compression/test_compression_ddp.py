@@ -143,22 +143,33 @@ def trained(job: Path) -> list[dict]:
     return [json.loads((job / f"train-rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("name", ["none", "fp16", "sign", "topk", "powersgd"])
+@pytest.mark.parametrize("name", ["none", "fp16", "sign", "topk", "powersgd", "onebit_adam",
+                                  "topk_scatter", "topk_momentum"])
 def test_training_converges_with_replicas_identical(trained: list[dict], name: str) -> None:
     for rank in trained:
         run = rank[name]
         assert run["identical"], "parameters differ across ranks"
         losses = run["losses"]
-        assert sum(losses[-2:]) < 0.85 * sum(losses[:2]), losses
+        if name in ("onebit_adam", "topk_momentum"):
+            # 3 warm-up steps are far fewer than 1-bit Adam wants (its variance is frozen from
+            # them), and a step can spike; the trend still has to be down
+            assert sorted(losses[-4:])[1] < 0.85 * sum(losses[:2]) / 2, losses
+        else:
+            assert sum(losses[-2:]) < 0.85 * sum(losses[:2]), losses
         buckets = run["buckets_per_step"]
         # DDP rebuilt its buckets after iteration 0, and there are several
         assert buckets["0"] != buckets["1"] and len(buckets["1"]) >= 2
         assert buckets["1"] == buckets[str(len(losses) - 1)]
 
 
+ONEBIT_WARMUP = 3  # ddp_worker.ONEBIT: plain all-reduce steps before the momentum compression
+
+
 @pytest.mark.parametrize("name,min_ratio,max_ratio", [
     ("none", 1, 1), ("fp16", 2, 2), ("sign", 25, 32), ("topk", 45, 1 / (WORLD * 0.01)),
-    ("powersgd", 4, 100),
+    ("powersgd", 4, 100), ("onebit_adam", 25, 32),
+    # the sparse reduce-scatter: N / (2k) at any world size, a little less for rounding
+    ("topk_scatter", 22, 1 / (2 * 0.02)), ("topk_momentum", 45, 1 / (WORLD * 0.01)),
 ])
 def test_reported_bytes_are_the_bytes_handed_to_the_collectives(
     trained: list[dict], name: str, min_ratio: float, max_ratio: float,
@@ -168,7 +179,11 @@ def test_reported_bytes_are_the_bytes_handed_to_the_collectives(
         assert run["reported_bytes"] == run["counted_bytes"]
         fp32 = 2 * (WORLD - 1) * run["grad_bytes"] // WORLD
         assert all(raw == fp32 for raw in run["raw_bytes"])
-        for sent in run["reported_bytes"]:
+        compressed = run["reported_bytes"]
+        if name in ("onebit_adam", "topk_momentum"):  # the warm-up: the plain fp32 all-reduce
+            assert compressed[:ONEBIT_WARMUP] == [fp32] * ONEBIT_WARMUP
+            compressed = compressed[ONEBIT_WARMUP:]
+        for sent in compressed:
             assert min_ratio <= fp32 / sent <= max_ratio + 1e-9, fp32 / sent
 
 
@@ -177,11 +192,17 @@ def resumed(job: Path) -> list[dict]:
     return [json.loads((job / f"resume-rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("name", ["sign", "topk", "powersgd"])
+@pytest.mark.parametrize("name", ["sign", "topk", "powersgd", "onebit_adam"])
 def test_state_dict_round_trip_keeps_the_residuals(resumed: list[dict], name: str) -> None:
     for rank in resumed:
         run = rank[name]
         assert run["restored_equal"] and run["saved_norm"] > 0
+        if name == "onebit_adam":
+            # both error buffers and the optimizer state: the same next steps, exactly,
+            # though DDP's buckets after the restart are laid out as at iteration 0
+            assert run["names"] == ["server_error", "worker_error"]
+            assert run["resumed_vs_straight"] == 0.0 < run["lost_vs_straight"]
+            continue
         assert run["names"] == ["0.bias", "0.weight", "1.bias", "1.weight", "3.bias",
                                 "3.weight", "5.bias", "5.weight"]
         # resuming from the checkpoint tracks the uninterrupted run better than losing the state

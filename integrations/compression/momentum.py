@@ -1,0 +1,110 @@
+"""``momentum=True``: 1-bit Adam's recipe with another compressor (``topk``, ``powersgd``, ...).
+
+1-bit Adam's argument (Tang et al., ICML 2021, §3-4) is not about the sign: once Adam's variance
+is frozen after a warm-up, the update is linear in the momentum, so the momentum can go through
+any error-compensated compressor and the optimizer sees a compressed all-reduce of a quantity
+that changes slowly. Error feedback on *raw gradients* with AdamW fares worse: each coordinate's
+gradient arrives in bursts (top-k sends it every ~1/ratio steps, with what accumulated), which
+inflates AdamW's variance and shrinks its steps.
+
+:class:`MomentumCompression` wraps a compressor's hook state: for the first ``warmup_steps`` it
+all-reduces gradients uncompressed (its optimizer is then AdamW); after that it writes each
+rank's local momentum ``beta1 m + (1 - beta1) g`` into the bucket in place of the gradient and
+lets the wrapped compressor (its own error feedback, collectives, bytes and integrity
+fingerprints unchanged) average it; :class:`.onebit_adam.OneBitAdam` takes the result as its
+momentum. A result that is not finite (the wrapped compressor's NaN
+flag) makes the optimizer skip that step on every rank.
+
+Each rank's momentum is built from the shared, compressed momentum of the previous step, as in
+1-bit Adam. Keeping each rank's own full momentum instead (Deep Gradient Compression's momentum
+correction) was tried and trailed further on the demo model (``benchmarks/RESULTS.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from laggard.integrations.compression.base import CompressionState
+from laggard.integrations.compression.onebit_adam import OneBitAdam
+from laggard.integrations.compression.residuals import BucketLayout
+from laggard.integrations.compression.topk import all_finite
+
+
+class MomentumCompression(CompressionState):
+    """A compressor applied to Adam's momentum after a warm-up (module docstring).
+
+    Args:
+        inner: the compressor's hook state (built with ``warmup_steps=0``).
+        model: the module DDP wraps; its trainable parameters are the optimizer's.
+        warmup_steps: AdamW steps before the variance is frozen, >= 1.
+        lr, betas, eps, weight_decay: the optimizer's, as for ``torch.optim.AdamW``.
+
+    Raises:
+        ValueError: no ``model`` or ``warmup_steps`` below 1.
+
+    Attributes:
+        optimizer: the :class:`OneBitAdam` to step instead of your own.
+        inner: the wrapped compressor; its ``timer`` is this state's.
+    """
+
+    def __init__(self, inner: CompressionState, *, model: torch.nn.Module | None,
+                 warmup_steps: int = 100, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2) -> None:
+        if model is None:
+            raise ValueError(f"{inner.name} with momentum=True needs model=: its optimizer "
+                             "updates that model")
+        if not isinstance(warmup_steps, int) or warmup_steps < 1:
+            raise ValueError(f"momentum=True needs warmup_steps >= 1 (the variance it freezes "
+                             f"comes from the warm-up), got {warmup_steps!r}")
+        self.name = inner.name  # type: ignore[misc]  # checkpoints name the compressor
+        super().__init__(inner.process_group, model=model, timer=inner.timer)
+        self.inner = inner
+        self.optimizer = OneBitAdam([p for p in model.parameters() if p.requires_grad], lr=lr,
+                                    betas=betas, eps=eps, weight_decay=weight_decay,
+                                    freeze_step=warmup_steps)
+
+    def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        if not self.optimizer.frozen:
+            return self.inner.plain_allreduce(bucket)
+        buffer, beta1 = bucket.buffer(), self.optimizer.param_groups[0]["betas"][0]
+        for p, start, end in BucketLayout.of(bucket).slices():
+            momentum = self.optimizer.state[p].get("exp_avg")
+            local = buffer[start:end].mul_(1 - beta1)
+            if momentum is not None:
+                local.add_(momentum.view(-1), alpha=beta1)
+        optimizer = self.optimizer
+
+        def checked(fut: torch.futures.Future) -> torch.Tensor:
+            value = fut.value()
+            result = value[0] if isinstance(value, list) else value
+            if not all_finite(result):  # the compressor's NaN flag: skip the step everywhere
+                optimizer.skip_next = True
+            return result
+
+        return self.inner.communicate(bucket).then(checked)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped compressor's state (per rank) and the optimizer's."""
+        return {**self.inner.state_dict(), "momentum": True,
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output.
+
+        Raises:
+            ValueError: a checkpoint without the optimizer (taken with ``momentum=False``), or
+                one the wrapped compressor refuses.
+        """
+        if not state.get("momentum"):
+            raise ValueError("checkpoint taken without momentum=True: no optimizer state")
+        self.inner.load_state_dict(state)
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+__all__ = ["MomentumCompression"]
