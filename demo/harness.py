@@ -6,6 +6,8 @@ Nothing here imports torch: the agent's tests use it on a machine without it.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib.resources
 import json
 import os
@@ -87,6 +89,21 @@ def laggard_rules(alert_for: str | None = None) -> dict[str, str]:
     return rules
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the process that started it dies, even by
+    SIGKILL, so no Prometheus outlives a killed demo or test (Linux ``prctl(2)``,
+    ``PR_SET_PDEATHSIG``; elsewhere a no-op)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+#: ``PR_SET_PDEATHSIG`` from ``<linux/prctl.h>``.
+_PR_SET_PDEATHSIG = 1
+
+
 class PrometheusServer:
     """A real Prometheus server on a free loopback port, scraping laggard agents.
 
@@ -144,7 +161,8 @@ class PrometheusServer:
                  f"--storage.tsdb.path={self.workdir / 'tsdb'}",
                  f"--web.listen-address=127.0.0.1:{self.port}",
                  "--storage.tsdb.retention.time=1h", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent)
         try:
             wait_until_ready(f"{self.url}/-/ready", timeout=timeout, what="prometheus",
                              procs=[self.proc])

@@ -1,0 +1,58 @@
+"""The demos' process plumbing: ports, waiting, and a Prometheus that never outlives its starter."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from laggard.demo.harness import NotReadyError, free_port, wait_until_ready
+
+
+def test_wait_until_ready_names_a_process_that_exited() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    with pytest.raises(NotReadyError, match="exited 3"):
+        wait_until_ready(f"http://127.0.0.1:{free_port()}/", timeout=5, what="thing",
+                         procs=[proc])
+
+
+def test_wait_until_ready_times_out_with_the_url() -> None:
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    with pytest.raises(NotReadyError, match="did not answer"):
+        wait_until_ready(url, timeout=0.3)
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="apt-get install prometheus")
+def test_prometheus_dies_with_a_starter_killed_by_sigkill(tmp_path: Path) -> None:
+    starter = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path\n"
+         "from laggard.demo.harness import PrometheusServer\n"
+         "server = PrometheusServer(Path(sys.argv[1]), []).start()\n"
+         "print(server.proc.pid, flush=True); time.sleep(600)", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(starter.stdout.readline())
+        os.kill(pid, 0)  # running
+    finally:
+        starter.send_signal(signal.SIGKILL)
+        starter.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":  # exited; only its reaping is left to init
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("prometheus outlived the process that started it")
