@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from laggard.detectors.straggler import RankWindow, StragglerDetector
-from laggard.detectors.window import columns_of, detector_summaries
+from laggard.detectors.window import SUMMARY_FIELDS, columns_of
 
 SLOWDOWNS = (1.0, 1.05, 1.10, 1.25)
 
@@ -96,12 +96,14 @@ def replay(jsonl: Path, config: StragglerDetector.Config) -> list[tuple[int, Any
     for line in jsonl.read_text().splitlines():
         doc = json.loads(line)
         cols = columns_of(doc["stat_names"])
-        medians = np.array(doc["medians"], dtype=np.float64)
-        ordered = np.full((medians.shape[0], len(cols)), np.nan)
-        ordered[:, : medians.shape[1]] = medians
+        medians = np.array(doc["medians"], dtype=np.float64)  # None -> NaN
+        # by name: files saved by an older or newer monitor keep their own column order
+        summaries = np.stack([medians[:, cols[name]] if name in cols
+                              else np.full(medians.shape[0], np.nan)
+                              for name in SUMMARY_FIELDS], axis=1)
         window = RankWindow.from_summaries(
-            step=doc["step"], ranks=np.arange(medians.shape[0]),
-            summaries=detector_summaries(ordered), world_size=doc.get("world_size"))
+            step=doc["step"], ranks=np.arange(medians.shape[0]), summaries=summaries,
+            world_size=doc.get("world_size"))
         found += [(doc["step"], f) for f in detector.update(window)]
     return found
 
