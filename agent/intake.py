@@ -347,6 +347,12 @@ class RankTable:
         yield from families
 
     def _families(self) -> Iterator[Metric]:
+        yield from self._intake_families()
+        yield from self._rank_families()
+        yield from self._job_families()
+
+    def _intake_families(self) -> Iterator[Metric]:
+        """The intake's own counters: accepted, rejected, dropped, forgotten, the budget."""
         accepted = CounterMetricFamily("laggard_intake_datagrams_total",
                                        "Datagrams accepted by the UDP intake.")
         accepted.add_metric([], self.accepted)
@@ -379,6 +385,9 @@ class RankTable:
         yield GaugeMetricFamily("laggard_intake_series_limit",
                                 "Most exposition samples the intake's families may hold "
                                 "(--intake.max-series).", value=self._max_series)
+
+    def _rank_families(self) -> Iterator[Metric]:
+        """Per-rank series from StepRecords: identity, steps, phase and collective timings."""
         info = GaugeMetricFamily("laggard_rank_info", "Identity of a training rank (value 1).",
                                  labels=["rank", "node", "local_rank", "world_size"])
         steps = CounterMetricFamily("laggard_steps_total", "Training steps reported by a rank.",
@@ -422,6 +431,9 @@ class RankTable:
                 comm[key].add_metric([r], value)
         yield from (info, steps, last_step, last_seen, phase, step_seconds, coll, coll_bytes)
         yield from comm.values()
+
+    def _job_families(self) -> Iterator[Metric]:
+        """The in-job detector's verdicts from WindowReports: scores, flags, job slowdown."""
         job = self._job or JobState(world_size=0)
         score = GaugeMetricFamily(
             "laggard_straggler_score",

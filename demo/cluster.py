@@ -14,6 +14,11 @@ The run ends with the report: the finding (node, rank, cause: compute or link), 
 fired in Prometheus, and each node's link measured by a bounded transfer from the monitoring
 host. Everything is removed at the end, on Ctrl-C and on failure; the run is bounded by
 ``--timeout``.
+
+Why one module of ~650 lines: it is one command's script, its steps in the order they run
+(validate, build the cluster, start agents and Prometheus, run the job, inject, report, tear
+down); the namespaces themselves are :mod:`laggard.demo.netns`, the servers
+:mod:`laggard.demo.harness`.
 """
 
 from __future__ import annotations
