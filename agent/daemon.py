@@ -232,8 +232,9 @@ def run(args: argparse.Namespace) -> int:
     agent.start()
     intake = f", intake udp://{config.intake_address.rsplit(':', 1)[0]}:{agent.intake.port}" \
         if agent.intake else ""
+    host = parse_address(config.listen_address)[0]
     log.info("serving http://%s:%d/metrics%s; collectors: %s",
-             parse_address(config.listen_address)[0], agent.port, intake,
+             f"[{host}]" if ":" in host else host, agent.port, intake,
              ", ".join(t.collector.name for t in agent.threads) or "none")
     while not stop.wait(0.5):
         pass

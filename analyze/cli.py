@@ -254,6 +254,7 @@ def analyze_paths(paths: list[str],
     Never raises for bad input: unreadable files are listed in ``inputs.errors``.
     """
     inputs = _Inputs()
+    quiet: list[tuple[str, str]] = []  # (path, kind) of named files with no finding of their own
     for path, explicit in _walk(paths, inputs):
         try:
             file_kind = kind or filetype.detect(path)
@@ -278,8 +279,9 @@ def analyze_paths(paths: list[str],
             _read_one(path, file_kind, inputs)
             if explicit and len(inputs.findings) == before:
                 # Say what the file was read as: a healthy log and a file mistaken for another
-                # kind both end here, and the reader should be able to tell which.
-                inputs.notes.append(f"{path}: read as {file_kind}; nothing to report on its own")
+                # kind both end here, and the reader should be able to tell which. Kinds that
+                # are compared across files are told after that comparison.
+                quiet.append((path, file_kind))
         except DumpError as exc:
             inputs.errors.append(f"{path}: unreadable flight-recorder dump: {exc}")
         except (OSError, EOFError) as exc:
@@ -289,7 +291,15 @@ def analyze_paths(paths: list[str],
         except Exception as exc:  # noqa: BLE001 - one odd file must not cost the others' report
             inputs.errors.append(f"{path}: could not be analysed as {file_kind} "
                                  f"({type(exc).__name__}: {str(exc)[:200]})")
-    return sort_findings(inputs.findings + _cross_file_findings(inputs)), inputs
+    cross = _cross_file_findings(inputs)
+    for path, file_kind in quiet:
+        if file_kind not in _CROSS_FILE_KINDS or not cross:
+            inputs.notes.append(f"{path}: read as {file_kind}; nothing to report on its own")
+    return sort_findings(inputs.findings + cross), inputs
+
+
+#: File kinds whose findings come from comparing files (ranks' logs, traces, dumps).
+_CROSS_FILE_KINDS = frozenset({"nccl_log", "mixed_log", "kineto_trace", "flight_recorder"})
 
 
 def _cross_file_findings(inputs: _Inputs) -> list[Finding]:
@@ -331,7 +341,9 @@ def _table(findings: list[Finding], errors: bool = False) -> str:
     lines = []
     for r in rows:
         lines.append("  ".join(r[i][:width[i]].ljust(width[i]) for i in range(3)) + "  " + r[3])
-    culprits = [f for f in findings if f.severity.value == "critical"]
+    # The culprits: what is critical, or, where nothing is, what is named as at fault.
+    culprits = ([f for f in findings if f.severity.value == "critical"]
+                or [f for f in findings if f.severity.value == "warning"])
     if culprits:
         lines.append("")
         lines.append("Culprits:")

@@ -313,11 +313,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"laggard report: {exc}: install matplotlib (pip install 'laggard[report]')",
               file=sys.stderr)
         return 2
+    except UnicodeDecodeError:
+        print(f"laggard report: {args.windows}: not a windows file (binary, not JSON lines)",
+              file=sys.stderr)
+        return 2
     except OSError as exc:
-        print(f"laggard report: {exc}", file=sys.stderr)
+        print(f"laggard report: {exc.filename or args.windows}: {exc.strerror or exc}",
+              file=sys.stderr)
         return 2
     except ValueError as exc:
-        print(f"laggard report: {exc}", file=sys.stderr)
+        print(f"laggard report: {args.windows}: {exc}", file=sys.stderr)
         return 1
     print(f"laggard report: wrote {args.html} ({size / 1e3:.0f} kB)")
     return 0

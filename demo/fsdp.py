@@ -13,6 +13,7 @@ prefetch changes only the order: the demo reports both measured, side by side.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -34,6 +35,10 @@ def shard(model: torch.nn.Module, tracer: Any, *, prefetch: bool = True) -> int:
 
     from laggard.integrations.trace_sources import instrument_fsdp
 
+    # torch warns that the root returns a view (nn.Linear on (B, T, D) logits) which an in-place
+    # op could corrupt; the demo's logits only go to cross_entropy, never modified in place.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view",
+                            category=UserWarning)
     blocks = list(model.blocks)  # type: ignore[union-attr, arg-type]
     for block in blocks:
         fully_shard(block)

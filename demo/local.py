@@ -172,7 +172,10 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     print(format_report(report, agent_ranks))
     status = _write_outputs(args, report, windows_path)
     if args.keep_agent:
-        _wait_for_user(metrics_url)
+        try:
+            _wait_for_user(metrics_url)
+        except _Stop:
+            pass  # the awaited way to end a kept agent: the run itself succeeded
     else:
         print("the agent stopped with the demo (--keep-agent keeps /metrics up)")
     return status
@@ -201,10 +204,12 @@ def _write_outputs(args: argparse.Namespace, report: dict[str, Any], windows: Pa
 
 
 def _wait_for_user(metrics_url: str) -> None:
-    """Keep the agent up until Enter (or Ctrl-C / SIGTERM, which the caller handles)."""
+    """Keep the agent up until Enter in a terminal (or Ctrl-C / SIGTERM, which the caller
+    handles; without a terminal, only those)."""
     base = metrics_url.rsplit("/", 1)[0]
-    print(f"the agent is still up: {metrics_url} and {base}/findings; press Enter (or Ctrl-C) "
-          "to stop it", flush=True)
+    how = ("press Enter (or Ctrl-C) to stop it" if sys.stdin is not None and sys.stdin.isatty()
+           else "Ctrl-C or SIGTERM stops it")
+    print(f"the agent is still up: {metrics_url} and {base}/findings; {how}", flush=True)
     try:
         if sys.stdin is not None and sys.stdin.isatty():
             sys.stdin.readline()

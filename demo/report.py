@@ -121,10 +121,20 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
     lines.append("")
     if not any(f.get("detector", "straggler") == "straggler" for f in stragglers):
         lines.append("straggler: none found")
+    seen: dict[tuple[Any, Any, Any], int] = {}
     for f in stragglers:  # integrity findings (--inject-bitflip) carry their own detector name
+        key = (f.get("detector"), f["rank"], f["kind"])
+        if key in seen:  # raised again in a later window (a replica stays diverged): count it
+            seen[key] += 1
+            continue
+        seen[key] = 0
         lines.append(f"{f.get('detector') or 'straggler'}: rank {f['rank']} ({f['kind']}), "
                      f"first flagged at step {f['step']}")
-        lines.append(f"  {f['message']}")
+        # The detector's figure is the excess of the windows that raised the finding; the table
+        # above and the last line give it over the whole slowed period.
+        scope = (" (in the windows that raised it)"
+                 if (f.get("detector") or "straggler") == "straggler" else "")
+        lines.append(f"  {f['message']}{scope}")
         why = _evidence_sentence(f.get("evidence") or {})
         if why:
             lines.append(f"  why: {why}")
@@ -133,6 +143,10 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
                  and c["step"] is not None and c["step"] > f["step"]]
         if ended:
             lines.append(f"  cleared at step {ended[0]} (evidence of recovery)")
+    for (detector, rank, kind), again in seen.items():
+        if again:
+            lines.append(f"  ({detector or 'straggler'} {kind} on rank {rank}: raised again in "
+                         f"{again} later window{'s' if again > 1 else ''})")
     for f in others:
         lines.append(f"also: {f['message']} (step {f['step']})")
     comm = report["comm"]
@@ -163,13 +177,14 @@ def injected_line(report: dict[str, Any]) -> str:
     if injected["slowdown"] <= 1.0:
         named = [f for f in report["findings"] if f["rank"] is not None
                  and f.get("detector", "straggler") == "straggler"]
-        return "injected: nothing; " + ("no straggler named" if not named else
+        return "injected: no slowdown; " + ("no straggler named" if not named else
                                         f"NAMED rank {named[0]['rank']} (a false finding)")
     first = next((f for f in report["findings"] if f["rank"] == injected["rank"]
                   and f["step"] is not None and f["step"] >= injected["from_step"]), None)
     measured = injected.get("measured_slowdown")
-    found = (f"found at step {first['step']}, {first['step'] - injected['from_step'] + 1} "
-             "steps after onset" if first else "NOT found")
+    # Counted as slowed steps (onset included): found at step 259 for onset 200 is 60 of them.
+    found = (f"found at step {first['step']}, after {first['step'] - injected['from_step'] + 1} "
+             "slowed steps" if first else "NOT found")
     return (f"injected: rank {injected['rank']} {percent(injected['slowdown'] - 1)} slower compute "
             f"from step {injected['from_step']}; measured "
             f"{'-' if measured is None else percent(measured)}; {found}")

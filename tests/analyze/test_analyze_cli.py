@@ -404,3 +404,26 @@ def test_a_named_file_with_nothing_to_report_says_what_it_was_read_as(tmp_path):
     missing = analyze(str(tmp_path / "absent.log"))
     assert missing.returncode == 2
     assert "No findings in the inputs that could be read." in missing.stdout
+
+
+def test_a_log_whose_finding_comes_from_the_cross_rank_stage_is_not_called_empty():
+    path = DIR / "nccl14_warn_ib_completion_status12_vendor129_ib_plugin.log"
+    out = analyze(str(path))
+    assert out.returncode == 1
+    assert "nccl_network_error" in out.stdout
+    assert "nothing to report" not in out.stdout + out.stderr
+    assert "Culprits:" in out.stdout
+
+
+def test_warnings_are_the_culprits_when_nothing_is_critical(tmp_path):
+    from laggard.analyze.cli import _table
+    from laggard.detectors.finding import Finding, Severity
+
+    warning = Finding(detector="analyze", kind="straggler", severity=Severity.WARNING,
+                      message="rank 2 is the one the others wait for", subject="rank 2",
+                      source="trace_rank2.json")
+    info = Finding(detector="analyze", kind="busbw", severity=Severity.INFO, message="fine",
+                   subject="nccl-tests", source="t.txt")
+    text = _table([warning, info])
+    assert "Culprits:\n  rank 2: straggler (trace_rank2.json)" in text
+    assert "nccl-tests:" not in text.split("Culprits:")[1]

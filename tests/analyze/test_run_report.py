@@ -79,6 +79,12 @@ def test_report_command_errors_are_clear(tmp_path: Path) -> None:
     out = subprocess.run([*cmd, str(tmp_path / "missing.jsonl"), "--html",
                           str(tmp_path / "b.html")], capture_output=True, text=True, check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "missing.jsonl" in out.stderr
+    binary = tmp_path / "bad.bin"
+    binary.write_bytes(b"\x00\x01garbage\xff\xfe" * 10)
+    out = subprocess.run([*cmd, str(binary), "--html", str(tmp_path / "c.html")],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 2 and "bad.bin" in out.stderr and "Traceback" not in out.stderr
 
 
 @pytest.mark.slow

@@ -126,10 +126,12 @@ def test_demo_without_slowdown_names_no_straggler_and_keeps_the_agent_up(tmp_pat
     assert "laggard_steps_total" in scrape(f"http://127.0.0.1:{port}/metrics", timeout=5)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM
+    assert proc.returncode == 0  # the signal is how a kept agent ends: the run succeeded
+    with pytest.raises(OSError):
+        scrape(f"http://127.0.0.1:{port}/metrics", timeout=2)
     report = json.loads(report_path.read_text())
     assert [f for f in report["findings"] if f["rank"] is not None] == []
-    assert "straggler: none found" in out and "injected: nothing; no straggler named" in out
+    assert "straggler: none found" in out and "injected: no slowdown; no straggler named" in out
 
 
 @pytest.mark.slow
@@ -202,7 +204,7 @@ def test_report_from_a_worker_result():
     assert report["cleared"] == [{"detector": "straggler", "kind": "compute", "rank": 1,
                                   "step": 59}]
     assert ("injected: rank 1 50% slower compute from step 20; measured 53%; found at step 39, "
-            "20 steps after onset") in text
+            "after 20 slowed steps") in text
     assert report["injected"]["measured_slowdown"] == pytest.approx(0.046 / 0.03 - 1)
     assert "why: its excess added up" not in text  # this finding carries no test evidence
     assert "ranks 0-2" in text
@@ -226,4 +228,4 @@ def test_a_finding_is_explained_in_one_sentence_with_two_numbers():
             "the median rank in the collective") in text
     assert "transfer_slowdown" not in text and "evidence:" not in text
     assert text.endswith("injected: rank 2 25% slower compute from step 200; measured 25%; "
-                         "found at step 259, 60 steps after onset")
+                         "found at step 259, after 60 slowed steps")
