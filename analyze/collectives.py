@@ -376,6 +376,8 @@ _WC_MEANING = {
 
 
 def _network_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
+    """NCCL's network trouble in the logs: InfiniBand completion errors (per link), NCCL
+    errors that a network failure causes, and other NET/socket warnings."""
     ib: dict[tuple, list[tuple[str, NcclWarning]]] = defaultdict(list)
     other: dict[tuple, list[tuple[str, NcclWarning]]] = defaultdict(list)
     for source, log in logs:
@@ -386,36 +388,48 @@ def _network_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
             elif "NET/" in w.message or "socket" in w.message.lower():
                 template = re.sub(r"\d+", "N", w.message)[:160]
                 other[(w.host, w.device, template)].append((source, w))
-    out = []
-    for (host, dev, peer, status, vendor, direction), items in sorted(
-            ib.items(), key=lambda kv: str(kv[0])):
-        warnings = [w for _, w in items]
-        ports = sorted({w.peer_port for w in warnings if w.peer_port is not None})
-        results = sorted({w.result for w in warnings if w.result is not None})
-        status_name = IBV_WC_STATUS.get(status, f"status {status}")
-        meaning = _WC_MEANING.get(status, "see ibv_poll_cq(3)")
-        result_text = ", ".join(f"{r} ({NCCL_RESULTS.get(r, '?')})" for r in results)
-        hcas = sorted({w.hca for w in warnings if w.hca})
-        out.append(incident(
-            source=sources_text(s for s, _ in items),
-            kind="nccl_network_error", severity=Severity.CRITICAL,
-            subject=f"{host} GPU {dev} <-> {peer}",
-            evidence={"host": host, "device": dev, "peer": peer, "peer_ports": ports,
-                      "count": len(items),
-             "wc_status": status, "wc_status_name": status_name, "vendor_err": vendor,
-             "direction": direction, "nccl_result": results, "hca": hcas,
-             "pid": warnings[0].pid},
-            message=f"{len(items)} InfiniBand completion error(s) on {host} GPU {dev}"
-            f"{' (' + direction + ')' if direction else ''} with peer {peer}"
-            f"{' ports ' + ', '.join(map(str, ports)) if ports else ''}: status {status} "
-            f"{status_name} ({meaning}), vendor err {vendor}"
-            f"{'; NCCL returned ' + result_text if result_text else ''}; suspect the link "
-            f"between {host}'s NIC{' ' + ', '.join(hcas) if hcas else ''} and {peer}"))
+    out = [_ib_completion_finding(key, items)
+           for key, items in sorted(ib.items(), key=lambda kv: str(kv[0]))]
+    out += _nccl_error_findings(logs)
+    out += [_net_warning_finding(host, dev, items)
+            for (host, dev, _template), items in sorted(other.items(), key=lambda kv: str(kv[0]))]
+    return out
+
+
+def _ib_completion_finding(key: tuple, items: list[tuple[str, NcclWarning]]) -> Finding:
+    """One link's InfiniBand work-completion errors (``ibv_poll_cq`` status, vendor error)."""
+    host, dev, peer, status, vendor, direction = key
+    warnings = [w for _, w in items]
+    ports = sorted({w.peer_port for w in warnings if w.peer_port is not None})
+    results = sorted({w.result for w in warnings if w.result is not None})
+    status_name = IBV_WC_STATUS.get(status, f"status {status}")
+    meaning = _WC_MEANING.get(status, "see ibv_poll_cq(3)")
+    result_text = ", ".join(f"{r} ({NCCL_RESULTS.get(r, '?')})" for r in results)
+    hcas = sorted({w.hca for w in warnings if w.hca})
+    return incident(
+        source=sources_text(s for s, _ in items),
+        kind="nccl_network_error", severity=Severity.CRITICAL,
+        subject=f"{host} GPU {dev} <-> {peer}",
+        evidence={"host": host, "device": dev, "peer": peer, "peer_ports": ports,
+                  "count": len(items), "wc_status": status, "wc_status_name": status_name,
+                  "vendor_err": vendor, "direction": direction, "nccl_result": results,
+                  "hca": hcas, "pid": warnings[0].pid},
+        message=f"{len(items)} InfiniBand completion error(s) on {host} GPU {dev}"
+        f"{' (' + direction + ')' if direction else ''} with peer {peer}"
+        f"{' ports ' + ', '.join(map(str, ports)) if ports else ''}: status {status} "
+        f"{status_name} ({meaning}), vendor err {vendor}"
+        f"{'; NCCL returned ' + result_text if result_text else ''}; suspect the link "
+        f"between {host}'s NIC{' ' + ', '.join(hcas) if hcas else ''} and {peer}")
+
+
+def _nccl_error_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
+    """NCCL errors a network failure causes (``ncclRemoteError``, system errors), per error."""
     errors: dict[str, list[tuple[str, Any]]] = defaultdict(list)
     for source, log in logs:
         for e in log.errors:
             if "network" in e.what or "system error" in e.what or e.result == "ncclRemoteError":
                 errors[e.what].append((source, e))
+    out = []
     for what, items in sorted(errors.items()):
         ranks = sorted({e.rank for _, e in items if e.rank is not None})
         versions = sorted({e.nccl_version for _, e in items if e.nccl_version})
@@ -423,18 +437,21 @@ def _network_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
             source=sources_text(s for s, _ in items),
             kind="nccl_network_error", severity=Severity.CRITICAL,
             subject=ranks_text(ranks) if ranks else "NCCL",
-            evidence={"error": what, "ranks": ranks, "count": len(items), "nccl_version": versions,
-             "where": items[0][1].where},
+            evidence={"error": what, "ranks": ranks, "count": len(items),
+                      "nccl_version": versions, "where": items[0][1].where},
             message=f"NCCL error on {ranks_text(ranks) if ranks else 'a rank'}: {what} (NCCL "
             f"{', '.join(versions) or '?'}); a peer died or the network failed: the first rank "
             f"to fail, or an NCCL WARN NET line, names the link"))
-    for (host, dev, _template), items in sorted(other.items(), key=lambda kv: str(kv[0])):
-        w = items[0][1]
-        out.append(incident(
-            source=sources_text(s for s, _ in items),
-            kind="nccl_network_error", severity=Severity.WARNING,
-            subject=f"{host} GPU {dev}",
-            evidence={"host": host, "device": dev, "count": len(items), "message": w.message[:300],
-             "source_line": w.source, "nccl_result": w.result},
-            message=f"{len(items)}x NCCL network warning on {host} GPU {dev}: {w.message[:200]}"))
     return out
+
+
+def _net_warning_finding(host: Any, dev: Any, items: list[tuple[str, NcclWarning]]) -> Finding:
+    """Repeats of one NET/socket warning on one GPU (numbers folded to tell repeats apart)."""
+    w = items[0][1]
+    return incident(
+        source=sources_text(s for s, _ in items),
+        kind="nccl_network_error", severity=Severity.WARNING,
+        subject=f"{host} GPU {dev}",
+        evidence={"host": host, "device": dev, "count": len(items), "message": w.message[:300],
+                  "source_line": w.source, "nccl_result": w.result},
+        message=f"{len(items)}x NCCL network warning on {host} GPU {dev}: {w.message[:200]}")

@@ -104,6 +104,31 @@ def _measured_slowdown(ranks: list[dict[str, Any]], args: argparse.Namespace) ->
 
 def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) -> str:
     """The report as text for a terminal."""
+    lines = _table_lines(report) + [""] + _finding_lines(report)
+    comm = report["comm"]
+    if report.get("parallel") == "fsdp":
+        lines.append(_fsdp_line(report))
+    elif comm["bytes"]:
+        lines.append(
+            f"communication per step (compression: {comm['hook']}): {comm['bytes'] / 1e6:.3f} "
+            f"MB sent per rank{_ratio(comm.get('compression_ratio'))}, "
+            f"{_ms(comm['collective_seconds'])} ms in collectives, "
+            f"{_ms(comm['exposed_seconds'])} ms exposed, {_ms(comm['hidden_seconds'])} ms "
+            "hidden behind backward")
+    loss = report["loss"]
+    lines.append(f"loss (mean over ranks; progress lines show rank 0's): {_num(loss['first'])} "
+                 f"at the first step, {_num(loss['last'])} at the last")
+    received = ("" if agent_ranks is None else
+                f" (it received step records from ranks {_ranges(agent_ranks)})" if agent_ranks
+                else " (it received no step records)")
+    lines.append(f"metrics: {report['metrics_url']}{received}; findings also at "
+                 f"{report['metrics_url'].rsplit('/', 1)[0]}/findings and in rank 0's log above")
+    lines.append(injected_line(report))
+    return "\n".join(lines)
+
+
+def _table_lines(report: dict[str, Any]) -> list[str]:
+    """The per-rank table: median compute, compute over the others', wait, data, step."""
     lines = ["", f"per-rank medians from step {report['table_from_step']} (ms; compute and data "
                  "in each rank's thread CPU time, the rest wall time; 'vs others': compute over "
                  "the other ranks' median)",
@@ -116,9 +141,13 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
         lines.append(f"{r['rank']:>4}  {_ms(r['compute_seconds_median']):>8}  {versus:>9}  "
                      f"{_ms(r['collective_wait_seconds_median']):>15}  "
                      f"{_ms(r['data_seconds_median']):>6}  {_ms(r['step_seconds_median']):>7}")
+    return lines
+
+
+def _finding_lines(report: dict[str, Any]) -> list[str]:
+    """Each rank's finding once (first flagged, message, why, cleared), then the job's."""
     stragglers = [f for f in report["findings"] if f["rank"] is not None]
-    others = [f for f in report["findings"] if f["rank"] is None]
-    lines.append("")
+    lines = []
     if not any(f.get("detector", "straggler") == "straggler" for f in stragglers):
         lines.append("straggler: none found")
     seen: dict[tuple[Any, Any, Any], int] = {}
@@ -147,28 +176,9 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
         if again:
             lines.append(f"  ({detector or 'straggler'} {kind} on rank {rank}: raised again in "
                          f"{again} later window{'s' if again > 1 else ''})")
-    for f in others:
-        lines.append(f"also: {f['message']} (step {f['step']})")
-    comm = report["comm"]
-    if report.get("parallel") == "fsdp":
-        lines.append(_fsdp_line(report))
-    elif comm["bytes"]:
-        lines.append(
-            f"communication per step ({comm['hook']}): {comm['bytes'] / 1e6:.3f} MB sent per "
-            f"rank{_ratio(comm.get('compression_ratio'))}, "
-            f"{_ms(comm['collective_seconds'])} ms in collectives, "
-            f"{_ms(comm['exposed_seconds'])} ms exposed, {_ms(comm['hidden_seconds'])} ms "
-            "hidden behind backward")
-    loss = report["loss"]
-    lines.append(f"loss (mean over ranks; progress lines show rank 0's): {_num(loss['first'])} "
-                 f"at the first step, {_num(loss['last'])} at the last")
-    seen = ("" if agent_ranks is None else
-            f" (it received step records from ranks {_ranges(agent_ranks)})" if agent_ranks
-            else " (it received no step records)")
-    lines.append(f"metrics: {report['metrics_url']}{seen}; findings also at "
-                 f"{report['metrics_url'].rsplit('/', 1)[0]}/findings and in rank 0's log above")
-    lines.append(injected_line(report))
-    return "\n".join(lines)
+    lines += [f"also: {f['message']} (step {f['step']})"
+              for f in report["findings"] if f["rank"] is None]
+    return lines
 
 
 def injected_line(report: dict[str, Any]) -> str:
