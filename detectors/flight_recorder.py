@@ -46,15 +46,35 @@ from laggard.parsers.flight_recorder import (
     PgStatus,
 )
 
-__all__ = ["FrAnalysis", "LaggingCollective", "P2PStall", "SizeMismatch", "StuckCollective",
-           "analyze_dumps"]
+__all__ = ["FrAnalysis", "GroupCollective", "LaggingCollective", "P2PStall", "SizeMismatch",
+           "StuckCollective", "analyze_dumps"]
 
 _P2P_OP = re.compile(r"^(?P<kind>send|recv) (?P<me>\d+)(?:->|<-)(?P<peer>\d+)$")
 _DEFAULT_GROUP_DESCS = ("default_pg", "")
 
 
 @dataclass(frozen=True, slots=True)
-class LaggingCollective:
+class GroupCollective:
+    """One collective of one process group, as the ranks' entries recorded it.
+
+    Attributes:
+        pg, pg_desc: the group's name and description; ``members``: its ranks.
+        seq: the collective's sequence number in the group; ``op``, ``input_sizes``,
+            ``input_dtypes``, ``state``: from the entries of the ranks the finding is about.
+    """
+
+    pg: str
+    pg_desc: str
+    members: tuple[int, ...]
+    seq: int
+    op: str
+    input_sizes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    state: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LaggingCollective(GroupCollective):
     """The first collective of a group that some member ranks never issued.
 
     Attributes:
@@ -71,14 +91,6 @@ class LaggingCollective:
         trailing: members behind the others too, but past ``seq`` (they issued it).
     """
 
-    pg: str
-    pg_desc: str
-    members: tuple[int, ...]
-    seq: int
-    op: str
-    input_sizes: tuple[tuple[int, ...], ...]
-    input_dtypes: tuple[str, ...]
-    state: tuple[str, ...]
     present: tuple[int, ...]
     not_enqueued: tuple[int, ...]
     no_dump: tuple[int, ...]
@@ -95,7 +107,7 @@ class LaggingCollective:
 
 
 @dataclass(frozen=True, slots=True)
-class StuckCollective:
+class StuckCollective(GroupCollective):
     """Members that issued a collective their peers completed, and did not complete it.
 
     Attributes:
@@ -106,14 +118,6 @@ class StuckCollective:
         status: rank -> (last_enqueued, last_completed) of every member with a status.
     """
 
-    pg: str
-    pg_desc: str
-    members: tuple[int, ...]
-    seq: int
-    op: str
-    input_sizes: tuple[tuple[int, ...], ...]
-    input_dtypes: tuple[str, ...]
-    state: tuple[str, ...]
     stuck: tuple[int, ...]
     completed_by: tuple[int, ...]
     status: dict[int, tuple[int, int]]
