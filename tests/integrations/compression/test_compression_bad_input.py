@@ -5,11 +5,9 @@ real one-rank gloo group in this process."""
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
@@ -24,15 +22,6 @@ from laggard.integrations.compression.signcodec import (
     scales,
 )
 from laggard.integrations.compression.topk import select_topk
-
-
-@pytest.fixture(scope="module")
-def one_rank_group() -> Iterator[None]:
-    if dist.is_initialized():
-        pytest.skip("a default process group exists in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------------------ sign codec

@@ -9,21 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from laggard.integrations.compression import make_hook
 from laggard.integrations.compression.bucket import FlatBucket
 
 STEPS = 300
-
-
-@pytest.fixture(scope="module")
-def one_rank_group() -> Iterator[None]:
-    if dist.is_initialized():
-        pytest.skip("a default process group exists in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def model() -> torch.nn.Module:
