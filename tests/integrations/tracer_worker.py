@@ -118,6 +118,9 @@ def main(out_dir: str) -> None:
     monitor.close()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+    # Every rank done with every group before any is destroyed: without it gloo aborts a rank
+    # at exit now and then ("terminate called without an active exception", ENVIRONMENT.md).
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -51,6 +51,9 @@ def main(out_dir: str) -> None:
         "tracer": trainer.laggard.tracer.stats, "internal_errors": monitor.stats.internal_errors,
         "windows": monitor.stats.windows,
     })
+    # Every rank done with every group before any is destroyed: without it gloo aborts a rank
+    # at exit now and then ("terminate called without an active exception", ENVIRONMENT.md).
+    dist.barrier()
     dist.destroy_process_group()
 
 
