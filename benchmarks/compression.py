@@ -142,8 +142,9 @@ def worker(args: argparse.Namespace) -> None:
                 options["rank"] = args.powersgd_rank
             elif name == "onebit_adam":  # brings its optimizer: AdamW for the warm-up
                 options = {"warmup_steps": max(1, args.warmup), "lr": 3e-3}
-            if variant == "momentum":  # 1-bit Adam's recipe: the compressor on the momentum
-                options.update(momentum=True, warmup_steps=max(1, args.warmup), lr=3e-3)
+            if variant in ("momentum", "rawmomentum"):  # 1-bit Adam's recipe, another codec
+                options.update(momentum=True, warmup_steps=max(1, args.warmup), lr=3e-3,
+                               preconditioned=variant == "momentum")
             state, hook = make_hook(compressor, model=model, **options)
             ddp.register_comm_hook(state, hook)
             opt = getattr(state, "optimizer", None)
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args)
         return 0
     names = [n for n in args.compressors.split(",") if n]
-    unknown = {n.removesuffix(":momentum") for n in names} - set(COMPRESSORS)
+    unknown = {n.split(":")[0] for n in names} - set(COMPRESSORS)
     if unknown:
         print(f"unknown compressors: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2

@@ -106,7 +106,7 @@ def codec_only(numel: int, reps: int, world: int = 4) -> list[dict[str, Any]]:
         compress_rows,
         decompress_rows,
     )
-    from laggard.integrations.compression.signcodec import Scratch, decode_rows, encode_rows
+    from laggard.integrations.compression.signcodec import decode_rows, encode_rows
     from laggard.integrations.compression.topk import scatter_rows
 
     grads = torch.randn(numel, generator=torch.Generator().manual_seed(1))
@@ -115,13 +115,12 @@ def codec_only(numel: int, reps: int, world: int = 4) -> list[dict[str, Any]]:
     lengths = chunk_lengths(numel, world)
     work = torch.zeros(world * c)
     decoded = torch.empty(world, c)
-    scratch = Scratch()
     out = torch.empty_like(grads)
     topk_state, _ = make_hook("topk", algorithm="allgather")
     k = topk_state.k(numel)
 
     def sign_numpy() -> None:
-        decode_rows(encode_rows(work.view(world, c), lengths, scratch)[0], out=decoded)
+        decode_rows(encode_rows(work.view(world, c), lengths)[0], out=decoded)
 
     def topk() -> None:
         payload = topk_state.select(work[:numel], None, k, topk_state.workspace(0, grads))

@@ -59,6 +59,7 @@ COMPRESSORS: dict[str, type[CompressionState]] = {
 
 _COMMON_OPTIONS = {"model", "timer", "integrity", "warmup_steps"}
 _ADAM = {"lr", "betas", "eps", "weight_decay"}
+_MOMENTUM = _ADAM | {"preconditioned"}
 _OPTIONS = {"topk": {"ratio", "seed", "algorithm"}, "powersgd": {"rank", "seed"},
             "onebit_adam": _ADAM}
 #: Compressors that can take Adam's momentum instead of the gradient (``momentum=True``).
@@ -98,7 +99,7 @@ def make_hook(
     if cls is None:
         raise ValueError(f"unknown compressor {name!r}; choose one of {', '.join(COMPRESSORS)}")
     momentum = options.pop("momentum", False)
-    allowed = _COMMON_OPTIONS | _OPTIONS.get(name, set()) | (_ADAM if momentum else set())
+    allowed = _COMMON_OPTIONS | _OPTIONS.get(name, set()) | (_MOMENTUM if momentum else set())
     unknown = set(options) - allowed
     if unknown:
         hint = " (AdamW's options need momentum=True)" if unknown & _ADAM else ""
@@ -107,7 +108,7 @@ def make_hook(
     if momentum and name not in MOMENTUM:
         raise ValueError(f"momentum=True works with {', '.join(MOMENTUM)}, not {name!r}")
     if momentum:
-        adam = {key: options.pop(key) for key in (*_ADAM, "warmup_steps") if key in options}
+        adam = {key: options.pop(key) for key in (*_MOMENTUM, "warmup_steps") if key in options}
         model = options.get("model")
         if model is None:
             raise ValueError(f"{name} with momentum=True needs model=: its optimizer updates "

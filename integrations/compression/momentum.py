@@ -52,7 +52,7 @@ class MomentumCompression(CompressionState):
     def __init__(self, inner: CompressionState, *, model: torch.nn.Module | None,
                  warmup_steps: int = 100, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2) -> None:
+                 weight_decay: float = 1e-2, preconditioned: bool = True) -> None:
         if model is None:
             raise ValueError(f"{inner.name} with momentum=True needs model=: its optimizer "
                              "updates that model")
@@ -65,26 +65,44 @@ class MomentumCompression(CompressionState):
         self.optimizer = OneBitAdam([p for p in model.parameters() if p.requires_grad], lr=lr,
                                     betas=betas, eps=eps, weight_decay=weight_decay,
                                     freeze_step=warmup_steps)
+        self.preconditioned = preconditioned
+        self._finite: dict[int, torch.Tensor] = {}
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
         if not self.optimizer.frozen:
             return self.inner.plain_allreduce(bucket)
         buffer, beta1 = bucket.buffer(), self.optimizer.param_groups[0]["betas"][0]
-        for p, start, end in BucketLayout.of(bucket).slices():
-            momentum = self.optimizer.state[p].get("exp_avg")
+        slices = list(BucketLayout.of(bucket).slices())
+        for p, start, end in slices:
+            state = self.optimizer.state[p]
             local = buffer[start:end].mul_(1 - beta1)
-            if momentum is not None:
-                local.add_(momentum.view(-1), alpha=beta1)
-        optimizer = self.optimizer
+            if "exp_avg" in state:
+                local.add_(state["exp_avg"].view(-1), alpha=beta1)
+            if self.preconditioned and "exp_avg_sq" in state:
+                local.div_(self.optimizer.frozen_denominator(p).view(-1))  # inf: dead, 0
+        optimizer, scales = self.optimizer, self._scales
 
         def checked(fut: torch.futures.Future) -> torch.Tensor:
             value = fut.value()
             result = value[0] if isinstance(value, list) else value
             if not all_finite(result):  # the compressor's NaN flag: skip the step everywhere
                 optimizer.skip_next = True
+            elif self.preconditioned:  # back from the update to the momentum
+                for p, start, end in slices:
+                    if "exp_avg_sq" in optimizer.state[p]:
+                        result[start:end].mul_(scales(p))
             return result
 
         return self.inner.communicate(bucket).then(checked)
+
+    def _scales(self, p: torch.Tensor) -> torch.Tensor:
+        """The frozen ``sqrt(v_hat) + eps`` of ``p``, flat, with 0 where it is ``inf``."""
+        scale = self._finite.get(id(p))
+        if scale is None:
+            scale = self.optimizer.frozen_denominator(p).view(-1).clone()
+            scale[scale.isinf()] = 0
+            self._finite[id(p)] = scale
+        return scale
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped compressor's state (per rank) and the optimizer's."""

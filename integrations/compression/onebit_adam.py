@@ -46,7 +46,6 @@ from laggard.integrations.compression.base import CompressionState
 from laggard.integrations.compression.residuals import BucketLayout
 from laggard.integrations.compression.sign import chunk_elements, chunk_lengths
 from laggard.integrations.compression.signcodec import (
-    Scratch,
     accumulate_rows,
     decode_rows,
     encode_rows,
@@ -111,6 +110,25 @@ class OneBitAdam(torch.optim.AdamW):
         super().load_state_dict(state_dict)
         self._denominators.clear()
 
+    def frozen_denominator(self, p: torch.Tensor) -> torch.Tensor:
+        """``sqrt(v_hat) + eps`` of parameter ``p`` with its variance frozen: shaped like ``p``,
+        its dtype, computed once (bias correction ``1 - beta2^freeze_step``, Algorithm 1 of Tang
+        et al.). Coordinates that saw no gradient in the whole warm-up (``v == 0``) get ``inf``:
+        ``m / eps`` would turn a compressor's ``+-scale`` into a huge step, so they are left alone.
+
+        Raises:
+            KeyError: ``p`` has no variance yet (no gradient during the warm-up).
+        """
+        denominator = self._denominators.get(id(p))
+        if denominator is None:
+            group = next(g for g in self.param_groups if any(q is p for q in g["params"]))
+            correction2 = (1 - group["betas"][1] ** group["freeze_step"]) ** 0.5
+            variance = self.state[p]["exp_avg_sq"]
+            denominator = (variance.sqrt() / correction2).add_(group["eps"])
+            denominator.masked_fill_(variance == 0, float("inf"))
+            self._denominators[id(p)] = denominator
+        return denominator
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         """AdamW's step during the warm-up; the frozen-variance step after it."""
@@ -126,23 +144,15 @@ class OneBitAdam(torch.optim.AdamW):
             super().step()
             return loss
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
-            correction2 = (1 - beta2 ** group["freeze_step"]) ** 0.5
+            beta1 = group["betas"][0]
+            lr, decay = group["lr"], group["weight_decay"]
             for p in group["params"]:
                 state = self.state[p]
                 if p.grad is None or "exp_avg_sq" not in state:
                     continue  # no gradient during the warm-up: no variance to freeze
                 state["step"] += 1
                 state["exp_avg"].copy_(p.grad)
-                denominator = self._denominators.get(id(p))
-                if denominator is None:  # v is frozen: compute sqrt(v_hat) + eps once
-                    variance = state["exp_avg_sq"]
-                    denominator = (variance.sqrt() / correction2).add_(eps)
-                    # no gradient in the whole warm-up: m / eps would turn the compression's
-                    # +-scale into a huge step; such coordinates are left alone instead
-                    denominator.masked_fill_(variance == 0, float("inf"))
-                    self._denominators[id(p)] = denominator
+                denominator = self.frozen_denominator(p)
                 if decay != 0:
                     p.mul_(1 - lr * decay)
                 p.addcdiv_(state["exp_avg"], denominator,
@@ -199,7 +209,6 @@ class OneBitAdamCompression(CompressionState):
         self._pending: list[tuple[torch.Tensor, BucketLayout, torch.futures.Future]] = []
         self._covered = 0
         self._first_index = 0
-        self._scratch = (Scratch(), Scratch())  # autograd thread, stage-2 thread
         #: steps whose momentum was not finite on some rank (sent flagged, step skipped)
         self.nonfinite_steps = 0
         self._worker = StageTwoWorker(process_group)
@@ -241,7 +250,7 @@ class OneBitAdamCompression(CompressionState):
         w, c, n = self.world_size, self.chunk, self.numel
         work = self._work
         work[n:].zero_()
-        payload, finite = encode_rows(work.view(w, c), self._lengths, self._scratch[0])
+        payload, finite = encode_rows(work.view(w, c), self._lengths)
         if not bool(finite.all()):  # keep the previous worker error for flagged chunks
             work.view(w, c)[~finite] = self._error.view(w, c)[~finite]
         work[n:].zero_()
@@ -297,11 +306,11 @@ class OneBitAdamCompression(CompressionState):
             return nan_row(c).to(received.device).view(-1)  # pass the flag on, keep the error
         server = self._server_work
         server.copy_(self._server)
-        accumulate_rows(received, server, 1.0 / w, self._scratch[1])
+        accumulate_rows(received, server, 1.0 / w)
         real = max(0, min(c, self.numel - self.rank * c))
         server[real:].zero_()  # padding: what the workers sent there is +-scale
         length = self._lengths[self.rank : self.rank + 1]
-        reply, finite = encode_rows(server.view(1, c), length, self._scratch[1])
+        reply, finite = encode_rows(server.view(1, c), length)
         if bool(finite.all()):
             server[real:].zero_()
             self._server, self._server_work = server, self._server

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from laggard.integrations.compression import kernels
 from laggard.integrations.compression.base import CompressionState
 from laggard.integrations.compression.residuals import (
     BucketLayout,
@@ -54,8 +55,6 @@ from laggard.integrations.compression.wire import allgather_bytes, alltoall_byte
 
 #: The exchanges :class:`TopKCompression` can use (``auto`` picks by world size).
 ALGORITHMS = ("auto", "allgather", "scatter")
-#: Elements per block of the CPU candidate search (1 MiB of float32, an L2 cache's worth).
-BLOCK = 1 << 18
 #: Below this many elements the exact ``torch.topk`` is cheap enough.
 EXACT_BELOW = 1 << 16
 #: Sample at least this many elements, and enough that ~200 of them lie above the threshold.
@@ -66,36 +65,52 @@ OVERSELECT = 1.25
 
 def select_topk(values: torch.Tensor, k: int, generator: torch.Generator,
                 workspace: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Indices of the ``k`` entries of largest magnitude (unordered).
+                mask: torch.Tensor | None = None, *,
+                add: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices of the ``k`` entries of largest magnitude (unordered), after ``values += add``.
 
-    On CPU the buffer is read from memory once: the comparison with the sampled threshold runs
-    blockwise on the bits of the magnitudes (numpy kernels on views of the same memory, see
-    :func:`_candidates_numpy`); ``torch.nonzero`` alone costs ~5 copies of the buffer on CPU.
-    A bucket of zeros (threshold 0) selects its nonzero entries and then the first zeros,
-    without sorting.
+    A threshold is estimated on a random sample (as DGC does) so that about ``1.25 k`` entries
+    lie above it; those candidates go through an exact selection. On CPU the candidates are
+    collected by one Numba pass over the buffer (:func:`.kernels.add_collect_above`), which also
+    does the error-feedback add: the bucket is read once. Elsewhere, torch ops. When the sample
+    over- or undershot (fewer than ``k`` candidates, or more than ``2 k + 64``), an exact
+    selection over the whole buffer runs instead. A bucket of zeros (threshold 0) selects its
+    nonzero entries and then the first zeros, without sorting.
 
     Args:
         values: 1-D float tensor of ``N`` elements, finite (the hooks check before selecting).
         k: 1 <= k <= N.
         generator: CPU generator for the sample positions.
-        workspace: optional float tensor like ``values`` to hold the magnitudes (saves
-            allocating and faulting in a fresh buffer every step).
+        workspace: optional float tensor like ``values`` to hold the magnitudes where they are
+            materialised (small buckets, other devices).
         mask: optional bool tensor of ``N`` elements for the comparison, likewise.
+        add: optional finite tensor of ``G <= N`` elements added into ``values[:G]`` first.
 
     Returns:
         int64 tensor of ``k`` distinct indices.
     """
     n = values.numel()
+    fused = add is not None and values.device.type == "cpu" and values.dtype == torch.float32 \
+        and values.is_contiguous() and add.dtype == torch.float32 and add.is_contiguous()
+    if add is not None and not fused:
+        values[: add.numel()].add_(add)
+        add = None
     if n < EXACT_BELOW or 4 * k >= n:
+        if add is not None:
+            values[: add.numel()].add_(add)
         magnitude = torch.abs(values, out=workspace) if workspace is not None else values.abs()
         return torch.topk(magnitude, k, sorted=False).indices
     size = min(n, max(MIN_SAMPLE, 200 * n // k))
     positions = torch.randint(n, (size,), generator=generator).to(values.device)
     above = min(size, math.ceil(size * OVERSELECT * k / n))
-    threshold = values[positions].abs().kthvalue(size - above + 1).values
+    sample = values[positions]
+    if add is not None:
+        inside = positions < add.numel()
+        sample[inside] += add[positions[inside]]
+    threshold = float(sample.abs().kthvalue(size - above + 1).values)
     if values.device.type == "cpu" and values.dtype == torch.float32 and values.is_contiguous():
-        return torch.from_numpy(_candidates_numpy(values.numpy(), k, float(threshold)))
+        return torch.from_numpy(_candidates_cpu(values.numpy(), k, threshold,
+                                                None if add is None else add.numpy()))
     magnitude = torch.abs(values, out=workspace) if workspace is not None else values.abs()
     above_mask = torch.ge(magnitude, threshold, out=mask) if mask is not None \
         else magnitude >= threshold
@@ -105,37 +120,27 @@ def select_topk(values: torch.Tensor, k: int, generator: torch.Generator,
     return candidates[torch.topk(magnitude[candidates], k, sorted=False).indices]
 
 
-def _candidates_numpy(values: np.ndarray, k: int, threshold: float) -> np.ndarray:
-    """The top-k positions of float32 ``values`` given a sampled magnitude threshold.
-
-    One read of ``values`` from memory: per cache-sized block, the magnitude's bits
-    (``bits & 0x7fffffff``, which order like the magnitudes themselves for finite floats) are
-    compared with the threshold's and the positions above it collected; only the ~1.25 k
-    candidates' magnitudes are ever materialised.
-    """
-    n = values.size
+def _candidates_cpu(values: np.ndarray, k: int, threshold: float,
+                    add: np.ndarray | None) -> np.ndarray:
+    """The top-k positions of float32 ``values`` (after ``values[:G] += add``) given a sampled
+    magnitude threshold: one kernel pass collects the candidates; only theirs are sorted."""
     if threshold <= 0:  # most of the bucket is zero: nonzeros first, then any zeros
+        if add is not None:
+            values[: add.size] += add
         candidates = np.flatnonzero(values)
         if candidates.size < k:
             zeros = np.flatnonzero(values == 0)[: k - candidates.size]
             return np.concatenate([candidates, zeros]).astype(np.int64)
     else:
-        bits, limit = values.view(np.int32), np.float32(threshold).view(np.int32)
-        magnitude_bits = np.empty(min(n, BLOCK), dtype=np.int32)
-        above = np.empty(min(n, BLOCK), dtype=np.bool_)
-        parts = []
-        for start in range(0, n, BLOCK):
-            block = bits[start : start + BLOCK]
-            m, a = magnitude_bits[: block.size], above[: block.size]
-            np.bitwise_and(block, 0x7FFFFFFF, out=m)
-            found = np.flatnonzero(np.greater_equal(m, limit, out=a))
-            if found.size:
-                parts.append(found + start)
-        candidates = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-        if candidates.size < k:  # the sample overshot: exact selection over everything
-            return np.argpartition(np.abs(values), n - k)[-k:].astype(np.int64)
+        found = np.empty(2 * k + 64, dtype=np.int64)
+        limit = kernels.threshold_bits(threshold)
+        count = kernels.collect_above(values, limit, found) if add is None \
+            else kernels.add_collect_above(values, add, limit, found)
+        if count < k:  # the sample over- or undershot: exact selection over everything
+            return np.argpartition(np.abs(values), values.size - k)[-k:].astype(np.int64)
+        candidates = found[:count]
     best = np.argpartition(np.abs(values[candidates]), candidates.size - k)[-k:]
-    return candidates[best].astype(np.int64)
+    return candidates[best]
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -209,7 +214,11 @@ class TopKCompression(CompressionState):
         layout = BucketLayout.of(bucket)
         k = self.k(layout.numel)
         p = self.residuals.flat(index, layout)
-        payload = self.select(p, buffer, k, self.workspace(index, p))
+        if all_finite(buffer):
+            payload = self.select(p, buffer, k, self.workspace(index, p))
+        else:  # the NaN flag; the residual keeps its value
+            self.nonfinite_buckets += 1
+            payload = nan_flag(k, p.device)
         if self.integrity is not None:
             self.integrity.allgather_sent(index, payload)
         gathered = torch.empty(w * 2 * k, dtype=torch.int32, device=p.device)
@@ -228,17 +237,11 @@ class TopKCompression(CompressionState):
 
     def select(self, p: torch.Tensor, gradient: torch.Tensor | None, k: int,
                 workspace: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        """``p += gradient``, then the payload of p's top k (int32 ``(2k,)``: values' bits,
-        then indices), zeroing them in ``p``. A non-finite gradient is not added: the payload
-        is the NaN flag (NaN values at indices ``0..k-1``) and ``p`` keeps its value."""
-        if gradient is not None and not all_finite(gradient):
-            self.nonfinite_buckets += 1
-            return nan_flag(k, p.device)
+        """``p[:G] += gradient`` (finite: the callers check), then the payload of p's top k
+        (int32 ``(2k,)``: values' bits, then indices), zeroing them in ``p``."""
         payload = torch.empty(2 * k, dtype=torch.int32, device=p.device)
-        if gradient is not None:
-            p[: gradient.numel()].add_(gradient)
         magnitudes, mask = workspace if workspace is not None else (None, None)
-        chosen = select_topk(p, k, self._generator, magnitudes, mask)
+        chosen = select_topk(p, k, self._generator, magnitudes, mask, add=gradient)
         if p.device.type == "cpu":  # numpy's fancy indexing: ~20x torch's for these sizes
             flat, where = p.numpy(), chosen.numpy()
             payload.numpy()[:k] = flat[where].view(np.int32)
@@ -259,8 +262,7 @@ class TopKCompression(CompressionState):
         p = self.residuals.flat(index, layout, padded_numel=w * c)
         workspace = self.workspace(index, p)
         if all_finite(buffer):
-            p[:n].add_(buffer)
-            rows = [self.select(p[j * c : (j + 1) * c], None, kr,
+            rows = [self.select(p[j * c : (j + 1) * c], buffer[j * c : (j + 1) * c], kr,
                                  (workspace[0][j * c : (j + 1) * c],
                                   workspace[1][j * c : (j + 1) * c]))
                     for j in range(w)]

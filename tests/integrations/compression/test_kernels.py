@@ -1,0 +1,79 @@
+"""The codecs' Numba kernels against numpy's own operations on the same inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from laggard.integrations.compression import kernels
+
+
+def _values(n: int, seed: int = 0) -> np.ndarray:
+    values = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    if n > 7:
+        values[3], values[7] = -0.0, 0.0  # the sign bit decides, as np.signbit does
+    return values
+
+
+@pytest.mark.parametrize("n", [8, 64, 8 * 1001])
+def test_sign_encode_packs_sign_bits_and_leaves_the_residual(n: int) -> None:
+    values = _values(n)
+    row = values.copy()
+    scale = np.float32(kernels.l1_norm(row) / n)
+    assert scale == pytest.approx(np.abs(values.astype(np.float64)).mean(), rel=1e-5)
+    packed = np.empty(n // 8, dtype=np.uint8)
+    kernels.sign_encode(row, scale, packed)
+    assert np.array_equal(packed, np.packbits(np.signbit(values), bitorder="little"))
+    assert np.array_equal(row, values - np.copysign(scale, values))
+
+
+def test_sign_decode_and_accumulate_expand_the_bits() -> None:
+    values = _values(8 * 513, seed=1)
+    packed = np.packbits(np.signbit(values), bitorder="little")
+    out = np.full(values.size, 7.0, dtype=np.float32)
+    kernels.sign_decode(packed, np.float32(0.5), out)
+    assert np.array_equal(out, np.where(np.signbit(values), -0.5, 0.5).astype(np.float32))
+    kernels.sign_accumulate(packed, np.float32(0.25), out)
+    assert np.array_equal(out, np.where(np.signbit(values), -0.75, 0.75).astype(np.float32))
+    kernels.sign_decode(packed, np.float32(np.nan), out)
+    assert np.isnan(out).all()
+
+
+def test_l1_norm_of_non_finite_rows_is_not_finite() -> None:
+    values = _values(100)
+    values[50] = np.nan
+    assert not np.isfinite(kernels.l1_norm(values))
+    values[50] = np.inf
+    assert not np.isfinite(kernels.l1_norm(values))
+
+
+@pytest.mark.parametrize("n", [0, 5, 8, 1003, 100_003])
+def test_collect_above_finds_every_position_in_order(n: int) -> None:
+    values = _values(n, seed=2)
+    threshold = 2.0
+    out = np.empty(n + 1, dtype=np.int64)
+    count = kernels.collect_above(values, kernels.threshold_bits(threshold), out)
+    expected = np.flatnonzero(np.abs(values) >= np.float32(threshold))
+    assert count == expected.size
+    assert np.array_equal(out[:count], expected)
+
+
+def test_add_collect_above_adds_everything_then_collects() -> None:
+    values, gradient = _values(10_007, seed=3), _values(9_001, seed=4)
+    expected_values = values.copy()
+    expected_values[: gradient.size] += gradient
+    out = np.empty(10_007, dtype=np.int64)
+    count = kernels.add_collect_above(values, gradient, kernels.threshold_bits(2.5), out)
+    assert np.array_equal(values, expected_values)
+    expected = np.flatnonzero(np.abs(expected_values) >= np.float32(2.5))
+    assert count == expected.size and np.array_equal(out[:count], expected)
+
+
+def test_candidate_overflow_is_reported_and_the_add_still_completes() -> None:
+    values, gradient = _values(4096, seed=5), _values(4096, seed=6)
+    small = np.empty(10, dtype=np.int64)
+    limit = kernels.threshold_bits(0.1)  # most entries qualify: far more than 10
+    assert kernels.collect_above(values, limit, small) == -1
+    expected = values + gradient
+    assert kernels.add_collect_above(values, gradient, limit, small) == -1
+    assert np.array_equal(values, expected)
