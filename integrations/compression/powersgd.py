@@ -21,10 +21,19 @@ Stage 2 needs stage 1's result, so it runs on a worker thread and a second proce
 (:mod:`laggard.integrations.compression.two_stage`): torch's ``powerSGD_hook`` launches it from a
 ``.then()`` callback and hangs on gloo with two or more buckets. Bytes per rank: a ring all-reduce
 of ``4 (dense + n r)`` then of ``4 m r`` per matrix.
+
+Bad input: a bucket whose gradients hold NaN/Inf is counted (``nonfinite_buckets``) and sent as
+a NaN flag (its whole stage-1 buffer NaN), which the all-reduce's sum carries to every rank.
+Every rank then finds its stage-1 result non-finite, skips stage 2 (all ranks alike, so the
+collectives stay paired) and returns NaN for the bucket, as an fp32 all-reduce would; ``M`` is
+built in the bucket buffer, so no rank's residuals or warm-start Q change that step, and the next
+finite step gives what it would have given had the bad one never happened. (A stage 1 or 2 that
+overflows from finite gradients is handled the same way, uncounted.)
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +42,7 @@ import torch.distributed as dist
 
 from laggard.integrations.compression.base import CompressionState
 from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback
+from laggard.integrations.compression.topk import all_finite
 from laggard.integrations.compression.two_stage import StageTwoWorker
 from laggard.integrations.compression.wire import ring_allreduce_bytes
 
@@ -71,6 +81,11 @@ class PowerSGDCompression(CompressionState):
     Raises:
         ValueError: ``rank`` below 1.
 
+    Attributes:
+        nonfinite_buckets: buckets whose gradients held NaN/Inf on this rank (sent as a NaN flag;
+            every rank's result for the bucket is NaN and every rank's residuals and Q matrices
+            were left as they were).
+
     Creating it is collective (it makes a second process group); call :meth:`close` on every rank
     after the last step.
     """
@@ -87,6 +102,7 @@ class PowerSGDCompression(CompressionState):
         self.residuals = ErrorFeedback()
         self._q: dict[int, torch.Tensor] = {}  # id(param) -> Q, (cols, r), warm start
         self._plans: dict[int, BucketPlan] = {}
+        self.nonfinite_buckets = 0
         self._worker = StageTwoWorker(process_group)
 
     def plan(self, index: int, layout: BucketLayout) -> BucketPlan:
@@ -127,57 +143,78 @@ class PowerSGDCompression(CompressionState):
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
         self.timer.bucket_ready()
-        buffer, w, r = bucket.buffer(), self.world_size, self.approximation_rank
+        buffer, index = bucket.buffer(), bucket.index()
         layout = BucketLayout.of(bucket)
-        plan = self.plan(bucket.index(), layout)
-        m_flat = self.residuals.flat(bucket.index(), layout)
-        m_flat.add_(buffer)  # M = grad + e, for every parameter of the bucket
-        stage1 = torch.empty(plan.stage1, dtype=torch.float32, device=m_flat.device)
-        for start, end, at in plan.dense:
-            stage1[at : at + end - start].copy_(m_flat[start:end])
-            m_flat[start:end].zero_()  # sent exactly: no residual
-        matrices = [m_flat[mat.start : mat.end].view(mat.rows, mat.cols) for mat in plan.matrices]
+        plan = self.plan(index, layout)
+        residual = self.residuals.flat(index, layout)
+        stage1 = torch.empty(plan.stage1, dtype=torch.float32, device=residual.device)
+        qs = [self._warm_q(mat) for mat in plan.matrices]  # created on every rank alike
+        if all_finite(buffer):
+            # M = grad + e, held in the bucket: e changes only once stage 1 came back finite
+            buffer.add_(residual)
+            for start, end, at in plan.dense:
+                stage1[at : at + end - start].copy_(buffer[start:end])
+            r = self.approximation_rank
+            for mat, q in zip(plan.matrices, qs, strict=True):
+                p = stage1[mat.p_start : mat.p_start + mat.rows * r].view(mat.rows, r)
+                torch.mm(buffer[mat.start : mat.end].view(mat.rows, mat.cols), q, out=p)  # P = M Q
+        else:  # the NaN flag: the sum makes stage 1 NaN on every rank
+            self.nonfinite_buckets += 1
+            stage1.fill_(math.nan)
+        if self.integrity is not None:
+            self.integrity.allreduce_sent(index, stage1)
+        first = dist.all_reduce(stage1, group=self.process_group, async_op=True).get_future()
+        first = self.timer.track(first, ring_allreduce_bytes(stage1.numel() * 4, self.world_size),
+                                 "allreduce", raw_bytes=self.raw_bytes(buffer),
+                                 bucket_ready=False)
+        return self._worker.submit(first, lambda: self._finish(index, plan, buffer, residual,
+                                                               stage1), buffer.device)
+
+    def _finish(self, index: int, plan: BucketPlan, buffer: torch.Tensor, residual: torch.Tensor,
+                stage1: torch.Tensor) -> torch.Tensor:
+        """Stage 2 and the update of Q and the residuals, on the worker thread.
+
+        ``buffer`` holds ``M = grad + e``. The all-reduced stage 1 (and stage 2) are the same on
+        every rank, so every rank takes the same branch: a non-finite one skips the rest (no
+        stage 2 for a non-finite stage 1) and leaves Q and the residuals as they were.
+        """
+        if self.integrity is not None:
+            self.integrity.allreduce_received(index, stage1)
+        if not all_finite(stage1):
+            return buffer.fill_(math.nan)
+        w, r = self.world_size, self.approximation_rank
+        stage1.div_(w)
+        stage2 = torch.empty(plan.stage2, dtype=torch.float32, device=stage1.device)
+        ms = [buffer[mat.start : mat.end].view(mat.rows, mat.cols) for mat in plan.matrices]
         ps = [stage1[mat.p_start : mat.p_start + mat.rows * r].view(mat.rows, r)
               for mat in plan.matrices]
-        for mat, m, p in zip(plan.matrices, matrices, ps, strict=True):
-            torch.mm(m, self._warm_q(mat), out=p)
-        if self.integrity is not None:
-            self.integrity.allreduce_sent(bucket.index(), stage1)
-        first = dist.all_reduce(stage1, group=self.process_group, async_op=True).get_future()
-        first = self.timer.track(first, ring_allreduce_bytes(stage1.numel() * 4, w), "allreduce",
-                         raw_bytes=self.raw_bytes(buffer), bucket_ready=False)
-
-        def finish() -> torch.Tensor:
+        qs = [stage2[mat.q_start : mat.q_start + mat.cols * r].view(mat.cols, r)
+              for mat in plan.matrices]
+        for m, p, q in zip(ms, ps, qs, strict=True):
+            p.copy_(torch.linalg.qr(p).Q)
+            torch.mm(m.t(), p, out=q)
+        if plan.stage2:
             if self.integrity is not None:
-                self.integrity.allreduce_received(bucket.index(), stage1)
-            stage1.div_(w)
-            for start, end, at in plan.dense:
-                buffer[start:end].copy_(stage1[at : at + end - start])
-            stage2 = torch.empty(plan.stage2, dtype=torch.float32, device=stage1.device)
-            qs = [stage2[mat.q_start : mat.q_start + mat.cols * r].view(mat.cols, r)
-                  for mat in plan.matrices]
-            for m, p, q in zip(matrices, ps, qs, strict=True):
-                p.copy_(torch.linalg.qr(p).Q)
-                torch.mm(m.t(), p, out=q)
-            if plan.stage2:
-                if self.integrity is not None:
-                    self.integrity.allreduce_sent(bucket.index(), stage2, stage=1)
-                second = dist.all_reduce(stage2, group=self._worker.group, async_op=True)
-                # wait on the tracked future: its completion is recorded before DDP takes the step
-                self.timer.track(second.get_future(),
-                                 ring_allreduce_bytes(stage2.numel() * 4, w), "allreduce",
-                                 raw_bytes=0, bucket_ready=False).wait()
-                if self.integrity is not None:
-                    self.integrity.allreduce_received(bucket.index(), stage2, stage=1)
-                stage2.div_(w)
-            for mat, m, p, q in zip(plan.matrices, matrices, ps, qs, strict=True):
-                self._q[id(mat.param)] = q.clone()
-                approx = buffer[mat.start : mat.end].view(mat.rows, mat.cols)
-                torch.mm(p, q.t(), out=approx)
-                m.sub_(approx)  # e = M - approx
-            return buffer
-
-        return self._worker.submit(first, finish, buffer.device)
+                self.integrity.allreduce_sent(index, stage2, stage=1)
+            second = dist.all_reduce(stage2, group=self._worker.group, async_op=True)
+            # wait on the tracked future: its completion is recorded before DDP takes the step
+            self.timer.track(second.get_future(), ring_allreduce_bytes(stage2.numel() * 4, w),
+                             "allreduce", raw_bytes=0, bucket_ready=False).wait()
+            if self.integrity is not None:
+                self.integrity.allreduce_received(index, stage2, stage=1)
+            if not all_finite(stage2):  # Q = M^T P overflowed somewhere
+                return buffer.fill_(math.nan)
+            stage2.div_(w)
+        for start, end, at in plan.dense:
+            buffer[start:end].copy_(stage1[at : at + end - start])
+            residual[start:end].zero_()  # sent exactly: no residual
+        for mat, m, p, q in zip(plan.matrices, ms, ps, qs, strict=True):
+            self._q[id(mat.param)] = q.clone()
+            e = residual[mat.start : mat.end].view(mat.rows, mat.cols)
+            e.copy_(m)
+            torch.mm(p, q.t(), out=m)  # the approximation, in the bucket
+            e.sub_(m)  # e = M - approx
+        return buffer
 
     def state_dict(self) -> dict[str, Any]:
         """Residuals and warm-start Q matrices per parameter name."""

@@ -11,6 +11,9 @@
   really hold, to ``train-rank<R>.json``.
 * ``resume``: per compressor with state, 3 steps, ``state_dict()`` through ``torch.save``, a
   fresh DDP and hook loading it, 3 more steps; writes the residual norms to ``resume-rank<R>.json``.
+* ``nonfinite``: PowerSGD on two hand-made buckets, where bucket 0 holds NaN on rank 0 at step 1
+  and Inf on rank 1 at step 2, against a run that never saw those two steps for bucket 0; saves
+  the results, states, counters and bytes to ``nonfinite-rank<R>.pt``.
 """
 
 from __future__ import annotations
@@ -233,11 +236,48 @@ def resume(rank: int) -> dict:
     return out
 
 
+#: nonfinite(): bucket 0 gets this value on this rank at this step
+POISON = {1: (0, float("nan")), 2: (1, float("inf"))}
+
+
+def nonfinite(rank: int, counter: WireCounter) -> dict:
+    """PowerSGD with a NaN/Inf bucket next to a finite one, each step's two hooks in flight
+    together as DDP runs them (so their two stages must pair up across ranks)."""
+    module = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(shape)) for shape in
+                                     ((48, 40), (40,), (40, 24), (32, 32))])
+    buckets = [list(module)[:3], list(module)[3:]]
+    clean, poisoned = make_hook("powersgd", model=module), make_hook("powersgd", model=module)
+
+    def step(hooked: tuple, number: int, indices: tuple[int, ...] = (0, 1)) -> dict:
+        state, hook = hooked
+        counter.bytes, counter.enabled = 0, True
+        futures = []
+        for b in indices:
+            grads = torch.randn(sum(p.numel() for p in buckets[b]),
+                                generator=torch.Generator().manual_seed(100 * number + 10 * b
+                                                                        + rank))
+            if b == 0 and POISON.get(number, (-1,))[0] == rank:
+                grads[5] = POISON[number][1]
+            futures.append(hook(state, FlatBucket(b, buckets[b], grads)))
+        results = [f.wait().clone() for f in futures]
+        counter.enabled = False
+        return {"results": results, "reported": state.timer.take_step().bytes,
+                "counted": counter.bytes, "state": state.state_dict(),
+                "nonfinite_buckets": state.nonfinite_buckets}
+
+    out = {"poisoned": [step(poisoned, n) for n in range(4)],
+           "clean": [step(clean, 0), step(clean, 1, (1,)), step(clean, 2, (1,)), step(clean, 3)]}
+    clean[0].close()
+    poisoned[0].close()
+    return out
+
+
 def main(mode: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    modes = ("reference", "train", "resume") if mode == "all" else (mode,)
+    modes = ("reference", "train", "resume", "nonfinite") if mode == "all" else (mode,)
+    counter = WireCounter(world)
     if "reference" in modes:
         result = reference(rank)
         # a group without this rank: make_hook must refuse it at set-up
@@ -250,13 +290,14 @@ def main(mode: str, out_dir: str) -> None:
                 result["non_member"] = str(exc)
         torch.save(result, os.path.join(out_dir, f"reference-rank{rank}.pt"))
     if "train" in modes:
-        counter = WireCounter(world)
         trained = {label: train(label, rank, world, counter) for label in ARMS}
         with open(os.path.join(out_dir, f"train-rank{rank}.json"), "w") as f:
             json.dump(trained, f)
     if "resume" in modes:
         with open(os.path.join(out_dir, f"resume-rank{rank}.json"), "w") as f:
             json.dump(resume(rank), f)
+    if "nonfinite" in modes:
+        torch.save(nonfinite(rank, counter), os.path.join(out_dir, f"nonfinite-rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
 

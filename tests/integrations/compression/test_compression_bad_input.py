@@ -119,6 +119,38 @@ def test_topk_never_sends_more_than_the_bucket(one_rank_group: None, algorithm: 
         make_hook("topk", algorithm="ring")
 
 
+# ------------------------------------------------------------------------------ PowerSGD
+def test_powersgd_bad_input_on_one_rank(one_rank_group: None) -> None:
+    # the 2-rank case (the flag reaching the other rank, the stages staying paired) is in
+    # test_compression_ddp.py
+    module = torch.nn.ParameterList(bucket_params())
+    (state, hook), (clean, clean_hook) = make_hook("powersgd", model=module), \
+        make_hook("powersgd", model=module)
+    grads = [torch.randn(120_007, generator=torch.Generator().manual_seed(s)) for s in (4, 5)]
+    for h, s in ((hook, state), (clean_hook, clean)):
+        zeros = h(s, FlatBucket(0, list(module), torch.zeros(120_007))).wait()
+        assert torch.equal(zeros, torch.zeros(120_007))
+        h(s, FlatBucket(0, list(module), grads[0].clone())).wait()
+    saved = state.state_dict()
+    assert saved["residuals"]["0"].abs().sum() > 0
+    # NaN and Inf: counted, the result is NaN, residuals and the warm-start Q untouched
+    for bad in (float("nan"), float("inf")):
+        poisoned = grads[1].clone()
+        poisoned[17] = bad
+        assert torch.isnan(hook(state, FlatBucket(0, list(module), poisoned)).wait()).all()
+        now = state.state_dict()
+        for key in ("residuals", "q"):
+            assert all(torch.equal(now[key][name], saved[key][name]) for name in saved[key])
+    assert state.nonfinite_buckets == 2 and clean.nonfinite_buckets == 0
+    # the next finite step is the step of a run that never saw the bad ones
+    after = hook(state, FlatBucket(0, list(module), grads[1].clone())).wait()
+    assert torch.equal(after, clean_hook(clean, FlatBucket(0, list(module),
+                                                           grads[1].clone())).wait())
+    assert state.timer.take_step().bytes == 0  # one rank: nothing on a wire
+    state.close()
+    clean.close()
+
+
 # ---------------------------------------------------------------------------- 1-bit Adam
 def small_model() -> torch.nn.Module:
     torch.manual_seed(0)

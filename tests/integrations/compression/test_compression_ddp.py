@@ -13,6 +13,8 @@ import pytest
 import torch
 from support import free_port
 
+from laggard.integrations.compression.wire import ring_allreduce_bytes
+
 pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
@@ -209,3 +211,70 @@ def test_state_dict_round_trip_keeps_the_residuals(resumed: list[dict], name: st
         assert run["resumed_vs_straight"] < run["lost_vs_straight"]
         if name == "powersgd":  # per-matrix, so independent of the bucket layout: exact
             assert run["resumed_vs_straight"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def nonfinite(job: Path) -> list[dict]:
+    """Per rank: PowerSGD's ``poisoned`` run (bucket 0 NaN on rank 0 at step 1, Inf on rank 1 at
+    step 2) and the ``clean`` run that skipped bucket 0 at those steps (``ddp_worker.POISON``)."""
+    return [torch.load(job / f"nonfinite-rank{r}.pt") for r in range(WORLD)]
+
+
+BUCKET0, BUCKET1 = ("0", "1", "2"), "3"  # parameter names (ddp_worker.nonfinite's buckets)
+
+
+def test_powersgd_counts_a_nonfinite_bucket_and_every_rank_gets_nan(nonfinite: list[dict]) -> None:
+    counts = [[step["nonfinite_buckets"] for step in rank["poisoned"]] for rank in nonfinite]
+    assert counts == [[0, 1, 1, 1], [0, 0, 1, 1]]  # on the rank whose bucket held it
+    for rank in nonfinite:
+        for number, step in enumerate(rank["poisoned"]):
+            flagged, beside = step["results"]
+            assert torch.isfinite(beside).all()
+            if number in (1, 2):
+                assert torch.isnan(flagged).all()
+            else:
+                assert torch.isfinite(flagged).all()
+
+
+def test_powersgd_keeps_residuals_and_q_through_a_nonfinite_bucket(nonfinite: list[dict]) -> None:
+    for rank in nonfinite:
+        before, *during = [step["state"] for step in rank["poisoned"][:3]]
+        for state in during:
+            for name in BUCKET0:
+                assert torch.equal(state["residuals"][name], before["residuals"][name])
+            for name in ("0", "2"):  # the two matrices' warm-start Q
+                assert torch.equal(state["q"][name], before["q"][name])
+            # the finite bucket beside it went on
+            assert not torch.equal(state["q"][BUCKET1], before["q"][BUCKET1])
+        assert before["residuals"]["0"].abs().sum() > 0
+
+
+def test_powersgd_after_a_nonfinite_bucket_is_as_if_it_never_came(nonfinite: list[dict]) -> None:
+    for rank in nonfinite:
+        poisoned, clean = rank["poisoned"], rank["clean"]
+        assert all(torch.equal(a, b) for a, b in zip(poisoned[3]["results"], clean[3]["results"],
+                                                     strict=True))
+        for number in (1, 2):  # the finite bucket, in flight beside the NaN one
+            assert torch.equal(poisoned[number]["results"][1], clean[number]["results"][0])
+        for key in ("residuals", "q"):
+            after, expected = poisoned[3]["state"][key], clean[3]["state"][key]
+            assert after.keys() == expected.keys()
+            assert all(torch.equal(after[name], expected[name]) for name in after)
+    assert torch.equal(nonfinite[0]["poisoned"][3]["results"][0],
+                       nonfinite[1]["poisoned"][3]["results"][0])
+
+
+def test_powersgd_bytes_of_a_nonfinite_step_are_stage_one_alone(nonfinite: list[dict]) -> None:
+    def ring(elements: int) -> int:
+        return ring_allreduce_bytes(4 * elements, WORLD)
+
+    r = 4
+    bucket1 = ring(32 * r) + ring(32 * r)  # P, then Q, of the 32 x 32 matrix
+    stage1 = ring(40 + 48 * r + 40 * r)  # the vector and both P matrices of bucket 0
+    stage2 = ring((40 + 24) * r)
+    for rank in nonfinite:
+        steps = rank["poisoned"]
+        assert [s["reported"] for s in steps] == [s["counted"] for s in steps]
+        assert [s["reported"] for s in steps] == [
+            stage1 + stage2 + bucket1, stage1 + bucket1, stage1 + bucket1,
+            stage1 + stage2 + bucket1]
