@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="arms without laggard: builtin (DDP's C++ all-reduce), torch-hook")
     p.add_argument("--block", type=int, default=10, help="steps per arm before rotating")
     p.add_argument("--topk-ratio", type=float, default=0.01)
+    p.add_argument("--codec-only", action="store_true",
+                   help="only the codec throughput table (no training job)")
+    p.add_argument("--topk-algorithm", default="auto", choices=("auto", "allgather", "scatter"))
     p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--warmup", type=int, default=0,
                    help="plain all-reduce steps before compressing (warmup_steps)")
@@ -137,7 +140,7 @@ def worker(args: argparse.Namespace) -> None:
             if name in ("none", "fp16"):
                 options = {}
             elif compressor == "topk":
-                options["ratio"] = args.topk_ratio
+                options.update(ratio=args.topk_ratio, algorithm=args.topk_algorithm)
             elif compressor == "powersgd":
                 options["rank"] = args.powersgd_rank
             elif name == "onebit_adam":  # brings its optimizer: AdamW for the warm-up
@@ -206,6 +209,7 @@ def interleaved(args: argparse.Namespace, arms: list[str], tmp: Path) -> dict[st
     launch([__file__, "--worker", "--arms", ",".join(arms), "--steps", str(args.steps),
             "--block", str(args.block), "--window", str(args.window), "--seed", str(args.seed),
             "--warmup", str(args.warmup), "--topk-ratio", str(args.topk_ratio),
+            "--topk-algorithm", args.topk_algorithm,
             "--powersgd-rank", str(args.powersgd_rank), "--out", str(out)], args.world_size)
     ranks = json.loads(out.read_text())
     return {arm: {key: (statistics.mean if key in ("loss", "first_loss") else statistics.median)(
@@ -308,6 +312,20 @@ def onebit_bytes(numel: int, w: int) -> int:
 
 
 # ------------------------------------------------------------------------------- report
+def codec_table(codec: list[dict]) -> list[str]:
+    """The codec throughput table's lines, with the load average it ran under."""
+    out = ["### Codec throughput (one rank, one thread; CPU time of hook or codec vs "
+           f"`y.copy_(x)`, alternated; load average {os.getloadavg()[0]:.1f})", "",
+           "| bucket | compressor | ms | GB/s | copy GB/s | throughput / copy |",
+           "|---|---|---|---|---|---|"]
+    for row in codec:
+        rate, copy = row["bytes"] / row["hook"] / 1e9, row["bytes"] / row["copy"] / 1e9
+        out.append(f"| {row['bucket']} | {row['compressor']} | {1e3 * row['hook']:.2f} | "
+                   f"{rate:.2f} | {copy:.2f} | {rate / copy:.2f} |")
+    return out + ["", f"Targets: sign (1-bit Adam codec) / copy >= {MIN_SIGN_VS_COPY}, "
+                  f"topk / copy >= {MIN_CODEC_VS_COPY}."]
+
+
 def report(args: argparse.Namespace, runs: dict[str, dict], codec: list[dict],
            by_world: dict[str, dict], n_buckets: int) -> str:
     w = args.world_size
@@ -339,17 +357,7 @@ def report(args: argparse.Namespace, runs: dict[str, dict], codec: list[dict],
     if torch_hook and builtin:
         notes.append(f"torch's own `allreduce_hook` / DDP built-in = "
                      f"{torch_hook['step'] / builtin['step']:.3f}.")
-    out += ["", " ".join(notes), "",
-            "### Codec throughput (one rank, one thread; CPU time of hook or codec vs "
-            "`y.copy_(x)`, alternated)", "",
-            "| bucket | compressor | ms | GB/s | copy GB/s | throughput / copy |",
-            "|---|---|---|---|---|---|"]
-    for row in codec:
-        rate, copy = row["bytes"] / row["hook"] / 1e9, row["bytes"] / row["copy"] / 1e9
-        out.append(f"| {row['bucket']} | {row['compressor']} | {1e3 * row['hook']:.2f} | "
-                   f"{rate:.2f} | {copy:.2f} | {rate / copy:.2f} |")
-    out += ["", f"Targets: sign (numpy) / copy >= {MIN_SIGN_VS_COPY}, topk / copy >= "
-            f"{MIN_CODEC_VS_COPY}.", "",
+    out += ["", " ".join(notes), "", *codec_table(codec), "",
             f"### Bytes per rank per step by world size (demo model, {n_buckets} DDP buckets; "
             "fp32 ring all-reduce = 1x)", "",
             "| compressor | " + " | ".join(f"W={x}" for x in WORLD_SIZES) + " |",
@@ -384,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown compressors: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
+    if args.codec_only:
+        one_rank_group()
+        codec = codec_throughput([n for n in names if ":" not in n], args.reps)
+        print("\n".join(codec_table(codec + codec_only(BUCKET_25MB, args.reps))))
+        return 0
     arms = [*filter(None, args.baselines.split(",")), *names]
     print(f"training {', '.join(arms)}, interleaved ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="laggard-compression-") as tmp:

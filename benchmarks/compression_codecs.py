@@ -12,11 +12,11 @@ jobs' memory traffic costs it. The whole-hook rows take the process's CPU time
 * **whole hooks**, on a one-rank gloo group (the collectives move nothing): each compressor on a
   bucket holding the demo model and on a 25 MB bucket (DDP's default);
 * **codecs alone** on the 25 MB bucket at W=4 chunks: ``sign (torch)`` is the ``sign`` hook's
-  ``compress_rows`` + ``decompress_rows``; ``sign (numpy)`` the codec of 1-bit Adam
-  (``signcodec.encode_rows`` with error feedback, then ``decode_rows``): the pack and unpack;
-  ``topk`` the hook's own ``select`` (magnitudes, sampled threshold, candidates, the gather of
-  the values and zeroing them in the residual) and the scatter of the result; ``fp16`` the
-  two casts.
+  ``compress_rows`` + ``decompress_rows``; ``sign (1-bit Adam codec)`` the Numba codec of 1-bit
+  Adam (``signcodec.encode_rows`` with error feedback, then ``decode_rows``): the scale, the pack
+  with the residual, and the unpack; ``topk`` the hook's own ``select`` (the error-feedback add
+  of the gradient into the residual, the sampled threshold, the candidates, the gather of the
+  values and zeroing them in the residual) and the scatter of the result; ``fp16`` the two casts.
 """
 
 from __future__ import annotations
@@ -123,14 +123,14 @@ def codec_only(numel: int, reps: int, world: int = 4) -> list[dict[str, Any]]:
         decode_rows(encode_rows(work.view(world, c), lengths)[0], out=decoded)
 
     def topk() -> None:
-        payload = topk_state.select(work[:numel], None, k, topk_state.workspace(0, grads))
+        payload = topk_state.select(work[:numel], grads, k, topk_state.workspace(0, grads))
         scatter_rows(out, payload.view(1, -1), 0, 1.0)
 
     codecs = {
         "fp16": lambda: grads.to(torch.float16).to(torch.float32),
         "sign (torch, `sign` hook)": lambda: decompress_rows(
             compress_rows(work.view(world, c), lengths)),
-        "sign (numpy, 1-bit Adam)": sign_numpy,
+        "sign (1-bit Adam codec)": sign_numpy,
         "topk": topk,
     }
     rows = []

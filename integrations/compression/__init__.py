@@ -86,7 +86,8 @@ def make_hook(
             100) and AdamW's ``lr``, ``betas``, ``eps``, ``weight_decay``. ``momentum=True``
             (sign, topk, powersgd) applies the compressor to Adam's momentum after
             ``warmup_steps`` of AdamW, as 1-bit Adam does (:mod:`.momentum`); the state then
-            has the optimizer as ``.optimizer`` and takes AdamW's options too.
+            has the optimizer as ``.optimizer`` and takes AdamW's options and
+            ``preconditioned`` (default True: the compressor sees ``m / (sqrt(v_hat) + eps)``).
 
     Returns:
         ``(state, hook)`` for ``ddp.register_comm_hook(state, hook)``.

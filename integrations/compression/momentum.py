@@ -15,6 +15,14 @@ fingerprints unchanged) average it; :class:`.onebit_adam.OneBitAdam` takes the r
 momentum. A result that is not finite (the wrapped compressor's NaN
 flag) makes the optimizer skip that step on every rank.
 
+With ``preconditioned=True`` (the default) the compressor sees the update the optimizer will
+apply, ``u_i = m_i / (sqrt(v_hat) + eps)``, not the raw momentum: the frozen denominator is the
+same on every rank, so the mean of the ``u_i`` times it is the mean momentum, and the
+compressor's error (top-k's dropped entries, PowerSGD's rank-r remainder) is measured in the
+units of the step. Top-k then sends the coordinates whose *update* is largest, not those whose
+gradient scale is (``benchmarks/RESULTS.md``: topk +9.5% against +9.8%, powersgd +10.1%
+against +12.2% loss after 300 demo steps).
+
 Each rank's momentum is built from the shared, compressed momentum of the previous step, as in
 1-bit Adam. Keeping each rank's own full momentum instead (Deep Gradient Compression's momentum
 correction) was tried and trailed further on the demo model (``benchmarks/RESULTS.md``).
@@ -40,6 +48,8 @@ class MomentumCompression(CompressionState):
         model: the module DDP wraps; its trainable parameters are the optimizer's.
         warmup_steps: AdamW steps before the variance is frozen, >= 1.
         lr, betas, eps, weight_decay: the optimizer's, as for ``torch.optim.AdamW``.
+        preconditioned: compress ``m / (sqrt(v_hat) + eps)`` instead of ``m`` (module
+            docstring); default True.
 
     Raises:
         ValueError: no ``model`` or ``warmup_steps`` below 1.

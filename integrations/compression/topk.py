@@ -89,58 +89,79 @@ def select_topk(values: torch.Tensor, k: int, generator: torch.Generator,
     Returns:
         int64 tensor of ``k`` distinct indices.
     """
+    return topk_entries(values, k, generator, workspace, mask, add=add)[0]
+
+
+def topk_entries(values: torch.Tensor, k: int, generator: torch.Generator,
+                 workspace: torch.Tensor | None = None,
+                 mask: torch.Tensor | None = None, *,
+                 add: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`select_topk`, with the selected values where the CPU kernel had them at hand
+    (float32 ``(k,)``, in the order of the indices; None elsewhere: gather them)."""
     n = values.numel()
-    fused = add is not None and values.device.type == "cpu" and values.dtype == torch.float32 \
-        and values.is_contiguous() and add.dtype == torch.float32 and add.is_contiguous()
-    if add is not None and not fused:
+    cpu = values.device.type == "cpu" and values.dtype == torch.float32 \
+        and values.is_contiguous()
+    if add is not None and not (cpu and add.dtype == torch.float32 and add.is_contiguous()
+                                and n >= EXACT_BELOW and 4 * k < n):
         values[: add.numel()].add_(add)
         add = None
     if n < EXACT_BELOW or 4 * k >= n:
-        if add is not None:
-            values[: add.numel()].add_(add)
         magnitude = torch.abs(values, out=workspace) if workspace is not None else values.abs()
-        return torch.topk(magnitude, k, sorted=False).indices
+        return torch.topk(magnitude, k, sorted=False).indices, None
     size = min(n, max(MIN_SAMPLE, 200 * n // k))
-    positions = torch.randint(n, (size,), generator=generator).to(values.device)
+    positions = torch.randint(n, (size,), generator=generator)
     above = min(size, math.ceil(size * OVERSELECT * k / n))
-    sample = values[positions]
-    if add is not None:
-        inside = positions < add.numel()
-        sample[inside] += add[positions[inside]]
-    threshold = float(sample.abs().kthvalue(size - above + 1).values)
-    if values.device.type == "cpu" and values.dtype == torch.float32 and values.is_contiguous():
-        return torch.from_numpy(_candidates_cpu(values.numpy(), k, threshold,
-                                                None if add is None else add.numpy()))
+    if cpu:
+        flat, extra = values.numpy(), None if add is None else add.numpy()
+        where = positions.numpy()
+        sample = flat[where]  # numpy's fancy indexing: ~10x torch's at these sizes
+        if extra is not None:
+            inside = where < extra.size
+            sample[inside] += extra[where[inside]]
+        magnitudes = np.abs(sample, out=sample)
+        threshold = float(np.partition(magnitudes, size - above)[size - above])
+        chosen, picked = _entries_cpu(flat, k, threshold, extra)
+        return torch.from_numpy(chosen), None if picked is None else torch.from_numpy(picked)
+    positions = positions.to(values.device)
+    threshold = float(values[positions].abs().kthvalue(size - above + 1).values)
     magnitude = torch.abs(values, out=workspace) if workspace is not None else values.abs()
     above_mask = torch.ge(magnitude, threshold, out=mask) if mask is not None \
         else magnitude >= threshold
     candidates = above_mask.nonzero().view(-1)
     if candidates.numel() < k:
-        return torch.topk(magnitude, k, sorted=False).indices
-    return candidates[torch.topk(magnitude[candidates], k, sorted=False).indices]
+        return torch.topk(magnitude, k, sorted=False).indices, None
+    return candidates[torch.topk(magnitude[candidates], k, sorted=False).indices], None
 
 
-def _candidates_cpu(values: np.ndarray, k: int, threshold: float,
-                    add: np.ndarray | None) -> np.ndarray:
+def _entries_cpu(values: np.ndarray, k: int, threshold: float,
+                 add: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
     """The top-k positions of float32 ``values`` (after ``values[:G] += add``) given a sampled
-    magnitude threshold: one kernel pass collects the candidates; only theirs are sorted."""
+    magnitude threshold, and their values when the kernel collected them: one kernel pass
+    gathers the candidates; only theirs are partitioned."""
     if threshold <= 0:  # most of the bucket is zero: nonzeros first, then any zeros
         if add is not None:
             values[: add.size] += add
         candidates = np.flatnonzero(values)
         if candidates.size < k:
             zeros = np.flatnonzero(values == 0)[: k - candidates.size]
-            return np.concatenate([candidates, zeros]).astype(np.int64)
+            return np.concatenate([candidates, zeros]).astype(np.int64), None
+        picked = values[candidates]
     else:
         found = np.empty(2 * k + 64, dtype=np.int64)
+        picked = np.empty(2 * k + 64, dtype=np.float32)
         limit = kernels.threshold_bits(threshold)
-        count = kernels.collect_above(values, limit, found) if add is None \
-            else kernels.add_collect_above(values, add, limit, found)
+        count = kernels.collect_above(values, limit, found, picked) if add is None \
+            else kernels.add_collect_above(values, add, limit, found, picked)
         if count < k:  # the sample over- or undershot: exact selection over everything
-            return np.argpartition(np.abs(values), values.size - k)[-k:].astype(np.int64)
-        candidates = found[:count]
-    best = np.argpartition(np.abs(values[candidates]), candidates.size - k)[-k:]
-    return candidates[best]
+            return np.argpartition(np.abs(values), values.size - k)[-k:].astype(np.int64), None
+        candidates, picked = found[:count], picked[:count]
+    magnitudes = np.abs(picked)
+    # the k-th largest magnitude by a partition of the floats (cheaper than argpartition),
+    # then the candidates above it and as many ties as fill k
+    kth = np.partition(magnitudes, candidates.size - k)[candidates.size - k]
+    above = np.flatnonzero(magnitudes > kth)
+    keep = np.concatenate([above, np.flatnonzero(magnitudes == kth)[: k - above.size]])
+    return candidates[keep], picked[keep]
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -241,10 +262,11 @@ class TopKCompression(CompressionState):
         (int32 ``(2k,)``: values' bits, then indices), zeroing them in ``p``."""
         payload = torch.empty(2 * k, dtype=torch.int32, device=p.device)
         magnitudes, mask = workspace if workspace is not None else (None, None)
-        chosen = select_topk(p, k, self._generator, magnitudes, mask, add=gradient)
+        chosen, picked = topk_entries(p, k, self._generator, magnitudes, mask, add=gradient)
         if p.device.type == "cpu":  # numpy's fancy indexing: ~20x torch's for these sizes
             flat, where = p.numpy(), chosen.numpy()
-            payload.numpy()[:k] = flat[where].view(np.int32)
+            payload.numpy()[:k] = (flat[where] if picked is None else picked.numpy()).view(
+                np.int32)
             flat[where] = 0
         else:
             payload[:k] = p[chosen].view(torch.int32)

@@ -258,3 +258,35 @@ def test_momentum_compression_is_adamw_then_compresses_the_momentum(one_rank_gro
         make_hook(name, model=model, lr=0.1)
     with pytest.raises(ValueError, match="not 'fp16'"):
         make_hook("fp16", model=model, momentum=True)
+
+
+def test_momentum_compression_selects_by_the_preconditioned_momentum(one_rank_group: None) -> None:
+    """Top-k on the momentum picks the coordinates of largest update ``m / (sqrt(v_hat) + eps)``,
+    not of largest raw momentum (``preconditioned=True``, the default)."""
+    model = small_model()
+    ddp = DistributedDataParallel(model)  # one bucket: one k for the whole model
+    state, hook = make_hook("topk", model=model, momentum=True, warmup_steps=3, lr=3e-3,
+                            ratio=0.05)
+    ddp.register_comm_hook(state, hook)
+    train(ddp, state.optimizer, range(3))
+    params = list(model.parameters())
+    # the local momentum the hook will compress at step 3, computed independently
+    shadow = small_model()
+    shadow.load_state_dict(model.state_dict())
+    x, y = batch(3)
+    F.mse_loss(shadow(x), y).backward()
+    beta1 = state.optimizer.param_groups[0]["betas"][0]
+    momentum = torch.cat([(beta1 * state.optimizer.state[p]["exp_avg"]
+                           + (1 - beta1) * q.grad).view(-1)
+                          for p, q in zip(params, shadow.parameters(), strict=True)])
+    update = momentum / torch.cat([state.optimizer.frozen_denominator(p).view(-1)
+                                   for p in params])
+    F.mse_loss(ddp(x), y).backward()
+    sent = torch.cat([p.grad.view(-1) for p in params]).nonzero().view(-1)
+    k = state.inner.k(momentum.numel())
+    by_update = set(update.abs().topk(k).indices.tolist())
+    by_momentum = set(momentum.abs().topk(k).indices.tolist())
+    assert by_update != by_momentum  # the two rules differ on this model
+    assert set(sent.tolist()) == by_update
+    state.optimizer.step()
+    state.close()

@@ -51,29 +51,31 @@ def test_l1_norm_of_non_finite_rows_is_not_finite() -> None:
 def test_collect_above_finds_every_position_in_order(n: int) -> None:
     values = _values(n, seed=2)
     threshold = 2.0
-    out = np.empty(n + 1, dtype=np.int64)
-    count = kernels.collect_above(values, kernels.threshold_bits(threshold), out)
+    out, picked = np.empty(n + 1, dtype=np.int64), np.empty(n + 1, dtype=np.float32)
+    count = kernels.collect_above(values, kernels.threshold_bits(threshold), out, picked)
     expected = np.flatnonzero(np.abs(values) >= np.float32(threshold))
     assert count == expected.size
     assert np.array_equal(out[:count], expected)
+    assert np.array_equal(picked[:count], values[expected])
 
 
 def test_add_collect_above_adds_everything_then_collects() -> None:
     values, gradient = _values(10_007, seed=3), _values(9_001, seed=4)
     expected_values = values.copy()
     expected_values[: gradient.size] += gradient
-    out = np.empty(10_007, dtype=np.int64)
-    count = kernels.add_collect_above(values, gradient, kernels.threshold_bits(2.5), out)
+    out, picked = np.empty(10_007, dtype=np.int64), np.empty(10_007, dtype=np.float32)
+    count = kernels.add_collect_above(values, gradient, kernels.threshold_bits(2.5), out, picked)
     assert np.array_equal(values, expected_values)
     expected = np.flatnonzero(np.abs(expected_values) >= np.float32(2.5))
     assert count == expected.size and np.array_equal(out[:count], expected)
+    assert np.array_equal(picked[:count], expected_values[expected])
 
 
 def test_candidate_overflow_is_reported_and_the_add_still_completes() -> None:
     values, gradient = _values(4096, seed=5), _values(4096, seed=6)
-    small = np.empty(10, dtype=np.int64)
+    small, picked = np.empty(10, dtype=np.int64), np.empty(10, dtype=np.float32)
     limit = kernels.threshold_bits(0.1)  # most entries qualify: far more than 10
-    assert kernels.collect_above(values, limit, small) == -1
+    assert kernels.collect_above(values, limit, small, picked) == -1
     expected = values + gradient
-    assert kernels.add_collect_above(values, gradient, limit, small) == -1
+    assert kernels.add_collect_above(values, gradient, limit, small, picked) == -1
     assert np.array_equal(values, expected)
