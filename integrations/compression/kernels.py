@@ -176,3 +176,69 @@ def _scan(values: np.ndarray, start: int, end: int, limit: np.uint32, positions:
             picked[count] = value
             count += 1
     return count
+
+
+@njit(cache=True, nogil=True)
+def scatter_add(out: np.ndarray, values: np.ndarray, positions: np.ndarray, region: int,
+                weight: np.float32) -> bool:
+    """``out[positions[r, j] + r region] += weight values[r, j]`` for every row ``r`` of the
+    sparse rows, dropping positions at or past ``out.size`` (padding regions).
+
+    Args:
+        out: float32 ``(N,)``, added into.
+        values: float32 ``(R, k)``.
+        positions: int32 ``(R, k)``, offsets in row ``r``'s region (``region`` 0: positions in
+            ``out`` itself).
+        region: elements per region.
+        weight: multiplies every value.
+
+    Returns:
+        False, with nothing added, when a value is NaN or Inf (a sender's NaN flag).
+    """
+    rows, k = values.shape
+    for r in range(rows):
+        for j in range(k):
+            if not np.isfinite(values[r, j]):
+                return False
+    for r in range(rows):
+        base = r * region
+        for j in range(k):
+            where = base + positions[r, j]
+            if where < out.size:
+                out[where] += weight * values[r, j]
+    return True
+
+
+@njit(cache=True, nogil=True)
+def take_topk(values: np.ndarray, positions: np.ndarray, picked: np.ndarray, kth: np.float32,
+              k: int, out_positions: np.ndarray, out_values: np.ndarray, zero: bool) -> None:
+    """The exact top ``k`` by magnitude of the candidates a collect kernel found, given the k-th
+    largest candidate magnitude ``kth`` (numpy's ``partition`` finds it faster than Numba's):
+    those above it, then ties in order until there are k.
+
+    Args:
+        values: float32 ``(N,)``, the buffer the candidates came from; with ``zero``, the
+            chosen entries are set to 0 in it (what error feedback keeps is the rest).
+        positions, picked: the candidates' positions and values, ``(C,)``, ``C >= k``.
+        kth: the k-th largest of ``|picked|``.
+        k: entries to take, >= 1.
+        out_positions: ``(k,)`` of any integer dtype, the chosen positions.
+        out_values: float32 ``(k,)``, their values.
+        zero: zero the chosen entries in ``values``.
+    """
+    taken = 0
+    for i in range(positions.size):
+        if abs(picked[i]) > kth:
+            out_positions[taken] = positions[i]
+            out_values[taken] = picked[i]
+            taken += 1
+    for i in range(positions.size):
+        if taken == k:
+            break
+        if abs(picked[i]) == kth:
+            out_positions[taken] = positions[i]
+            out_values[taken] = picked[i]
+            taken += 1
+    if zero:
+        for i in range(k):
+            values[out_positions[i]] = 0

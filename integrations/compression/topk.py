@@ -89,79 +89,95 @@ def select_topk(values: torch.Tensor, k: int, generator: torch.Generator,
     Returns:
         int64 tensor of ``k`` distinct indices.
     """
-    return topk_entries(values, k, generator, workspace, mask, add=add)[0]
-
-
-def topk_entries(values: torch.Tensor, k: int, generator: torch.Generator,
-                 workspace: torch.Tensor | None = None,
-                 mask: torch.Tensor | None = None, *,
-                 add: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`select_topk`, with the selected values where the CPU kernel had them at hand
-    (float32 ``(k,)``, in the order of the indices; None elsewhere: gather them)."""
-    n = values.numel()
-    cpu = values.device.type == "cpu" and values.dtype == torch.float32 \
-        and values.is_contiguous()
-    if add is not None and not (cpu and add.dtype == torch.float32 and add.is_contiguous()
-                                and n >= EXACT_BELOW and 4 * k < n):
+    if _kernel_path(values, k, add):
+        chosen = np.empty(k, dtype=np.int64)
+        picked = np.empty(k, dtype=np.float32)
+        if _topk_cpu(values.numpy(), None if add is None else add.numpy(), k, generator,
+                     chosen, picked, zero=False):
+            return torch.from_numpy(chosen)
+        add = None  # the kernel did the add
+    elif add is not None:
         values[: add.numel()].add_(add)
-        add = None
-    if n < EXACT_BELOW or 4 * k >= n:
-        magnitude = torch.abs(values, out=workspace) if workspace is not None else values.abs()
-        return torch.topk(magnitude, k, sorted=False).indices, None
-    size = min(n, max(MIN_SAMPLE, 200 * n // k))
-    positions = torch.randint(n, (size,), generator=generator)
-    above = min(size, math.ceil(size * OVERSELECT * k / n))
-    if cpu:
-        flat, extra = values.numpy(), None if add is None else add.numpy()
-        where = positions.numpy()
-        sample = flat[where]  # numpy's fancy indexing: ~10x torch's at these sizes
-        if extra is not None:
-            inside = where < extra.size
-            sample[inside] += extra[where[inside]]
-        magnitudes = np.abs(sample, out=sample)
-        threshold = float(np.partition(magnitudes, size - above)[size - above])
-        chosen, picked = _entries_cpu(flat, k, threshold, extra)
-        return torch.from_numpy(chosen), None if picked is None else torch.from_numpy(picked)
-    positions = positions.to(values.device)
-    threshold = float(values[positions].abs().kthvalue(size - above + 1).values)
+    n = values.numel()
+    if values.device.type == "cpu" and n >= EXACT_BELOW and 4 * k < n:
+        return torch.from_numpy(_exact_cpu(values.detach().numpy(), k))
     magnitude = torch.abs(values, out=workspace) if workspace is not None else values.abs()
+    if n < EXACT_BELOW or 4 * k >= n or values.device.type == "cpu":
+        return torch.topk(magnitude, k, sorted=False).indices
+    threshold = _sampled_threshold(values.detach(), None, k, generator)
     above_mask = torch.ge(magnitude, threshold, out=mask) if mask is not None \
         else magnitude >= threshold
     candidates = above_mask.nonzero().view(-1)
     if candidates.numel() < k:
-        return torch.topk(magnitude, k, sorted=False).indices, None
-    return candidates[torch.topk(magnitude[candidates], k, sorted=False).indices], None
+        return torch.topk(magnitude, k, sorted=False).indices
+    return candidates[torch.topk(magnitude[candidates], k, sorted=False).indices]
 
 
-def _entries_cpu(values: np.ndarray, k: int, threshold: float,
-                 add: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """The top-k positions of float32 ``values`` (after ``values[:G] += add``) given a sampled
-    magnitude threshold, and their values when the kernel collected them: one kernel pass
-    gathers the candidates; only theirs are partitioned."""
-    if threshold <= 0:  # most of the bucket is zero: nonzeros first, then any zeros
+def _kernel_path(values: torch.Tensor, k: int, add: torch.Tensor | None) -> bool:
+    """Whether :func:`_topk_cpu` serves this selection: a large float32 CPU bucket."""
+    n = values.numel()
+    return values.device.type == "cpu" and values.dtype == torch.float32 \
+        and values.is_contiguous() and n >= EXACT_BELOW and 4 * k < n \
+        and (add is None or (add.dtype == torch.float32 and add.is_contiguous()))
+
+
+def _sampled_threshold(values: torch.Tensor, add: torch.Tensor | None, k: int,
+                       generator: torch.Generator) -> float:
+    """A magnitude threshold about ``OVERSELECT k`` entries of ``values (+ add)`` exceed, from
+    a random sample of at least ``MIN_SAMPLE`` entries."""
+    n = values.numel()
+    size = min(n, max(MIN_SAMPLE, 200 * n // k))
+    positions = torch.randint(n, (size,), generator=generator)
+    above = min(size, math.ceil(size * OVERSELECT * k / n))
+    if values.device.type != "cpu":
+        return float(values[positions.to(values.device)].abs().kthvalue(size - above + 1).values)
+    flat, where = values.numpy(), positions.numpy()
+    sample = flat[where]  # numpy's fancy indexing: ~10x torch's at these sizes
+    if add is not None:
+        extra = add.numpy()
+        if extra.size == n:
+            sample += extra[where]
+        else:
+            inside = where < extra.size
+            sample[inside] += extra[where[inside]]
+    magnitudes = np.abs(sample, out=sample)
+    return float(np.partition(magnitudes, size - above)[size - above])
+
+
+def _exact_cpu(values: np.ndarray, k: int) -> np.ndarray:
+    """The exact top-k positions of a large CPU bucket: its nonzero entries then its first
+    zeros when it has at most k nonzeros (no sorting), else numpy's introselect."""
+    nonzero = np.flatnonzero(values)
+    if nonzero.size <= k:
+        zeros = np.flatnonzero(values == 0)[: k - nonzero.size]
+        return np.concatenate([nonzero, zeros]).astype(np.int64)
+    return np.argpartition(np.abs(values), values.size - k)[-k:].astype(np.int64)
+
+
+def _topk_cpu(values: np.ndarray, add: np.ndarray | None, k: int, generator: torch.Generator,
+              chosen: np.ndarray, picked: np.ndarray, zero: bool) -> bool:
+    """The top k of float32 ``values`` after ``values[:G] += add``, into ``chosen`` (positions)
+    and ``picked`` (values), by the kernels: the sampled threshold, one pass that adds and
+    collects the candidates with their values, the exact k among them (zeroed in ``values``
+    with ``zero``). False when the sample over- or undershot or the bucket is mostly zeros: the
+    add is done, the caller selects exactly instead."""
+    threshold = _sampled_threshold(torch.from_numpy(values),
+                                   None if add is None else torch.from_numpy(add), k, generator)
+    if threshold <= 0:  # most of the bucket is zero
         if add is not None:
             values[: add.size] += add
-        candidates = np.flatnonzero(values)
-        if candidates.size < k:
-            zeros = np.flatnonzero(values == 0)[: k - candidates.size]
-            return np.concatenate([candidates, zeros]).astype(np.int64), None
-        picked = values[candidates]
-    else:
-        found = np.empty(2 * k + 64, dtype=np.int64)
-        picked = np.empty(2 * k + 64, dtype=np.float32)
-        limit = kernels.threshold_bits(threshold)
-        count = kernels.collect_above(values, limit, found, picked) if add is None \
-            else kernels.add_collect_above(values, add, limit, found, picked)
-        if count < k:  # the sample over- or undershot: exact selection over everything
-            return np.argpartition(np.abs(values), values.size - k)[-k:].astype(np.int64), None
-        candidates, picked = found[:count], picked[:count]
-    magnitudes = np.abs(picked)
-    # the k-th largest magnitude by a partition of the floats (cheaper than argpartition),
-    # then the candidates above it and as many ties as fill k
-    kth = np.partition(magnitudes, candidates.size - k)[candidates.size - k]
-    above = np.flatnonzero(magnitudes > kth)
-    keep = np.concatenate([above, np.flatnonzero(magnitudes == kth)[: k - above.size]])
-    return candidates[keep], picked[keep]
+        return False
+    positions = np.empty(2 * k + 64, dtype=np.int64)
+    found = np.empty(2 * k + 64, dtype=np.float32)
+    limit = kernels.threshold_bits(threshold)
+    count = kernels.collect_above(values, limit, positions, found) if add is None \
+        else kernels.add_collect_above(values, add, limit, positions, found)
+    if count < k:
+        return False
+    magnitudes = np.abs(found[:count])
+    kth = np.partition(magnitudes, count - k)[count - k]
+    kernels.take_topk(values, positions[:count], found[:count], kth, k, chosen, picked, zero)
+    return True
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -261,12 +277,18 @@ class TopKCompression(CompressionState):
         """``p[:G] += gradient`` (finite: the callers check), then the payload of p's top k
         (int32 ``(2k,)``: values' bits, then indices), zeroing them in ``p``."""
         payload = torch.empty(2 * k, dtype=torch.int32, device=p.device)
+        if _kernel_path(p, k, gradient):
+            entries = payload.numpy()
+            if _topk_cpu(p.numpy(), None if gradient is None else gradient.numpy(), k,
+                         self._generator, entries[k:], entries[:k].view(np.float32),
+                         zero=True):
+                return payload
+            gradient = None  # the kernel did the add
         magnitudes, mask = workspace if workspace is not None else (None, None)
-        chosen, picked = topk_entries(p, k, self._generator, magnitudes, mask, add=gradient)
+        chosen = select_topk(p, k, self._generator, magnitudes, mask, add=gradient)
         if p.device.type == "cpu":  # numpy's fancy indexing: ~20x torch's for these sizes
             flat, where = p.numpy(), chosen.numpy()
-            payload.numpy()[:k] = (flat[where] if picked is None else picked.numpy()).view(
-                np.int32)
+            payload.numpy()[:k] = flat[where].view(np.int32)
             flat[where] = 0
         else:
             payload[:k] = p[chosen].view(torch.int32)
@@ -368,9 +390,16 @@ def scatter_rows(buffer: torch.Tensor, rows: torch.Tensor, region: int,
     """
     r, width = rows.shape
     k = width // 2
+    buffer.zero_()
+    if buffer.device.type == "cpu" and buffer.dtype == torch.float32 \
+            and buffer.is_contiguous():
+        entries = rows.numpy()
+        if not kernels.scatter_add(buffer.numpy(), entries[:, :k].view(np.float32),
+                                   entries[:, k:], region, np.float32(weight)):
+            buffer.fill_(float("nan"))
+        return buffer
     values = rows[:, :k].contiguous().view(torch.float32)
     indices = rows[:, k:].to(torch.int64)
-    buffer.zero_()
     if not bool(torch.isfinite(values).all()):
         return buffer.fill_(float("nan"))
     if region:
