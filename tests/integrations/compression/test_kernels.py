@@ -79,3 +79,27 @@ def test_candidate_overflow_is_reported_and_the_add_still_completes() -> None:
     expected = values + gradient
     assert kernels.add_collect_above(values, gradient, limit, small, picked) == -1
     assert np.array_equal(values, expected)
+
+
+def test_take_topk_takes_the_largest_then_ties_and_zeroes_them() -> None:
+    values = np.array([0.5, -3.0, 2.0, -2.0, 2.0, 1.0, -0.1, 4.0], dtype=np.float32)
+    positions = np.arange(8, dtype=np.int64)
+    chosen, picked = np.empty(3, dtype=np.int32), np.empty(3, dtype=np.float32)
+    # top 3 by magnitude: 4.0, -3.0, then one of the three 2.0 ties (the first in order)
+    kernels.take_topk(values, positions, values.copy(), np.float32(2.0), 3, chosen, picked,
+                      True)
+    assert chosen.tolist() == [1, 7, 2]
+    assert picked.tolist() == [-3.0, 4.0, 2.0]
+    assert values.tolist() == [0.5, 0.0, 0.0, -2.0, 2.0, 1.0, np.float32(-0.1), 0.0]
+
+
+def test_scatter_add_places_each_region_and_refuses_a_nan_flag() -> None:
+    out = np.zeros(10, dtype=np.float32)
+    values = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    positions = np.array([[0, 3], [1, 4]], dtype=np.int32)
+    # regions of 6: row 1's offsets land at 7 and 10 (past the end: padding, dropped)
+    assert kernels.scatter_add(out, values, positions, 6, np.float32(0.5))
+    assert out.tolist() == [0.5, 0, 0, 1.0, 0, 0, 0, 1.5, 0, 0]
+    values[1, 0] = np.nan
+    assert not kernels.scatter_add(out, values, positions, 6, np.float32(1.0))
+    assert out.tolist() == [0.5, 0, 0, 1.0, 0, 0, 0, 1.5, 0, 0]  # nothing added
