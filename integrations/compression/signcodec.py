@@ -70,13 +70,15 @@ def encode_rows(rows: torch.Tensor,
     r, c = rows.shape
     a = rows.numpy()
     payload = np.zeros((r, row_bytes(c)), dtype=np.uint8)
-    scale = np.array([kernels.l1_norm(a[i]) for i in range(r)], dtype=np.float32)
-    scale /= lengths.numpy()
+    scale = np.empty(r, dtype=np.float32)
+    for i, length in enumerate(lengths.tolist()):
+        # row by row, so that the encode pass finds the row still in cache after its scale's
+        scale[i] = np.float32(kernels.l1_norm(a[i]) / length)
+        if np.isfinite(scale[i]):
+            kernels.sign_encode(a[i], scale[i], payload[i, : c // 8])
     finite = np.isfinite(scale)
     scale[~finite] = np.nan
     payload[:, c // 8 :] = scale.astype(np.float64).view(np.uint8).reshape(r, SCALE_BYTES)
-    for i in np.flatnonzero(finite):
-        kernels.sign_encode(a[i], scale[i], payload[i, : c // 8])
     return torch.from_numpy(payload), torch.from_numpy(finite)
 
 
