@@ -35,13 +35,29 @@ def _barrier_files(out: str, rank: int, name: str) -> None:
     raise TimeoutError(name)
 
 
-def _dump(out: str, rank: int) -> None:
+def _dump(out: str, rank: int, settled: bool = False) -> None:
+    """Write this rank's recorder; with ``settled``, first wait (up to 20 s) until every
+    collective it issued shows as completed: gloo marks completion from another thread, and on
+    a loaded machine the held-up rank's last finished all-reduce could still read as pending."""
     import torch
 
-    data = torch._C._distributed_c10d._dump_fr_trace(includeCollectives=True,
-                                                     includeStackTraces=False)
+    deadline = time.time() + 20
+    while True:
+        data = torch._C._distributed_c10d._dump_fr_trace(includeCollectives=True,
+                                                         includeStackTraces=False)
+        if not settled or _all_completed(data) or time.time() > deadline:
+            break
+        time.sleep(0.1)
     with open(os.path.join(out, f"rank_{rank}"), "wb") as f:
         f.write(data)
+
+
+def _all_completed(data: bytes) -> bool:
+    import pickle
+
+    status = pickle.loads(data).get("pg_status", {})
+    return all(s.get("last_enqueued_collective") == s.get("last_completed_collective")
+               for s in status.values())
 
 
 def run(rank: int, out: str, scenario: str, port: int) -> None:
@@ -71,7 +87,7 @@ def run(rank: int, out: str, scenario: str, port: int) -> None:
         elif scenario == "pipeline":
             pending = _pipeline_step(rank, x, dist, hold=True)
     time.sleep(0.5)
-    _dump(out, rank)
+    _dump(out, rank, settled=rank == culprit)
     _barrier_files(out, rank, "dumped")
     if rank == culprit:  # let go: issue what the others wait for
         if scenario == "hung_cpu":
