@@ -75,7 +75,8 @@ def make_hook(
     every rank, in the same order.
 
     Args:
-        name: one of :data:`COMPRESSORS` (``none``, ``fp16``, ``sign``, ``topk``, ``powersgd``).
+        name: one of :data:`COMPRESSORS` (``none``, ``fp16``, ``sign``, ``topk``, ``powersgd``,
+            ``onebit_adam``).
         process_group: group to reduce over; None for the default group.
         **options: ``model`` (the module DDP wraps, to name residuals in checkpoints),
             ``timer`` (a CommTimer to record into), ``warmup_steps`` (plain all-reduce steps
@@ -106,6 +107,7 @@ def make_hook(
         hint = " (AdamW's options need momentum=True)" if unknown & _ADAM else ""
         raise ValueError(f"compressor {name!r} takes no option {', '.join(sorted(unknown))}"
                          f"{hint}")
+    _check_adam(options)
     if momentum and name not in MOMENTUM:
         raise ValueError(f"momentum=True works with {', '.join(MOMENTUM)}, not {name!r}")
     if momentum:
@@ -118,6 +120,20 @@ def make_hook(
         return MomentumCompression(inner, **adam, model=model), compression_hook
     group = resolve_group(process_group)
     return cls(group, **options), compression_hook
+
+
+def _check_adam(options: dict[str, Any]) -> None:
+    """AdamW's options, checked before torch's own checks (which raise IndexError/TypeError)."""
+    betas = options.get("betas")
+    if betas is not None and not (
+            isinstance(betas, (tuple, list)) and len(betas) == 2
+            and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+    for key in ("lr", "eps", "weight_decay"):
+        value = options.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not value >= 0):
+            raise ValueError(f"{key} must be a number >= 0, got {value!r}")
 
 
 __all__ = ["COMPRESSORS", "CompressionState", "MomentumCompression", "OneBitAdam",

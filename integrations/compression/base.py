@@ -79,6 +79,11 @@ class CompressionState:
     ) -> None:
         if not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model must be the torch.nn.Module DDP wraps, got "
+                             f"{type(model).__name__}")
+        if timer is not None and not isinstance(timer, CommTimer):
+            raise ValueError(f"timer must be a laggard CommTimer, got {type(timer).__name__}")
         self.process_group = process_group
         self.warmup_steps = warmup_steps
         #: steps whose last bucket went through this hook
@@ -130,11 +135,15 @@ class CompressionState:
         """Restore what :meth:`state_dict` returned.
 
         Raises:
-            ValueError: the checkpoint is another compressor's, or does not fit the model.
+            ValueError: the checkpoint is another compressor's, was taken with ``momentum=True``
+            by a hook without it, or does not fit the model.
         """
         if state.get("compressor") != self.name:
             raise ValueError(f"checkpoint of compressor {state.get('compressor')!r}, this hook "
                              f"is {self.name!r}")
+        if state.get("momentum") and not getattr(self, "takes_momentum", False):
+            raise ValueError("checkpoint taken with momentum=True (it holds the optimizer): "
+                             "load it into make_hook(..., momentum=True)")
 
     def _require_names(self) -> None:
         if not self._params:

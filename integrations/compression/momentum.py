@@ -105,6 +105,16 @@ class MomentumCompression(CompressionState):
 
         return self.inner.communicate(bucket).then(checked)
 
+    @property
+    def nonfinite_buckets(self) -> int:
+        """Buckets whose momentum held NaN/Inf on this rank (the wrapped compressor's count)."""
+        return int(getattr(self.inner, "nonfinite_buckets", 0))
+
+    @property
+    def nonfinite_steps(self) -> int:
+        """Optimizer steps skipped on every rank for a result that was not finite."""
+        return self.optimizer.nonfinite_steps
+
     def _scales(self, p: torch.Tensor) -> torch.Tensor:
         """The frozen ``sqrt(v_hat) + eps`` of ``p``, flat, with 0 where it is ``inf``."""
         scale = self._finite.get(id(p))
@@ -128,7 +138,11 @@ class MomentumCompression(CompressionState):
         """
         if not state.get("momentum"):
             raise ValueError("checkpoint taken without momentum=True: no optimizer state")
-        self.inner.load_state_dict(state)
+        self.inner.takes_momentum = True  # type: ignore[attr-defined]
+        try:
+            self.inner.load_state_dict(state)
+        finally:
+            self.inner.takes_momentum = False  # type: ignore[attr-defined]
         self.optimizer.load_state_dict(state["optimizer"])
 
     def close(self) -> None:

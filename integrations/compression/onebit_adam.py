@@ -28,10 +28,12 @@ a checkpoint resumes to exactly the step an uninterrupted run takes, even though
 buckets after a restart. Bytes per rank: ``2 (W-1)/W * N/8`` plus ``16 (W-1)`` of scales.
 
 Bad input: a rank whose momentum holds NaN or Inf sends that chunk as a NaN flag (see signcodec);
-its worker error keeps the previous value, a server receiving a flag sends one on and keeps its
-error, every rank gets NaN for that chunk, and :class:`OneBitAdam` skips the step on every rank
-alike (counted in ``nonfinite_steps``). A checkpoint only loads into a job of the same world size
-and rank (the server error is one chunk of W): anything else is a ``ValueError``.
+a server receiving a flag sends one on, every rank gets NaN for that chunk, and
+:class:`OneBitAdam` skips the step on every rank alike (counted in ``nonfinite_steps``); every
+rank's worker and server errors go back to what they were before the step. During the warm-up
+the optimizer skips a step whose (all-reduced, hence shared) gradients are not finite. A
+checkpoint only loads into a job of the same world size and rank (the server error is one chunk
+of W): anything else is a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from laggard.integrations.compression.signcodec import (
     nan_row,
     scales,
 )
+from laggard.integrations.compression.topk import all_finite
 from laggard.integrations.compression.two_stage import StageTwoWorker
 from laggard.integrations.compression.wire import (
     allgather_bytes,
@@ -141,6 +144,10 @@ class OneBitAdam(torch.optim.AdamW):
             self.nonfinite_steps += 1
             return loss
         if not self.frozen:
+            if not all(all_finite(p.grad) for group in self.param_groups
+                       for p in group["params"] if p.grad is not None):
+                self.nonfinite_steps += 1  # the shared gradients: every rank skips alike
+                return loss
             super().step()
             return loss
         for group in self.param_groups:
@@ -206,6 +213,7 @@ class OneBitAdamCompression(CompressionState):
         self._error, self._work, self._momentum = zeros
         self._server = torch.zeros(self.chunk, device=device)
         self._server_work = torch.zeros_like(self._server)
+        self._server_swapped = False
         self._pending: list[tuple[torch.Tensor, BucketLayout, torch.futures.Future]] = []
         self._covered = 0
         self._first_index = 0
@@ -290,6 +298,11 @@ class OneBitAdamCompression(CompressionState):
         if not bool(torch.isfinite(scales(rows)).all()):
             self.optimizer.skip_next = True
             self.nonfinite_steps += 1
+            # the step is dropped everywhere: back to the errors it started from (the previous
+            # buffers are still the spare ones), on every rank alike
+            self._error, self._work = self._work, self._error
+            if self._server_swapped:
+                self._server, self._server_work = self._server_work, self._server
         momentum = decode_rows(rows, out=self._momentum.view(w, c)).view(-1)[:n]
         for buffer, layout, fut in pending:
             for p, start, end in layout.slices():
@@ -302,6 +315,7 @@ class OneBitAdamCompression(CompressionState):
     def _server_stage(self, received: torch.Tensor) -> torch.Tensor:
         """Average the W chunks received, add the server error, re-compress; one payload row."""
         w, c = self.world_size, self.chunk
+        self._server_swapped = False
         if not bool(torch.isfinite(scales(received)).all()):
             return nan_row(c).to(received.device).view(-1)  # pass the flag on, keep the error
         server = self._server_work
@@ -314,6 +328,7 @@ class OneBitAdamCompression(CompressionState):
         if bool(finite.all()):
             server[real:].zero_()
             self._server, self._server_work = server, self._server
+            self._server_swapped = True
         return reply.view(-1)
 
     def state_dict(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ Per rank that is ``2 (W-1)/W * N/8`` bytes plus ``16 (W-1)`` bytes of scales, ag
 all-gather of every rank's packed signs (``(W-1) N/8``) saves only ``64/W``-fold.
 
 Wire format of one chunk: ``c/8`` bytes of packed signs, then the scale as a float64 (8 bytes).
+A chunk whose input held NaN or Inf goes out as a NaN scale: the flag of :mod:`.signcodec`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import torch.distributed as dist
 from laggard.integrations.compression.base import CompressionState
 from laggard.integrations.compression.bits import pack_bits
 from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback
+from laggard.integrations.compression.signcodec import nan_row, scales
+from laggard.integrations.compression.topk import all_finite
 from laggard.integrations.compression.two_stage import StageTwoWorker
 from laggard.integrations.compression.wire import allgather_bytes, alltoall_bytes
 
@@ -104,6 +107,12 @@ class SignCompression(CompressionState):
     Args:
         process_group, model, timer: see :class:`CompressionState`.
 
+    Attributes:
+        nonfinite_buckets: buckets whose gradients held NaN/Inf on this rank (sent as a NaN
+            flag, the residual left as it was; every rank's result for the bucket is NaN, the
+            servers keep their residuals and the other ranks owe what they sent to the next
+            step).
+
     Creating it is collective (it makes a second process group); call :meth:`close` on every rank
     after the last step.
     """
@@ -112,6 +121,7 @@ class SignCompression(CompressionState):
 
     def __init__(self, process_group: dist.ProcessGroup, **kwargs: Any) -> None:
         super().__init__(process_group, **kwargs)
+        self.nonfinite_buckets = 0
         self.residuals = ErrorFeedback(on_evict=self._fold_server_residual)
         # bucket index -> (layout key, this rank's server residual, c elements)
         self._server: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}
@@ -125,9 +135,14 @@ class SignCompression(CompressionState):
         c = chunk_elements(n, w)
         lengths = chunk_lengths(n, w)
         work = self.residuals.flat(index, layout, padded_numel=w * c)
-        work[:n].add_(buffer)
-        payload = compress_rows(work.view(w, c), lengths)
-        work[n:].zero_()  # padding carries no residual
+        finite = all_finite(buffer)
+        if finite:
+            work[:n].add_(buffer)
+            payload = compress_rows(work.view(w, c), lengths)
+            work[n:].zero_()  # padding carries no residual
+        else:  # the NaN flag in every chunk; the residual keeps its value
+            self.nonfinite_buckets += 1
+            payload = nan_row(c).to(buffer.device).expand(w, -1).contiguous()
         received = torch.empty_like(payload)
         if self.integrity is not None:
             self.integrity.alltoall_sent(index, payload)
@@ -143,9 +158,13 @@ class SignCompression(CompressionState):
         def finish() -> torch.Tensor:
             if self.integrity is not None:
                 self.integrity.alltoall_received(index, received)
-            server.add_(decompress_rows(received).mean(0))
-            server[real:].zero_()  # padding: what the workers sent there is sign(0)
-            reply = compress_rows(server.view(1, c), my_length).view(-1)
+            before = server.clone()  # 1/W of the bucket: restored if the step is flagged
+            if bool(torch.isfinite(scales(received)).all()):
+                server.add_(decompress_rows(received).mean(0))
+                server[real:].zero_()  # padding: what the workers sent there is sign(0)
+                reply = compress_rows(server.view(1, c), my_length).view(-1)
+            else:  # pass the flag on
+                reply = nan_row(c).to(server.device).view(-1)
             gathered = torch.empty(w * reply.numel(), dtype=torch.uint8, device=reply.device)
             if self.integrity is not None:
                 self.integrity.allgather_sent(index, reply, stage=1)
@@ -156,7 +175,14 @@ class SignCompression(CompressionState):
                              raw_bytes=0, bucket_ready=False).wait()
             if self.integrity is not None:
                 self.integrity.allgather_received(index, gathered.view(w, -1), stage=1)
-            buffer.copy_(decompress_rows(gathered.view(w, -1)).view(-1)[:n])
+            rows = gathered.view(w, -1)
+            if not bool(torch.isfinite(scales(rows)).all()):  # some rank's NaN
+                server.copy_(before)
+                if finite:  # owe what was sent to the next step (to rounding)
+                    work.add_(decompress_rows(payload).view(-1))
+                    work[n:].zero_()
+                return buffer.fill_(float("nan"))
+            buffer.copy_(decompress_rows(rows).view(-1)[:n])
             return buffer
 
         return self._worker.submit(first, finish, buffer.device)

@@ -31,7 +31,10 @@ Two exchanges (``algorithm``):
 
 ``auto`` takes ``allgather`` up to 2 ranks (the same ``8k`` bytes in one collective) and
 ``scatter`` above. A bucket whose gradients hold NaN/Inf is sent as a NaN flag and its residuals
-are left as they were; every rank's result for it is NaN (counted in ``nonfinite_buckets``).
+are left as they were; every rank's result for it is NaN (counted in ``nonfinite_buckets`` on the
+rank that held it). The other ranks put back into their residuals what they had selected to send
+(error feedback then owes it, with this step's gradient, to the next step) and the servers of the
+sparse reduce-scatter restore theirs: nothing a residual held is lost anywhere.
 """
 
 from __future__ import annotations
@@ -184,7 +187,8 @@ def all_finite(tensor: torch.Tensor) -> bool:
     """True when no element is NaN or Inf, in one read (a float32 sum; an overflowing sum of
     finite values, beyond 3e38, also reads as not finite: such gradients are as unusable)."""
     if tensor.device.type == "cpu" and tensor.dtype == torch.float32:
-        return bool(np.isfinite(np.add.reduce(tensor.numpy(), dtype=np.float32)))
+        return bool(np.isfinite(np.add.reduce(tensor.detach().numpy(), axis=None,
+                                              dtype=np.float32)))
     return bool(torch.isfinite(tensor.sum()))
 
 
@@ -213,8 +217,8 @@ class TopKCompression(CompressionState):
 
     def __init__(self, process_group: dist.ProcessGroup, *, ratio: float = 0.01, seed: int = 0,
                  algorithm: str = "auto", **kwargs: Any) -> None:
-        if not 0 < ratio <= 1:
-            raise ValueError(f"top-k ratio must be in (0, 1], got {ratio!r}")
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+            raise ValueError(f"top-k ratio must be a number in (0, 1], got {ratio!r}")
         if algorithm not in ALGORITHMS:
             raise ValueError(f"top-k algorithm {algorithm!r} not in {ALGORITHMS}")
         super().__init__(process_group, **kwargs)
@@ -268,6 +272,8 @@ class TopKCompression(CompressionState):
             rows = gathered.view(w, 2 * k)
             if self.integrity is not None:
                 self.integrity.allgather_received(index, rows)
+            if flagged(rows):  # another rank's NaN: keep what this rank selected to send
+                put_back(p, payload.view(1, -1), 0)
             return scatter_rows(buffer, rows, 0, 1 / w)
 
         return fut.then(decompress)
@@ -328,6 +334,7 @@ class TopKCompression(CompressionState):
             if self.integrity is not None:
                 self.integrity.alltoall_received(index, received)
             values = received[:, :kr].contiguous().view(torch.float32).reshape(-1)
+            before = server.clone()  # 1/W of the bucket: restored if another region is flagged
             if bool(torch.isfinite(values).all()):
                 server.index_add_(0, received[:, kr:].reshape(-1).long(), values, alpha=1 / w)
                 server[real:].zero_()
@@ -344,6 +351,9 @@ class TopKCompression(CompressionState):
             rows = gathered.view(w, 2 * kr)
             if self.integrity is not None:
                 self.integrity.allgather_received(index, rows, stage=1)
+            if flagged(rows):  # some rank's NaN: nothing of this step is applied anywhere
+                server.copy_(before)
+                put_back(p, payload, c)
             return scatter_rows(buffer, rows, c, 1.0)
 
         assert self._worker is not None
@@ -374,6 +384,23 @@ def nan_flag(k: int, device: torch.device) -> torch.Tensor:
     payload[:k] = torch.full((k,), float("nan"), device=device).view(torch.int32)
     payload[k:] = torch.arange(k, device=device)
     return payload
+
+
+def flagged(rows: torch.Tensor) -> bool:
+    """Whether any of the sparse rows (int32 ``(R, 2k)``) is a NaN flag."""
+    k = rows.shape[1] // 2
+    return not bool(torch.isfinite(rows[:, :k].contiguous().view(torch.float32)).all())
+
+
+def put_back(p: torch.Tensor, rows: torch.Tensor, region: int) -> None:
+    """Undo a selection: write this rank's sent values (int32 ``(R, 2k)`` rows, row ``r`` at
+    offset ``r region``) back into the residual ``p`` they were zeroed in. Flag rows (NaN) are
+    skipped: their residual was never touched."""
+    k = rows.shape[1] // 2
+    for r, row in enumerate(rows):
+        values = row[:k].contiguous().view(torch.float32)
+        if bool(torch.isfinite(values).all()):
+            p[row[k:].long() + r * region] = values
 
 
 def scatter_rows(buffer: torch.Tensor, rows: torch.Tensor, region: int,

@@ -14,6 +14,9 @@
 * ``nonfinite``: PowerSGD on two hand-made buckets, where bucket 0 holds NaN on rank 0 at step 1
   and Inf on rank 1 at step 2, against a run that never saw those two steps for bucket 0; saves
   the results, states, counters and bytes to ``nonfinite-rank<R>.pt``.
+* ``flagged``: sign, topk (both exchanges) and 1-bit Adam on one bucket, rank 0's gradients NaN
+  at step 1; saves per step the result's finiteness, the counters and the state to
+  ``flagged-rank<R>.pt``.
 """
 
 from __future__ import annotations
@@ -272,11 +275,49 @@ def nonfinite(rank: int, counter: WireCounter) -> dict:
     return out
 
 
+#: flagged(): the hooks whose NaN flag is checked on every rank; label -> (name, options)
+FLAGGED = {"sign": ("sign", {}), "topk": ("topk", {"algorithm": "allgather"}),
+           "topk_scatter": ("topk", {"algorithm": "scatter"}),
+           "onebit_adam": ("onebit_adam", {"warmup_steps": 1})}
+
+
+def flagged(rank: int) -> dict:
+    """Each stateful hook on one bucket for 4 steps, rank 0's gradients NaN at step 1: per step,
+    whether the result is finite, the counters and the whole state (``state_dict``)."""
+    out = {}
+    for label, (name, options) in FLAGGED.items():
+        module = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(shape))
+                                         for shape in ((300, 200), (200,))])
+        state, hook = make_hook(name, model=module, **options)
+        if name == "onebit_adam":  # one AdamW step freezes the variance
+            for p in module:
+                p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(7))
+            state.optimizer.step()
+        steps = []
+        for number in range(4):
+            grads = torch.randn(60_200, generator=torch.Generator().manual_seed(10 * number
+                                                                                + rank))
+            if number == 1 and rank == 0:
+                grads[17] = float("nan")
+            result = hook(state, FlatBucket(0, list(module), grads)).wait()
+            steps.append({"finite": bool(torch.isfinite(result).all()),
+                          "all_nan": bool(torch.isnan(result).all()),
+                          "nonfinite": getattr(state, "nonfinite_buckets",
+                                               getattr(state, "nonfinite_steps", None)),
+                          "state": {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                                    for k, v in state.state_dict().items()
+                                    if k != "optimizer"}})
+        state.close()
+        out[label] = steps
+    return out
+
+
 def main(mode: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    modes = ("reference", "train", "resume", "nonfinite") if mode == "all" else (mode,)
+    modes = ("reference", "train", "resume", "nonfinite", "flagged") if mode == "all" \
+        else (mode,)
     counter = WireCounter(world)
     if "reference" in modes:
         result = reference(rank)
@@ -298,6 +339,8 @@ def main(mode: str, out_dir: str) -> None:
             json.dump(resume(rank), f)
     if "nonfinite" in modes:
         torch.save(nonfinite(rank, counter), os.path.join(out_dir, f"nonfinite-rank{rank}.pt"))
+    if "flagged" in modes:
+        torch.save(flagged(rank), os.path.join(out_dir, f"flagged-rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
 

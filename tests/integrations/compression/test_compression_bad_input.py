@@ -290,3 +290,26 @@ def test_momentum_compression_selects_by_the_preconditioned_momentum(one_rank_gr
     assert set(sent.tolist()) == by_update
     state.optimizer.step()
     state.close()
+
+
+def test_wrongly_typed_options_and_a_momentum_checkpoint_are_clear_errors(
+        one_rank_group: None) -> None:
+    model = small_model()
+    with pytest.raises(ValueError, match="ratio must be a number"):
+        make_hook("topk", ratio="0.1")
+    with pytest.raises(ValueError, match="betas must be two numbers"):
+        make_hook("onebit_adam", model=model, betas=(0.9,))
+    with pytest.raises(ValueError, match="lr must be a number"):
+        make_hook("topk", model=model, momentum=True, lr="fast")
+    with pytest.raises(ValueError, match="model must be the torch.nn.Module"):
+        make_hook("topk", model="model")
+    with pytest.raises(ValueError, match="timer must be a laggard CommTimer"):
+        make_hook("topk", timer=object())
+    state, _ = make_hook("powersgd", model=model, momentum=True, warmup_steps=2, lr=1e-3)
+    checkpoint = state.state_dict()
+    assert state.nonfinite_buckets == 0 and state.nonfinite_steps == 0
+    state.close()
+    plain, _ = make_hook("powersgd", model=model)
+    with pytest.raises(ValueError, match="taken with momentum=True"):
+        plain.load_state_dict(checkpoint)
+    plain.close()

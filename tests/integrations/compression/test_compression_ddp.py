@@ -278,3 +278,62 @@ def test_powersgd_bytes_of_a_nonfinite_step_are_stage_one_alone(nonfinite: list[
         assert [s["reported"] for s in steps] == [
             stage1 + stage2 + bucket1, stage1 + bucket1, stage1 + bucket1,
             stage1 + stage2 + bucket1]
+
+
+@pytest.fixture(scope="module")
+def flagged(job: Path) -> list[dict]:
+    """Per rank and hook: 4 steps on one bucket, rank 0's gradients NaN at step 1
+    (``ddp_worker.flagged``)."""
+    return [torch.load(job / f"flagged-rank{r}.pt") for r in range(WORLD)]
+
+
+def _states_equal(a: dict, b: dict) -> bool:
+    def flat(state: dict) -> dict:
+        out = {}
+        for key, value in state.items():
+            if isinstance(value, dict):
+                out.update({f"{key}.{k}": v for k, v in flat(value).items()})
+            else:
+                out[key] = value
+        return out
+
+    a, b = flat(a), flat(b)
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+
+
+@pytest.mark.parametrize("label", ["sign", "topk", "topk_scatter", "onebit_adam"])
+def test_a_nan_on_one_rank_is_flagged_everywhere_and_poisons_nothing(flagged: list[dict],
+                                                                       label: str) -> None:
+    ranks = [rank[label] for rank in flagged]
+    for steps in ranks:
+        assert [s["finite"] for s in steps] == [True, False, True, True]
+        # the whole bucket, as an fp32 all-reduce would give (1-bit Adam: the flagged chunk)
+        assert steps[1]["all_nan"] or label == "onebit_adam"
+        state_tensors = [v for s in steps for v in _tensors(s["state"])]
+        assert all(bool(torch.isfinite(t).all()) for t in state_tensors)  # nothing poisoned
+    # counted on the rank that held it (1-bit Adam: on every rank, it skips the step everywhere)
+    counts = [[s["nonfinite"] for s in steps] for steps in ranks]
+    if label == "onebit_adam":
+        assert counts == [[0, 1, 1, 1], [0, 1, 1, 1]]
+    else:
+        assert counts == [[0, 1, 1, 1], [0, 0, 0, 0]]
+    # the flagged rank's state is exactly as before the step (1-bit Adam: every rank's)
+    assert _states_equal(ranks[0][0]["state"], ranks[0][1]["state"])
+    if label == "onebit_adam":
+        assert _states_equal(ranks[1][0]["state"], ranks[1][1]["state"])
+    if label == "topk":  # the other rank put back what it had selected: it owes e + g exactly
+        residual = [torch.cat([s["state"]["residuals"][n].reshape(-1) for n in ("0", "1")])
+                    for s in ranks[1][:2]]
+        gradient = torch.randn(60_200, generator=torch.Generator().manual_seed(11))
+        assert torch.equal(residual[1], residual[0] + gradient)
+
+
+def _tensors(state: dict) -> list[torch.Tensor]:
+    out = []
+    for value in state.values():
+        if isinstance(value, dict):
+            out += _tensors(value)
+        elif isinstance(value, torch.Tensor) and value.is_floating_point():
+            out.append(value)
+    return out

@@ -103,9 +103,9 @@ def test_error_feedback_keeps_the_residual_bounded(
 
 
 @pytest.mark.parametrize("name,options,message", [
-    ("topk", {"ratio": 0.0}, "ratio must be in"),
-    ("topk", {"ratio": 1.5}, "ratio must be in"),
-    ("topk", {"ratio": float("nan")}, "ratio must be in"),
+    ("topk", {"ratio": 0.0}, "ratio must be a number in"),
+    ("topk", {"ratio": 1.5}, "ratio must be a number in"),
+    ("topk", {"ratio": float("nan")}, "ratio must be a number in"),
     ("powersgd", {"rank": 0}, "rank must be an integer"),
 ])
 def test_out_of_range_options_are_refused_at_set_up(
