@@ -73,8 +73,8 @@ def codec_throughput(names: list[str], reps: int) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     buckets = {
-        "demo model, one bucket": list(ByteLM().parameters()),
-        "25 MB bucket (6 x 1024 x 1024)": [torch.nn.Parameter(torch.empty(1024, 1024))
+        "whole hook, demo model in one bucket": list(ByteLM().parameters()),
+        "whole hook, 25 MB bucket (6 x 1024 x 1024)": [torch.nn.Parameter(torch.empty(1024, 1024))
                                             for _ in range(6)],
     }
     rows = []

@@ -113,8 +113,9 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
             f"communication per step (compression: {comm['hook']}): {comm['bytes'] / 1e6:.3f} "
             f"MB sent per rank{_ratio(comm.get('compression_ratio'))}, "
             f"{_ms(comm['collective_seconds'])} ms in collectives, "
-            f"{_ms(comm['exposed_seconds'])} ms exposed, {_ms(comm['hidden_seconds'])} ms "
-            "hidden behind backward")
+            f"{_ms(comm['exposed_seconds'])} ms exposed (last bucket ready to last completion, "
+            f"the codec's CPU time included), {_ms(comm['hidden_seconds'])} ms of the "
+            "collectives hidden behind backward (medians per step)")
     loss = report["loss"]
     lines.append(f"loss (mean over ranks; progress lines show rank 0's): {_num(loss['first'])} "
                  f"at the first step, {_num(loss['last'])} at the last")
