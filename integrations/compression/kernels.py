@@ -19,12 +19,28 @@ bit order is numpy's ``packbits(bitorder="little")``: bit ``i`` of byte ``j`` is
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``numba.njit`` without the GIL, cached on disk where Numba finds a writable place (next to
+    this file, or the user's cache directory); compiled per process where it does not (a
+    read-only install with a read-only home, as in a locked-down container), since Numba's
+    ``cache=True`` then raises at import."""
+    def compile_lazily(function: Callable[..., Any]) -> Any:
+        try:
+            return njit(cache=True, nogil=True, **options)(function)
+        except RuntimeError:  # "cannot cache function ...: no locator available"
+            return njit(nogil=True, **options)(function)
+    return compile_lazily
+
+
+@_kernel(fastmath={"reassoc", "contract"})
 def l1_norm(row: np.ndarray) -> float:
     """``sum |row|`` of a float32 row, accumulated in float32 lanes (reassociated so it
     vectorises; relative error ~1e-6 per million elements). NaN or Inf in, NaN or Inf out."""
@@ -34,7 +50,7 @@ def l1_norm(row: np.ndarray) -> float:
     return total
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def sign_encode(row: np.ndarray, scale: np.float32, packed: np.ndarray) -> None:
     """Pack ``row``'s sign bits into ``packed`` and leave ``row - copysign(scale, row)`` in it.
 
@@ -53,7 +69,7 @@ def sign_encode(row: np.ndarray, scale: np.float32, packed: np.ndarray) -> None:
         packed[j] = np.uint8(byte)
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def sign_decode(packed: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
     """``out[8 j + i] = -scale`` where bit ``i`` of ``packed[j]`` is set, else ``scale``.
 
@@ -68,7 +84,7 @@ def sign_decode(packed: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
             out[8 * j + i] = -scale if (byte >> i) & 1 else scale
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def sign_accumulate(packed: np.ndarray, scale: np.float32, out: np.ndarray) -> None:
     """:func:`sign_decode`, added into ``out`` instead of overwriting it."""
     for j in range(packed.size):
@@ -92,7 +108,7 @@ def threshold_bits(threshold: float) -> np.uint32:
     return np.array([threshold], dtype=np.float32).view(np.uint32)[0]
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def collect_above(values: np.ndarray, limit: np.uint32, positions: np.ndarray,
                   picked: np.ndarray) -> int:
     """Entries with ``|values[i]| >= threshold``, in order: positions and values.
@@ -122,7 +138,7 @@ def collect_above(values: np.ndarray, limit: np.uint32, positions: np.ndarray,
     return _scan(values, full, n, limit, positions, picked, count)
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def add_collect_above(values: np.ndarray, gradient: np.ndarray, limit: np.uint32,
                       positions: np.ndarray, picked: np.ndarray) -> int:
     """``values[:G] += gradient`` (``G = gradient.size <= N``), then :func:`collect_above`, in
@@ -160,7 +176,7 @@ def _bits(typingctx, value):  # type: ignore[no-untyped-def]
     return types.uint32(types.float32), codegen
 
 
-@njit(cache=True, nogil=True, inline="always")
+@_kernel(inline="always")
 def _scan(values: np.ndarray, start: int, end: int, limit: np.uint32, positions: np.ndarray,
           picked: np.ndarray, count: int) -> int:
     """Append the entries of ``[start, end)`` at or above ``limit``; -1 once the outputs are
@@ -178,7 +194,7 @@ def _scan(values: np.ndarray, start: int, end: int, limit: np.uint32, positions:
     return count
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def scatter_add(out: np.ndarray, values: np.ndarray, positions: np.ndarray, region: int,
                 weight: np.float32) -> bool:
     """``out[positions[r, j] + r region] += weight values[r, j]`` for every row ``r`` of the
@@ -209,7 +225,7 @@ def scatter_add(out: np.ndarray, values: np.ndarray, positions: np.ndarray, regi
     return True
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def take_topk(values: np.ndarray, positions: np.ndarray, picked: np.ndarray, kth: np.float32,
               k: int, out_positions: np.ndarray, out_values: np.ndarray, zero: bool) -> None:
     """The exact top ``k`` by magnitude of the candidates a collect kernel found, given the k-th

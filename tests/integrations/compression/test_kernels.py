@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -103,3 +109,25 @@ def test_scatter_add_places_each_region_and_refuses_a_nan_flag() -> None:
     values[1, 0] = np.nan
     assert not kernels.scatter_add(out, values, positions, 6, np.float32(1.0))
     assert out.tolist() == [0.5, 0, 0, 1.0, 0, 0, 0, 1.5, 0, 0]  # nothing added
+
+
+def test_kernels_compile_in_a_read_only_install_with_a_read_only_home(tmp_path: Path) -> None:
+    """Numba's ``cache=True`` raises at import when no cache location is writable; the kernels
+    then compile per process (a locked-down container). Read-only bind mounts in a private mount
+    namespace stand in for one."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for the read-only mounts")
+    home, package = tmp_path / "home", Path(kernels.__file__).parent
+    home.mkdir()
+    script = (f"mount --bind {package} {package} && mount -o remount,bind,ro {package} && "
+              f"mount --bind {home} {home} && mount -o remount,bind,ro {home} && "
+              f"touch {package}/probe 2>/dev/null && exit 3; "
+              f"HOME={home} XDG_CACHE_HOME={home}/.cache {sys.executable} -c "
+              "'import numpy as np; from laggard.integrations.compression import kernels; "
+              "print(kernels.l1_norm(np.ones(16, np.float32)))'")
+    proc = subprocess.run(["unshare", "-m", "bash", "-c", script], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    if proc.returncode and "mount" in proc.stderr:
+        pytest.skip(f"read-only mounts not permitted here: {proc.stderr.strip()[-200:]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "16.0"
