@@ -23,8 +23,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from numba import njit, types
-from numba.extending import intrinsic
+
+try:
+    from numba import njit, types
+    from numba.extending import intrinsic
+except ImportError as exc:  # installed without the torch extra
+    raise ImportError("laggard's compression hooks compile their CPU codecs with Numba: "
+                      "pip install 'laggard[torch]' (or numba)") from exc
 
 
 def _kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
