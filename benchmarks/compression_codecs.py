@@ -123,7 +123,7 @@ def codec_only(numel: int, reps: int, world: int = 4) -> list[dict[str, Any]]:
         decode_rows(encode_rows(work.view(world, c), lengths)[0], out=decoded)
 
     def topk() -> None:
-        payload = topk_state.select(work[:numel], grads, k, topk_state.workspace(0, grads))
+        payload = topk_state.select(work[:numel], grads, k)
         scatter_rows(out, payload.view(1, -1), 0, 1.0)
 
     codecs = {

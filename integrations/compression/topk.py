@@ -40,6 +40,7 @@ sparse reduce-scatter restore theirs: nothing a residual held is lost anywhere.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -105,7 +106,7 @@ def select_topk(values: torch.Tensor, k: int, generator: torch.Generator,
     if values.device.type == "cpu" and n >= EXACT_BELOW and 4 * k < n:
         return torch.from_numpy(_exact_cpu(values.detach().numpy(), k))
     magnitude = torch.abs(values, out=workspace) if workspace is not None else values.abs()
-    if n < EXACT_BELOW or 4 * k >= n or values.device.type == "cpu":
+    if n < EXACT_BELOW or 4 * k >= n:
         return torch.topk(magnitude, k, sorted=False).indices
     threshold = _sampled_threshold(values.detach(), None, k, generator)
     above_mask = torch.ge(magnitude, threshold, out=mask) if mask is not None \
@@ -256,7 +257,7 @@ class TopKCompression(CompressionState):
         k = self.k(layout.numel)
         p = self.residuals.flat(index, layout)
         if all_finite(buffer):
-            payload = self.select(p, buffer, k, self.workspace(index, p))
+            payload = self.select(p, buffer, k, lambda: self.workspace(index, p))
         else:  # the NaN flag; the residual keeps its value
             self.nonfinite_buckets += 1
             payload = nan_flag(k, p.device)
@@ -279,7 +280,8 @@ class TopKCompression(CompressionState):
         return fut.then(decompress)
 
     def select(self, p: torch.Tensor, gradient: torch.Tensor | None, k: int,
-                workspace: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+                workspace: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
+                ) -> torch.Tensor:
         """``p[:G] += gradient`` (finite: the callers check), then the payload of p's top k
         (int32 ``(2k,)``: values' bits, then indices), zeroing them in ``p``."""
         payload = torch.empty(2 * k, dtype=torch.int32, device=p.device)
@@ -290,7 +292,10 @@ class TopKCompression(CompressionState):
                          zero=True):
                 return payload
             gradient = None  # the kernel did the add
-        magnitudes, mask = workspace if workspace is not None else (None, None)
+        # the magnitudes and mask buffers only on other devices (made on demand: they cost 1.25
+        # times the bucket's memory; the CPU paths need neither)
+        magnitudes, mask = workspace() if workspace is not None and p.device.type != "cpu" \
+            else (None, None)
         chosen = select_topk(p, k, self._generator, magnitudes, mask, add=gradient)
         if p.device.type == "cpu":  # numpy's fancy indexing: ~20x torch's for these sizes
             flat, where = p.numpy(), chosen.numpy()
@@ -310,11 +315,10 @@ class TopKCompression(CompressionState):
         c = -(-n // w)  # region (chunk) length
         kr = min(c, -(-self.k(n) // w))  # entries per region
         p = self.residuals.flat(index, layout, padded_numel=w * c)
-        workspace = self.workspace(index, p)
         if all_finite(buffer):
             rows = [self.select(p[j * c : (j + 1) * c], buffer[j * c : (j + 1) * c], kr,
-                                 (workspace[0][j * c : (j + 1) * c],
-                                  workspace[1][j * c : (j + 1) * c]))
+                                 lambda j=j: tuple(t[j * c : (j + 1) * c]  # type: ignore[misc]
+                                                   for t in self.workspace(index, p)))
                     for j in range(w)]
         else:  # every region flagged; the residual is left as it was
             self.nonfinite_buckets += 1
@@ -338,7 +342,8 @@ class TopKCompression(CompressionState):
             if bool(torch.isfinite(values).all()):
                 server.index_add_(0, received[:, kr:].reshape(-1).long(), values, alpha=1 / w)
                 server[real:].zero_()
-                reply = self.select(server, None, kr, self.workspace(-1 - index, server))
+                reply = self.select(server, None, kr,
+                                    lambda: self.workspace(-1 - index, server))
             else:  # pass the flag on, keep the server residual
                 reply = nan_flag(kr, server.device)
             gathered = torch.empty(w * 2 * kr, dtype=torch.int32, device=reply.device)
