@@ -7,10 +7,11 @@ and writing each buffer once: the sign codec's scale pass reads the row once, it
 reads it and writes back the residual and the packed bits, its decode pass writes the output
 once; top-k's candidate pass reads the bucket once (adding the new gradient on the way).
 
-Compiled on first use (about a second per kernel; cached on disk next to this file or in
-Numba's user cache, so later processes load them) and run without the GIL, so a codec on the
-autograd thread does not stall the hook's second-stage thread. Inputs are 1-D, contiguous numpy
-arrays (views of the tensors' memory: no copies); the callers check dtypes and shapes.
+Compiled on first use (a few seconds for all of them; cached on disk next to this file or in
+Numba's user cache, so later processes load them in about half a second) and run without the
+GIL, so a codec on the autograd thread does not stall the hook's second-stage thread. Inputs are
+contiguous numpy arrays (views of the tensors' memory: no copies); the callers check dtypes and
+shapes.
 
 Sign semantics are the IEEE sign bit, as :func:`numpy.signbit` (``-0.0`` is negative), and the
 bit order is numpy's ``packbits(bitorder="little")``: bit ``i`` of byte ``j`` is element
