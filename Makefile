@@ -30,7 +30,7 @@ test: venv
 lint: venv
 	$(VENV)/bin/ruff check laggard_pkg agent collectors parsers detectors analyze dashboards \
 		integrations demo tests benchmarks scripts
-	$(VENV)/bin/mypy laggard_pkg agent collectors parsers detectors
+	$(VENV)/bin/mypy laggard_pkg agent collectors parsers detectors integrations/compression
 	scripts/lint-imports.sh
 
 clean:

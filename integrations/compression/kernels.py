@@ -159,7 +159,7 @@ def add_collect_above(values: np.ndarray, gradient: np.ndarray, limit: np.uint32
             values[i] = value
             # the bits of the register, not of memory: a bits view of ``values`` could be
             # read before this write lands (LLVM takes numba's arrays as not aliasing)
-            hit |= np.uint32((_bits(value) & _MAGNITUDE) >= limit)
+            hit |= np.uint32((_bits(value) & _MAGNITUDE) >= limit)  # type: ignore[call-arg]
         if hit and count >= 0:  # after an overflow, only the add goes on
             count = _scan(values, start, start + ADD_GROUP, limit, positions, picked, count)
     for i in range(full, added):
@@ -191,7 +191,7 @@ def _scan(values: np.ndarray, start: int, end: int, limit: np.uint32, positions:
         return -1
     for i in range(start, end):
         value = values[i]
-        if (_bits(value) & _MAGNITUDE) >= limit:
+        if (_bits(value) & _MAGNITUDE) >= limit:  # type: ignore[call-arg]
             if count == positions.size:
                 return -1
             positions[count] = i

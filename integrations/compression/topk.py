@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -248,6 +249,12 @@ class TopKCompression(CompressionState):
                                                     device=like.device))
         return workspace
 
+    def _region_workspace(self, index: int, p: torch.Tensor, region: int,
+                          length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        magnitudes, mask = self.workspace(index, p)
+        where = slice(region * length, (region + 1) * length)
+        return magnitudes[where], mask[where]
+
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
         self.timer.bucket_ready()
         if self.algorithm == "scatter":
@@ -317,8 +324,7 @@ class TopKCompression(CompressionState):
         p = self.residuals.flat(index, layout, padded_numel=w * c)
         if all_finite(buffer):
             rows = [self.select(p[j * c : (j + 1) * c], buffer[j * c : (j + 1) * c], kr,
-                                 lambda j=j: tuple(t[j * c : (j + 1) * c]  # type: ignore[misc]
-                                                   for t in self.workspace(index, p)))
+                                 partial(self._region_workspace, index, p, j, c))
                     for j in range(w)]
         else:  # every region flagged; the residual is left as it was
             self.nonfinite_buckets += 1
@@ -333,6 +339,8 @@ class TopKCompression(CompressionState):
                                  raw_bytes=self.raw_bytes(buffer), bucket_ready=False)
         server = self.server.get(index, layout, c)
         real = max(0, min(c, n - self.rank * c))
+        worker = self._worker
+        assert worker is not None  # the scatter exchange always has its stage-two worker
 
         def finish() -> torch.Tensor:
             if self.integrity is not None:
@@ -349,7 +357,7 @@ class TopKCompression(CompressionState):
             gathered = torch.empty(w * 2 * kr, dtype=torch.int32, device=reply.device)
             if self.integrity is not None:
                 self.integrity.allgather_sent(index, reply, stage=1)
-            second = dist.all_gather_single(gathered, reply, group=self._worker.group,
+            second = dist.all_gather_single(gathered, reply, group=worker.group,
                                             async_op=True)
             self.timer.track(second.get_future(), allgather_bytes(reply.numel() * 4, w),
                              "allgather", raw_bytes=0, bucket_ready=False).wait()
@@ -361,8 +369,7 @@ class TopKCompression(CompressionState):
                 put_back(p, payload, c)
             return scatter_rows(buffer, rows, c, 1.0)
 
-        assert self._worker is not None
-        return self._worker.submit(first, finish, buffer.device)
+        return worker.submit(first, finish, buffer.device)
 
     def state_dict(self) -> dict[str, Any]:
         """Residuals per parameter name (server residuals folded in, as on a bucket rebuild)."""
