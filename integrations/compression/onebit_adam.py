@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from laggard.integrations.compression import kernels
 from laggard.integrations.compression.base import CompressionState
 from laggard.integrations.compression.residuals import BucketLayout
 from laggard.integrations.compression.sign import chunk_elements, chunk_lengths
@@ -214,6 +215,7 @@ class OneBitAdamCompression(CompressionState):
         self._server = torch.zeros(self.chunk, device=device)
         self._server_work = torch.zeros_like(self._server)
         self._server_swapped = False
+        kernels.warm_up()
         self._pending: list[tuple[torch.Tensor, BucketLayout, torch.futures.Future]] = []
         self._covered = 0
         self._first_index = 0

@@ -235,6 +235,7 @@ class TopKCompression(CompressionState):
         self._workspace: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.nonfinite_buckets = 0
         self._worker = StageTwoWorker(process_group) if algorithm == "scatter" else None
+        kernels.warm_up()
 
     def k(self, numel: int) -> int:
         """Entries a bucket of ``numel`` elements sends in the all-gather variant."""

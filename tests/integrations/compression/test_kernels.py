@@ -131,3 +131,32 @@ def test_kernels_compile_in_a_read_only_install_with_a_read_only_home(tmp_path: 
         pytest.skip(f"read-only mounts not permitted here: {proc.stderr.strip()[-200:]}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "16.0"
+
+
+def test_warm_up_compiles_every_signature_the_codecs_use(one_rank_group: None) -> None:
+    """After ``warm_up`` (run when a hook is made), the codecs' real calls compile nothing more:
+    the first training step does not pay Numba's compile or load."""
+    import torch
+
+    from laggard.integrations.compression import make_hook
+    from laggard.integrations.compression.signcodec import (
+        accumulate_rows,
+        decode_rows,
+        encode_rows,
+    )
+    from laggard.integrations.compression.topk import scatter_rows, select_topk
+
+    state, _ = make_hook("topk")  # warms the kernels up
+    compiled = {name: len(kernel.signatures) for name, kernel in vars(kernels).items()
+                if hasattr(kernel, "signatures")}
+    values, gradient = torch.randn(200_000), torch.randn(200_000)
+    select_topk(values, 2_000, torch.Generator(), add=gradient)
+    state.select(values, gradient, 2_000)  # the payload's int32 positions
+    state.close()
+    payload, _ = encode_rows(torch.randn(4, 800), torch.full((4,), 800.0))
+    decode_rows(payload, out=torch.empty(4, 800))
+    decode_rows(payload, out=torch.zeros(4, 800), accumulate=True)
+    accumulate_rows(payload, torch.zeros(800), 0.25)
+    scatter_rows(torch.zeros(100), torch.zeros(2, 8, dtype=torch.int32), 50, 0.5)
+    assert {name: len(kernel.signatures) for name, kernel in vars(kernels).items()
+            if hasattr(kernel, "signatures")} == compiled
