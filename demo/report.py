@@ -111,7 +111,7 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
     elif comm["bytes"]:
         lines.append(
             f"communication per step (compression: {comm['hook']}): {comm['bytes'] / 1e6:.3f} "
-            f"MB sent per rank{_ratio(comm.get('compression_ratio'))}, "
+            f"MB (10^6 bytes) sent per rank{_ratio(comm.get('compression_ratio'), comm['hook'])}, "
             f"{_ms(comm['collective_seconds'])} ms in collectives, "
             f"{_ms(comm['exposed_seconds'])} ms exposed (last bucket ready to last completion, "
             f"the codec's CPU time included), {_ms(comm['hidden_seconds'])} ms of the "
@@ -232,8 +232,11 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{1e3 * seconds:.1f}"
 
 
-def _ratio(ratio: float | None) -> str:
+def _ratio(ratio: float | None, hook: str = "") -> str:
     if ratio is None or abs(ratio - 1) < 0.05:  # no compression: nothing to compare
+        if hook not in ("", "none", "fp16", "builtin"):
+            return (" (no compression yet: the measured steps were all in the hook's warm-up "
+                    "of plain fp32 all-reduces; run more --steps)")
         return ""
     return f", {ratio:.1f}x less than an fp32 all-reduce"
 

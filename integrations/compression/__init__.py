@@ -101,6 +101,8 @@ def make_hook(
     if cls is None:
         raise ValueError(f"unknown compressor {name!r}; choose one of {', '.join(COMPRESSORS)}")
     momentum = options.pop("momentum", False)
+    if not isinstance(momentum, bool):
+        raise ValueError(f"momentum must be True or False, got {momentum!r}")
     allowed = _COMMON_OPTIONS | _OPTIONS.get(name, set()) | (_MOMENTUM if momentum else set())
     unknown = set(options) - allowed
     if unknown:

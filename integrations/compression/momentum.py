@@ -136,6 +136,9 @@ class MomentumCompression(CompressionState):
             ValueError: a checkpoint without the optimizer (taken with ``momentum=False``), or
                 one the wrapped compressor refuses.
         """
+        if state.get("compressor") != self.name:
+            raise ValueError(f"checkpoint of compressor {state.get('compressor')!r}, this hook "
+                             f"is {self.name!r} with momentum=True")
         if not state.get("momentum"):
             raise ValueError("checkpoint taken without momentum=True: no optimizer state")
         self.inner.takes_momentum = True  # type: ignore[attr-defined]

@@ -219,9 +219,13 @@ class OneBitAdamCompression(CompressionState):
         self._pending: list[tuple[torch.Tensor, BucketLayout, torch.futures.Future]] = []
         self._covered = 0
         self._first_index = 0
-        #: steps whose momentum was not finite on some rank (sent flagged, step skipped)
-        self.nonfinite_steps = 0
         self._worker = StageTwoWorker(process_group)
+
+    @property
+    def nonfinite_steps(self) -> int:
+        """Optimizer steps skipped on every rank for a result (or, in the warm-up, gradients)
+        that was not finite: counted by :class:`OneBitAdam` when it skips them."""
+        return self.optimizer.nonfinite_steps
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
         if not self.optimizer.frozen:
@@ -299,7 +303,6 @@ class OneBitAdamCompression(CompressionState):
             self.integrity.allgather_received(index, rows, stage=1)
         if not bool(torch.isfinite(scales(rows)).all()):
             self.optimizer.skip_next = True
-            self.nonfinite_steps += 1
             # the step is dropped everywhere: back to the errors it started from (the previous
             # buffers are still the spare ones), on every rank alike
             self._error, self._work = self._work, self._error

@@ -94,7 +94,7 @@ class PowerSGDCompression(CompressionState):
 
     def __init__(self, process_group: dist.ProcessGroup, *, rank: int = 4, seed: int = 0,
                  **kwargs: Any) -> None:
-        if not isinstance(rank, int) or rank < 1:
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"PowerSGD rank must be an integer >= 1, got {rank!r}")
         super().__init__(process_group, **kwargs)
         self.approximation_rank = rank

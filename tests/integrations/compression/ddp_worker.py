@@ -300,6 +300,8 @@ def flagged(rank: int) -> dict:
             if number == 1 and rank == 0:
                 grads[17] = float("nan")
             result = hook(state, FlatBucket(0, list(module), grads)).wait()
+            if name == "onebit_adam":  # it counts a step when it skips it
+                state.optimizer.step()
             steps.append({"finite": bool(torch.isfinite(result).all()),
                           "all_nan": bool(torch.isnan(result).all()),
                           "nonfinite": getattr(state, "nonfinite_buckets",

@@ -305,6 +305,17 @@ def test_wrongly_typed_options_and_a_momentum_checkpoint_are_clear_errors(
         make_hook("topk", model="model")
     with pytest.raises(ValueError, match="timer must be a laggard CommTimer"):
         make_hook("topk", timer=object())
+    with pytest.raises(ValueError, match="momentum must be True or False"):
+        make_hook("topk", model=model, momentum="yes")
+    with pytest.raises(ValueError, match="rank must be an integer"):
+        make_hook("powersgd", rank=True)
+    onebit, _ = make_hook("onebit_adam", model=model, warmup_steps=2)
+    onebit_checkpoint = onebit.state_dict()
+    onebit.close()
+    topk_momentum, _ = make_hook("topk", model=model, momentum=True, warmup_steps=2)
+    with pytest.raises(ValueError, match="compressor 'onebit_adam', this hook is 'topk'"):
+        topk_momentum.load_state_dict(onebit_checkpoint)
+    topk_momentum.close()
     state, _ = make_hook("powersgd", model=model, momentum=True, warmup_steps=2, lr=1e-3)
     checkpoint = state.state_dict()
     assert state.nonfinite_buckets == 0 and state.nonfinite_steps == 0
