@@ -84,6 +84,9 @@ def main(out_dir: str) -> None:
         "internal_errors": callback.monitor.stats.internal_errors,
         "windows": callback.monitor.stats.windows,
     })
+    if dist.is_initialized():  # every rank done before the group goes: else gloo can abort one
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import warnings
 
 import pytorch_lightning as pl
 import torch
+import torch.distributed as dist
 from adapter_support import RecordSink, summarize, write_result
 
 from laggard.integrations.lightning import LaggardCallback
@@ -64,6 +65,9 @@ def main(out_dir: str) -> None:
         "tracer": callback.driver.tracer.stats, "internal_errors": monitor.stats.internal_errors,
         "windows": monitor.stats.windows,
     })
+    if dist.is_initialized():  # every rank done before the group goes: else gloo can abort one
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
