@@ -13,7 +13,11 @@ import torch
 import torch.distributed as dist
 
 from laggard.integrations.comm_timing import CommTimer
-from laggard.integrations.compression.wire import ring_allreduce_bytes, tensor_bytes
+from laggard.integrations.compression.wire import (
+    alltoall_bytes,
+    ring_allreduce_bytes,
+    tensor_bytes,
+)
 
 _BACKENDS = {"gloo", "nccl"}
 
@@ -122,6 +126,20 @@ class CompressionState:
             return result
 
         return fut.then(checked)
+
+    def start_alltoall(self, index: int, payload: torch.Tensor,
+                       raw_bytes: int) -> tuple[torch.Tensor, torch.futures.Future]:
+        """The first stage of a two-stage hook: row ``j`` of ``payload`` (``(W, ...)``) to rank
+        ``j``, fingerprinted when integrity checks are on, timed and counted (each rank sends
+        ``W - 1`` rows); returns the receive buffer and the tracked future."""
+        received = torch.empty_like(payload)
+        if self.integrity is not None:
+            self.integrity.alltoall_sent(index, payload)
+        fut = dist.all_to_all_single(received, payload, group=self.process_group,
+                                     async_op=True).get_future()
+        fut = self.timer.track(fut, alltoall_bytes(tensor_bytes(payload[0]), self.world_size),
+                               "alltoall", raw_bytes=raw_bytes, bucket_ready=False)
+        return received, fut
 
     def raw_bytes(self, buffer: torch.Tensor) -> int:
         """What an fp32 ring all-reduce of ``buffer`` would send from this rank (the baseline)."""

@@ -59,7 +59,6 @@ from laggard.integrations.compression.topk import all_finite
 from laggard.integrations.compression.two_stage import StageTwoWorker
 from laggard.integrations.compression.wire import (
     allgather_bytes,
-    alltoall_bytes,
     ring_allreduce_bytes,
 )
 
@@ -269,13 +268,7 @@ class OneBitAdamCompression(CompressionState):
             work.view(w, c)[~finite] = self._error.view(w, c)[~finite]
         work[n:].zero_()
         self._error, self._work = work, self._error
-        received = torch.empty_like(payload)
-        if self.integrity is not None:
-            self.integrity.alltoall_sent(index, payload)
-        first = dist.all_to_all_single(received, payload, group=self.process_group,
-                                       async_op=True).get_future()
-        first = self.timer.track(first, alltoall_bytes(payload[0].numel(), w), "alltoall",
-                                 raw_bytes=ring_allreduce_bytes(4 * n, w), bucket_ready=False)
+        received, first = self.start_alltoall(index, payload, ring_allreduce_bytes(4 * n, w))
 
         def finish() -> torch.Tensor:
             try:

@@ -31,11 +31,15 @@ import torch.distributed as dist
 
 from laggard.integrations.compression.base import CompressionState
 from laggard.integrations.compression.bits import pack_bits
-from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback
+from laggard.integrations.compression.residuals import (
+    BucketLayout,
+    ErrorFeedback,
+    ServerResiduals,
+)
 from laggard.integrations.compression.signcodec import nan_row, scales
 from laggard.integrations.compression.topk import all_finite
 from laggard.integrations.compression.two_stage import StageTwoWorker
-from laggard.integrations.compression.wire import allgather_bytes, alltoall_bytes
+from laggard.integrations.compression.wire import allgather_bytes
 
 _SCALE_BYTES = 8
 
@@ -122,9 +126,8 @@ class SignCompression(CompressionState):
     def __init__(self, process_group: dist.ProcessGroup, **kwargs: Any) -> None:
         super().__init__(process_group, **kwargs)
         self.nonfinite_buckets = 0
-        self.residuals = ErrorFeedback(on_evict=self._fold_server_residual)
-        # bucket index -> (layout key, this rank's server residual, c elements)
-        self._server: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}
+        self.server = ServerResiduals(self.rank, self.world_size)
+        self.residuals = ErrorFeedback(on_evict=self.server.fold)
         self._worker = StageTwoWorker(process_group)
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
@@ -143,14 +146,8 @@ class SignCompression(CompressionState):
         else:  # the NaN flag in every chunk; the residual keeps its value
             self.nonfinite_buckets += 1
             payload = nan_row(c).to(buffer.device).expand(w, -1).contiguous()
-        received = torch.empty_like(payload)
-        if self.integrity is not None:
-            self.integrity.alltoall_sent(index, payload)
-        first = dist.all_to_all_single(received, payload, group=self.process_group,
-                                       async_op=True).get_future()
-        first = self.timer.track(first, alltoall_bytes(payload[0].numel(), w), "alltoall",
-                         raw_bytes=self.raw_bytes(buffer), bucket_ready=False)
-        server = self._server_residual(index, layout, c)
+        received, first = self.start_alltoall(index, payload, self.raw_bytes(buffer))
+        server = self.server.get(index, layout, c)
         my_length = lengths[self.rank : self.rank + 1]
 
         real = max(0, min(c, n - self.rank * c))
@@ -187,48 +184,19 @@ class SignCompression(CompressionState):
 
         return self._worker.submit(first, finish, buffer.device)
 
-    def _server_residual(self, index: int, layout: BucketLayout, c: int) -> torch.Tensor:
-        entry = self._server.get(index)
-        if entry is None or entry[0] != layout.key or entry[1].numel() != c:
-            entry = (layout.key, torch.zeros(c, dtype=torch.float32, device=entry_device(layout)))
-            self._server[index] = entry
-        return entry[1]
-
-    def _fold_server_residual(self, index: int, layout: BucketLayout, flat: torch.Tensor) -> None:
-        # The server residual is what the *average* still owes for this rank's chunk. When the
-        # bucket is rebuilt the chunk no longer maps to the same parameters, so hand it back to
-        # this rank's worker residual, times W (the next average divides by W): the sum of all
-        # residuals, hence the error feedback's guarantee, is unchanged.
-        entry = self._server.pop(index, None)
-        if entry is None or entry[0] != layout.key:
-            return
-        start, end = self._chunk_range(layout.numel, entry[1].numel())
-        if end > start:
-            flat[start:end].add_(entry[1][: end - start], alpha=self.world_size)
-
-    def _chunk_range(self, numel: int, c: int) -> tuple[int, int]:
-        start = self.rank * c
-        return start, min(start + c, numel)
-
     def state_dict(self) -> dict[str, Any]:
         """Residuals per parameter name; the server residual folded in as on a rebuild."""
         self._require_names()
-        extra = {index: (self.rank * server.numel(), server * self.world_size)
-                 for index, (_, server) in self._server.items()}
         state = super().state_dict()
-        state["residuals"] = self.residuals.export(self._names, extra)
+        state["residuals"] = self.residuals.export(self._names, self.server.folded())
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._require_names()
         self.residuals.load(state["residuals"], self._params)
-        self._server.clear()
+        self.server.clear()
 
     def close(self) -> None:
         self._worker.close()
 
-
-def entry_device(layout: BucketLayout) -> torch.device | None:
-    """Device of a bucket's parameters (None for an empty bucket)."""
-    return layout.params[0].device if layout.params else None

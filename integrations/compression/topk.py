@@ -56,7 +56,7 @@ from laggard.integrations.compression.residuals import (
     ServerResiduals,
 )
 from laggard.integrations.compression.two_stage import StageTwoWorker
-from laggard.integrations.compression.wire import allgather_bytes, alltoall_bytes
+from laggard.integrations.compression.wire import allgather_bytes
 
 #: The exchanges :class:`TopKCompression` can use (``auto`` picks by world size).
 ALGORITHMS = ("auto", "allgather", "scatter")
@@ -331,13 +331,7 @@ class TopKCompression(CompressionState):
             self.nonfinite_buckets += 1
             rows = [nan_flag(kr, p.device)] * w
         payload = torch.stack(rows)
-        received = torch.empty_like(payload)
-        if self.integrity is not None:
-            self.integrity.alltoall_sent(index, payload)
-        first = dist.all_to_all_single(received, payload, group=self.process_group,
-                                       async_op=True).get_future()
-        first = self.timer.track(first, alltoall_bytes(payload[0].numel() * 4, w), "alltoall",
-                                 raw_bytes=self.raw_bytes(buffer), bucket_ready=False)
+        received, first = self.start_alltoall(index, payload, self.raw_bytes(buffer))
         server = self.server.get(index, layout, c)
         real = max(0, min(c, n - self.rank * c))
         worker = self._worker
