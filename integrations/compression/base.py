@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -197,3 +198,12 @@ def first_tensor(fut: torch.futures.Future) -> torch.Tensor:
     """The one tensor of a collective's future (``all_reduce`` returns a list)."""
     value = fut.value()
     return value[0] if isinstance(value, list) else value
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """True when no element is NaN or Inf, in one read (a float32 sum; an overflowing sum of
+    finite values, beyond 3e38, also reads as not finite: such gradients are as unusable)."""
+    if tensor.device.type == "cpu" and tensor.dtype == torch.float32:
+        return bool(np.isfinite(np.add.reduce(tensor.detach().numpy(), axis=None,
+                                              dtype=np.float32)))
+    return bool(torch.isfinite(tensor.sum()))

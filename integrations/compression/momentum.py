@@ -34,10 +34,9 @@ from typing import Any
 
 import torch
 
-from laggard.integrations.compression.base import CompressionState
+from laggard.integrations.compression.base import CompressionState, all_finite
 from laggard.integrations.compression.onebit_adam import OneBitAdam
 from laggard.integrations.compression.residuals import BucketLayout
-from laggard.integrations.compression.topk import all_finite
 
 
 class MomentumCompression(CompressionState):

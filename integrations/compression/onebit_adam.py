@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from laggard.integrations.compression import kernels
-from laggard.integrations.compression.base import CompressionState
+from laggard.integrations.compression.base import CompressionState, all_finite
 from laggard.integrations.compression.residuals import BucketLayout
 from laggard.integrations.compression.sign import chunk_elements, chunk_lengths
 from laggard.integrations.compression.signcodec import (
@@ -55,7 +55,6 @@ from laggard.integrations.compression.signcodec import (
     nan_row,
     scales,
 )
-from laggard.integrations.compression.topk import all_finite
 from laggard.integrations.compression.two_stage import StageTwoWorker
 from laggard.integrations.compression.wire import (
     allgather_bytes,

@@ -40,9 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from laggard.integrations.compression.base import CompressionState
+from laggard.integrations.compression.base import CompressionState, all_finite
 from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback
-from laggard.integrations.compression.topk import all_finite
 from laggard.integrations.compression.two_stage import StageTwoWorker
 from laggard.integrations.compression.wire import ring_allreduce_bytes
 

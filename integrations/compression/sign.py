@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from laggard.integrations.compression.base import CompressionState
+from laggard.integrations.compression.base import CompressionState, all_finite
 from laggard.integrations.compression.bits import pack_bits
 from laggard.integrations.compression.residuals import (
     BucketLayout,
@@ -37,7 +37,6 @@ from laggard.integrations.compression.residuals import (
     ServerResiduals,
 )
 from laggard.integrations.compression.signcodec import nan_row, scales
-from laggard.integrations.compression.topk import all_finite
 from laggard.integrations.compression.two_stage import StageTwoWorker
 from laggard.integrations.compression.wire import allgather_bytes
 

@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from laggard.integrations.compression import kernels
-from laggard.integrations.compression.base import CompressionState
+from laggard.integrations.compression.base import CompressionState, all_finite
 from laggard.integrations.compression.residuals import (
     BucketLayout,
     ErrorFeedback,
@@ -183,15 +183,6 @@ def _topk_cpu(values: np.ndarray, add: np.ndarray | None, k: int, generator: tor
     kth = np.partition(magnitudes, count - k)[count - k]
     kernels.take_topk(values, positions[:count], found[:count], kth, k, chosen, picked, zero)
     return True
-
-
-def all_finite(tensor: torch.Tensor) -> bool:
-    """True when no element is NaN or Inf, in one read (a float32 sum; an overflowing sum of
-    finite values, beyond 3e38, also reads as not finite: such gradients are as unusable)."""
-    if tensor.device.type == "cpu" and tensor.dtype == torch.float32:
-        return bool(np.isfinite(np.add.reduce(tensor.detach().numpy(), axis=None,
-                                              dtype=np.float32)))
-    return bool(torch.isfinite(tensor.sum()))
 
 
 class TopKCompression(CompressionState):
