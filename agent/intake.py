@@ -310,10 +310,10 @@ class RankTable:
             doc = self._within_vocabulary(doc)
             rank = doc.get("rank")
             kind = doc["kind"]
-            evidence = doc.get("evidence")
-            cleared = bool(doc.get("cleared") or (isinstance(evidence, dict)
-                                                   and evidence.get("cleared")))
-            if doc["detector"] == "straggler" and kind != OTHER_LABEL:
+            cleared = doc.get("cleared") is True
+            # A rank's straggler and link findings are the per-rank laggard_straggler_active
+            # series (kind tells them apart); the job's slowdown is its own gauge.
+            if doc["detector"] in ("straggler", "link") and kind != OTHER_LABEL:
                 if kind == "job_slowdown":
                     job.job_slowdown = 0.0 if cleared else 1.0
                 elif isinstance(rank, int):

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from laggard.detectors.window import columns_of
+from laggard.detectors.window import WindowRecord
 
 #: Most ranks drawn in a heatmap; larger jobs show those with the largest excess.
 MAX_HEATMAP_RANKS = 64
@@ -76,7 +76,7 @@ def load_windows(path: Path) -> RunWindows:
         OSError: the file cannot be read.
         ValueError: no line of it is a window.
     """
-    docs, bad = [], 0
+    docs, records, bad = [], [], 0
     with open(path, encoding="utf-8") as f:
         for line in f:
             if not line.strip():
@@ -87,7 +87,8 @@ def load_windows(path: Path) -> RunWindows:
                 if not (isinstance(rows, list) and rows and isinstance(doc["stat_names"], list)
                         and len({len(r) for r in rows}) == 1):
                     raise ValueError("ragged rows")
-                int(doc["step"])
+                # by name: older files have fewer columns
+                records.append(WindowRecord.from_saved(doc))
                 docs.append(doc)
             except (ValueError, KeyError, TypeError):
                 bad += 1
@@ -97,12 +98,11 @@ def load_windows(path: Path) -> RunWindows:
     names = ("compute_seconds", "data_seconds", "collective_wait_seconds", "transfer_seconds",
              "step_seconds")
     values = {n: np.full((len(docs), ranks), np.nan) for n in names}
-    for i, doc in enumerate(docs):
-        cols = columns_of(doc["stat_names"])
-        rows = np.array(doc["medians"], dtype=np.float64)  # None -> NaN
+    for i, record in enumerate(records):
         for name in names:
-            if name in cols and cols[name] < rows.shape[1]:
-                values[name][i, : rows.shape[0]] = rows[:, cols[name]]
+            column = record.get(name)
+            if column is not None:
+                values[name][i, : column.size] = column
     loss = np.array([float((d.get("notes") or {}).get("loss", math.nan)) for d in docs])
     findings = [f for d in docs for f in d.get("findings", []) if isinstance(f, dict)]
     return RunWindows(steps=np.array([int(d["step"]) for d in docs]), values=values,

@@ -3,7 +3,7 @@
 Each run trains the demo's model for ``--steps`` steps with one rank slowed by a factor from
 ``--slowdowns`` (1.0 = nothing injected) from a third of the run on, a different seed and slowed
 rank each time, and keeps rank 0's gathered windows (``laggard demo --windows``). The windows are
-then fed to the straggler detector exactly as the monitor feeds it (``RankWindow.from_summaries``
+then fed to the straggler detector exactly as the monitor feeds it (``RankWindow.from_record``
 with the demo's detector settings), so the figures are those of the detector in this checkout;
 the runs' own in-job findings are counted beside them.
 
@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from laggard.detectors.straggler import RankWindow, StragglerDetector
-from laggard.detectors.window import SUMMARY_FIELDS, columns_of
+from laggard.detectors.straggler import StragglerDetector
+from laggard.detectors.window import RankWindow, WindowRecord
 
 SLOWDOWNS = (1.0, 1.05, 1.10, 1.25)
 
@@ -94,17 +94,9 @@ def replay(jsonl: Path, config: StragglerDetector.Config) -> list[tuple[int, Any
     detector = StragglerDetector(config)
     found = []
     for line in jsonl.read_text().splitlines():
-        doc = json.loads(line)
-        cols = columns_of(doc["stat_names"])
-        medians = np.array(doc["medians"], dtype=np.float64)  # None -> NaN
         # by name: files saved by an older or newer monitor keep their own column order
-        summaries = np.stack([medians[:, cols[name]] if name in cols
-                              else np.full(medians.shape[0], np.nan)
-                              for name in SUMMARY_FIELDS], axis=1)
-        window = RankWindow.from_summaries(
-            step=doc["step"], ranks=np.arange(medians.shape[0]), summaries=summaries,
-            world_size=doc.get("world_size"))
-        found += [(doc["step"], f) for f in detector.update(window)]
+        record = WindowRecord.from_saved(json.loads(line))
+        found += [(record.step, f) for f in detector.update(RankWindow.from_record(record))]
     return found
 
 
@@ -117,7 +109,7 @@ def score(meta: dict[str, Any], jsonl: Path, config: StragglerDetector.Config) -
     for step, finding in replay(jsonl, config):
         if finding.rank is None:
             continue  # whole-job slowdowns are reported apart
-        cleared = bool(finding.evidence.get("cleared"))
+        cleared = finding.cleared
         if slowed and finding.rank == run.slow_rank and step >= run.slow_from:
             if not cleared and run.first_step is None:
                 run.first_step = step
@@ -144,12 +136,11 @@ def measured_excess(docs: list[dict[str, Any]], run: Run) -> float | None:
         window = doc["step"] + 1 - (docs[1]["step"] - docs[0]["step"] if len(docs) > 1 else 1)
         if window < run.slow_from:
             continue
-        cols = columns_of(doc["stat_names"])
-        compute = [row[cols["compute_seconds"]] for row in doc["medians"]]
-        others = [v for r, v in enumerate(compute) if r != run.slow_rank and v is not None]
+        compute = WindowRecord.from_saved(doc)["compute_seconds"]
+        others = [v for r, v in enumerate(compute) if r != run.slow_rank and np.isfinite(v)]
         own = compute[run.slow_rank]
-        if own is not None and others:
-            ratios.append(own / float(np.median(others)) - 1)
+        if np.isfinite(own) and others:
+            ratios.append(float(own) / float(np.median(others)) - 1)
     return float(np.median(ratios)) if ratios else None
 
 

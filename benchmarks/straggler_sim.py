@@ -135,13 +135,14 @@ class SimWindow:
     def rank_window(self, *, summarized: bool = True) -> RankWindow:
         """The detector's input: per-rank medians (K=1, what the monitor gathers) or raw K."""
         if summarized:
-            summaries = np.stack(
-                [row_nanmedian(a) for a in (self.compute, self.data, self.wait, self.transfer)],
-                axis=1,
-            )
-            return RankWindow.from_summaries(
-                step=self.step, ranks=self.ranks, summaries=summaries,
-                world_size=self.world_size, nodes=self.nodes, local_ranks=self.local_ranks,
+            def median(a: np.ndarray) -> np.ndarray:
+                return row_nanmedian(a)[:, None]
+
+            return RankWindow(
+                step=self.step, ranks=self.ranks, compute_seconds=median(self.compute),
+                data_seconds=median(self.data), collective_wait_seconds=median(self.wait),
+                transfer_seconds=median(self.transfer), world_size=self.world_size,
+                nodes=self.nodes, local_ranks=self.local_ranks,
             )
         return RankWindow(
             step=self.step, ranks=self.ranks, compute_seconds=self.compute,

@@ -571,7 +571,7 @@ def _judge(report: Report, args: argparse.Namespace) -> None:
     """Name the node, rank and cause from what laggard reported; compare with the fault."""
     raised = [f for f in report.findings
               if f.get("kind") in ("compute", "data", "communication", "link")
-              and not (f.get("evidence") or {}).get("cleared")]
+              and not f.get("cleared")]
     verdict: dict[str, Any] = {"node": None, "rank": None, "cause": None, "source": None}
     if raised:
         first = raised[0]
@@ -637,7 +637,7 @@ def print_report(report: Report) -> None:
     else:
         print("found:     no rank and no link stands out")
     for f in report.findings:
-        if not (f.get("evidence") or {}).get("cleared"):
+        if not f.get("cleared"):
             print(f"in-job:    step {f.get('step')}: {f.get('message')}")
     for a in report.alerts:
         print(f"alert:     {a['alertname']} {a['state']}: {a['summary']}")

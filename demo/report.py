@@ -7,7 +7,7 @@ import argparse
 import math
 from typing import Any
 
-from laggard.detectors.window import STAT_NAMES, columns_of
+from laggard.detectors.window import STEP_COLUMN_NAMES, WindowRecord
 
 __all__ = ["build_report", "format_report", "injected_line", "percent"]
 
@@ -27,15 +27,16 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
     windows = result["windows"]
     after = [w for w in windows if w["step"] - args.window + 1 >= args.slow_from]
     chosen = after or windows
-    columns = columns_of(result.get("stat_names", STAT_NAMES))
+    names = result.get("stat_names", list(STEP_COLUMN_NAMES))
+    records = [WindowRecord.from_saved({**w, "stat_names": names}) for w in chosen]
     names = ("compute_seconds", "collective_wait_seconds", "data_seconds", "step_seconds",
              "collective_seconds", "comm_bytes")
     ranks = []
     for rank in range(result["world_size"]):
         def median(name: str, rank: int = rank) -> float | None:
-            if name not in columns:
+            if name not in names:
                 return None
-            return _median([w["medians"][rank][columns[name]] for w in chosen])
+            return _median([float(r[name][rank]) for r in records])
 
         ranks.append({"rank": rank, **{f"{name}_median": median(name) for name in names}})
     findings = [

@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from laggard.demo.model import BUCKET_CAP_MB, ByteBatches, ByteLM, load_stdlib_text
 from laggard.detectors.straggler import StragglerDetector
-from laggard.detectors.window import STAT_NAMES
+from laggard.detectors.window import STEP_COLUMN_NAMES
 from laggard.integrations.comm_timing import CommTimer
 from laggard.integrations.compression.wire import ring_allreduce_bytes
 from laggard.integrations.monitor import TrainingMonitor
@@ -214,7 +214,8 @@ STEP_COMM = ("allgather_seconds", "reduce_scatter_seconds", "allreduce_seconds",
 
 def _step_comm(monitor: TrainingMonitor) -> list[float]:
     """The last step's traced collective seconds, in :data:`STEP_COMM` order."""
-    t = monitor._trace.last_step if monitor._trace is not None else None
+    trace = monitor.participant("trace")
+    t = trace.last_step if trace is not None else None
     if t is None:
         return [0.0] * len(STEP_COMM)
     return [t.op_seconds("allgather"), t.op_seconds("reduce_scatter"),
@@ -290,6 +291,7 @@ def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, An
     """Rank 0's result document: the gathered windows, findings, losses and counters."""
     monitor, integrity = job.monitor, job.integrity
     grad_bytes = 4 * sum(p.numel() for p in job.model.parameters())
+    names = list(monitor.windows[0].columns) if monitor.windows else list(STEP_COLUMN_NAMES)
     return {
         "rank": dist.get_rank(),
         "world_size": world,
@@ -299,11 +301,14 @@ def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, An
         "loss": loss,
         # what an fp32 ring all-reduce of the gradients sends per rank per step
         "fp32_allreduce_bytes": ring_allreduce_bytes(grad_bytes, world),
-        "stat_names": list(STAT_NAMES),
-        "windows": [{"step": w.step, "medians": _json_floats(w.medians.tolist())}
+        "stat_names": names,
+        "windows": [{"step": w.step, "medians": _json_floats(w.table(names).tolist())}
                     for w in monitor.windows],
+        # the monitor's findings hold the integrity findings of its windows; a standalone
+        # integrity gather (skip_step) finds its own
         "findings": [f.to_dict() for f in monitor.findings]
-        + ([f.to_dict() for f in integrity.findings] if integrity is not None else []),
+        + [f.to_dict() for f in (integrity.findings if integrity is not None else [])
+           if f not in monitor.findings],
         "cleared": [f.to_dict() for f in monitor.cleared],
         "parallel": args.parallel, "prefetch": args.prefetch,
         # per step after --slow-from (all steps when it is 0): median seconds of each

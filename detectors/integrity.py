@@ -272,6 +272,9 @@ class IntegrityDetector:
         stats: :class:`IntegrityStats`.
     """
 
+    #: The ``detector`` of its findings.
+    name = DETECTOR
+
     def __init__(self) -> None:
         self.stats = IntegrityStats()
 

@@ -20,6 +20,7 @@ while no rank's compute stands out: the two causes are told apart.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,25 @@ import numpy as np
 
 from laggard.detectors.finding import Finding, Severity
 
-DETECTOR = "straggler"
+DETECTOR = "link"
+
+
+@dataclass(kw_only=True, slots=True)
+class LinkWindow:
+    """The link detector's input for one window.
+
+    Attributes:
+        step: last step of the window.
+        edge_seconds: (R,) float64, rank r's probe round trip to rank (r+1) mod R, seconds
+            (the window record's ``link_probe_seconds``).
+        nodes: (R,) node name of each rank.
+        groups: ``(label, GroupWait)`` per watched process group, for the evidence.
+    """
+
+    step: int
+    edge_seconds: np.ndarray
+    nodes: Sequence[str]
+    groups: list[tuple[str, GroupWait]] | None = None
 
 
 @dataclass(slots=True)
@@ -118,6 +137,9 @@ class LinkDetector:
             if self.min_edges < 3:
                 raise ValueError("min_edges must be >= 3")
 
+    #: The ``detector`` of its findings.
+    name = DETECTOR
+
     def __init__(self, config: LinkDetector.Config | None = None) -> None:
         self.config = config or LinkDetector.Config()
         self.active: dict[str, Finding] = {}
@@ -126,21 +148,15 @@ class LinkDetector:
         self._history: list[set[str]] = []  # slow nodes of the last N windows
         self._evidence: dict[str, dict[str, Any]] = {}
 
-    def update(self, *, step: int, edge_seconds: np.ndarray, nodes: list[str],
-               groups: list[tuple[str, GroupWait]] | None = None) -> list[Finding]:
+    def update(self, window: LinkWindow) -> list[Finding]:
         """Take one window of probe times; return findings raised or cleared.
 
-        Args:
-            step: last step of the window.
-            edge_seconds: (R,) float64, rank r's probe round trip to rank (r+1) mod R, seconds.
-            nodes: (R,) node name of each rank.
-            groups: ``(label, GroupWait)`` per watched process group, for the evidence.
-
         Returns:
-            New findings (kind ``link``) and cleared ones (``evidence["cleared"] = True``).
+            New findings (kind ``link``) and cleared ones (``cleared=True``).
         """
         self.stats["windows"] += 1
-        edges = np.asarray(edge_seconds, dtype=np.float64).ravel()
+        step, nodes, groups = window.step, list(window.nodes), window.groups
+        edges = np.asarray(window.edge_seconds, dtype=np.float64).ravel()
         bad = ~(np.isfinite(edges) & (edges >= 0))
         self.stats["invalid_edges"] += int(bad.sum())
         slow_nodes: set[str] = set()
@@ -238,10 +254,8 @@ def _group_evidence(groups: list[tuple[str, GroupWait]] | None,
 
 
 def _cleared(finding: Finding, step: int) -> Finding:
-    evidence = dict(finding.evidence, cleared=True, reason="recovered")
-    return Finding(detector=finding.detector, kind=finding.kind, severity=Severity.INFO,
-                   rank=finding.rank, node=finding.node, step=step, evidence=evidence,
-                   message=f"{finding.node}'s link is no longer slow")
+    return finding.clear(step=step, reason="recovered", severity=Severity.INFO,
+                         message=f"{finding.node}'s link is no longer slow")
 
 
-__all__ = ["GroupWait", "LinkDetector", "group_waits"]
+__all__ = ["GroupWait", "LinkDetector", "LinkWindow", "group_waits"]

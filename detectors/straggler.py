@@ -17,10 +17,9 @@ has shown (each rank's history first, then the median rank).
 
 Only durations are compared, never timestamps: clocks of different hosts are not synchronised.
 
-What the monitor should gather (recommended): every K steps each rank computes
-:func:`summarize_steps` over its own K steps (per-rank medians, robust to a one-step garbage
-collection pause) and all_gathers that fixed vector (:mod:`laggard.detectors.window`), then rank
-0 builds a K=1 window with :meth:`RankWindow.from_summaries`. Windows of raw K steps per rank are
+Input: one :class:`RankWindow` per detection window. The monitor builds it from the gathered
+window record by name (:meth:`RankWindow.from_record`: each rank's medians over its own K steps,
+robust to a one-step garbage-collection pause, so K = 1); windows of raw K steps per rank are
 accepted too and give the same statistic, at K times the gathered bytes.
 
 This module is over 450 lines because the detector's findings (messages, evidence) sit beside
@@ -42,12 +41,7 @@ from laggard.detectors.sequential import (
     decision_interval,
     robust_sigma,
 )
-from laggard.detectors.window import (
-    SUMMARY_FIELDS,
-    RankWindow,
-    row_nanmedian,
-    summarize_steps,
-)
+from laggard.detectors.window import RankWindow, row_nanmedian
 
 DETECTOR = "straggler"
 #: Fewest reporting ranks the detector compares (``Config.min_ranks``' default and floor): with
@@ -63,8 +57,7 @@ _WAIT_DEFICIT, _WORK_SECONDS = 3, 4
 #: Windows of the last N in which the whole job must be over its threshold.
 _JOB_OVER_WINDOWS = 3
 
-__all__ = ["DETECTOR", "MIN_RANKS", "SIGNAL_KINDS", "SUMMARY_FIELDS", "RankWindow",
-           "StragglerDetector", "row_nanmedian", "summarize_steps"]
+__all__ = ["DETECTOR", "MIN_RANKS", "SIGNAL_KINDS", "RankWindow", "StragglerDetector"]
 
 
 def _nanmedian(values: np.ndarray) -> float:
@@ -215,6 +208,9 @@ class StragglerDetector:
             """The least k: max(min_slowdown, target_slowdown / 2); see ``reference_sigmas``."""
             return max(self.min_slowdown, self.target_slowdown / 2)
 
+    #: The ``detector`` of its findings.
+    name = DETECTOR
+
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or StragglerDetector.Config()
         self.scores: dict[int, float] = {}
@@ -289,25 +285,28 @@ class StragglerDetector:
 
     # -- input checks ----------------------------------------------------------------------
 
-    def _clean(self, window: RankWindow) -> tuple[np.ndarray, list[np.ndarray]] | None:
-        """Validated ranks and the four (R, K) signal arrays, bad durations set to NaN."""
+    def _clean(self, window: RankWindow) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+        """Validated ranks and the (R, K) durations by :class:`RankWindow` field name, bad
+        durations set to NaN."""
         try:
             ranks = np.asarray(window.ranks).astype(np.int64, copy=False).ravel()
-            given = [window.compute_seconds, window.data_seconds, window.collective_wait_seconds]
-            signals = [np.array(a, dtype=np.float64, ndmin=2) for a in given]
-            if window.transfer_seconds is None:
-                signals.append(np.full(signals[0].shape, np.nan))
-            else:
-                signals.append(np.array(window.transfer_seconds, dtype=np.float64, ndmin=2))
+            signals = {name: np.array(getattr(window, name), dtype=np.float64, ndmin=2)
+                       for name in ("compute_seconds", "data_seconds",
+                                    "collective_wait_seconds")}
+            transfer = window.transfer_seconds
+            signals["transfer_seconds"] = (
+                np.full(signals["compute_seconds"].shape, np.nan) if transfer is None
+                else np.array(transfer, dtype=np.float64, ndmin=2))
         except (TypeError, ValueError):
             return None
-        shape = signals[0].shape
-        if len(shape) != 2 or shape[0] != ranks.size or any(a.shape != shape for a in signals):
+        shape = signals["compute_seconds"].shape
+        if len(shape) != 2 or shape[0] != ranks.size or any(
+                a.shape != shape for a in signals.values()):
             return None
-        for i, values in enumerate(signals):
+        for name, values in signals.items():
             bad = ~(np.isfinite(values) & (values >= 0))
             # NaN transfer means "not measured" (documented); only other bad values count.
-            counted = bad & ~np.isnan(values) if i == 3 else bad
+            counted = bad & ~np.isnan(values) if name == "transfer_seconds" else bad
             self.stats["invalid_durations"] += int(counted.sum())
             values[bad] = np.nan
 
@@ -319,7 +318,7 @@ class StragglerDetector:
         keep[first] = True  # the first row of a duplicated rank wins
         keep &= (ranks >= 0) & (ranks <= limit)
         self.stats["invalid_ranks"] += int(ranks.size - keep.sum())
-        return ranks[keep], [a[keep] for a in signals]
+        return ranks[keep], {name: a[keep] for name, a in signals.items()}
 
     def _check_steps(self, step: int) -> None:
         """Count a step counter that went back (a rank restarted from a checkpoint) and a
@@ -342,7 +341,7 @@ class StragglerDetector:
         """Take one window; return the findings raised or cleared by it.
 
         A cleared finding repeats the kind, rank and node of the one it ends, with
-        ``evidence["cleared"] = True``, ``evidence["reason"]`` (``recovered``,
+        ``cleared=True``, ``evidence["reason"]`` (``recovered``,
         ``not_reporting``, ``world_size_changed``, ``reset``) and a message saying so.
 
         Bad input is counted in :attr:`stats` and skipped, never raised: a malformed window
@@ -356,7 +355,9 @@ class StragglerDetector:
         if cleaned is None:
             self.stats["malformed_windows"] += 1
             return []
-        ranks, (compute, data, wait, transfer) = cleaned
+        ranks, signals = cleaned
+        compute, data = signals["compute_seconds"], signals["data_seconds"]
+        wait, transfer = signals["collective_wait_seconds"], signals["transfer_seconds"]
 
         findings: list[Finding] = []
         world_size = window.world_size
@@ -746,19 +747,9 @@ class _RankContext:
 
 def _cleared(finding: Finding, step: int | None, reason: str) -> Finding:
     what = f"rank {finding.rank}" if finding.rank is not None else "whole job"
-    return Finding(
-        detector=finding.detector,
-        kind=finding.kind,
-        severity=finding.severity,
-        message=f"{what}: {finding.kind} slowdown cleared ({reason.replace('_', ' ')})",
-        rank=finding.rank,
-        node=finding.node,
-        gpu=finding.gpu,
-        local_rank=finding.local_rank,
-        step=step,
-        evidence={**finding.evidence, "cleared": True, "reason": reason,
-                  "raised_step": finding.step},
-    )
+    return finding.clear(
+        step=step, reason=reason,
+        message=f"{what}: {finding.kind} slowdown cleared ({reason.replace('_', ' ')})")
 
 
 def _round(value: float) -> float | None:

@@ -59,6 +59,9 @@ class ThrottleDetector:
             if not 0 < self.clock_ratio_below <= 1:
                 raise ValueError("clock_ratio_below must be in (0, 1]")
 
+    #: The ``detector`` of its findings.
+    name = "throttle"
+
     def __init__(self, config: Config | None = None, *, node: str | None = None) -> None:
         self.config = config or ThrottleDetector.Config()
         self.node = node
@@ -85,7 +88,7 @@ class ThrottleDetector:
             return []
         reasons = sorted(sample.reasons)
         return [Finding(
-            detector="throttle", kind="throttle", severity=Severity.WARNING, node=self.node,
+            detector=self.name, kind="throttle", severity=Severity.WARNING, node=self.node,
             gpu=sample.gpu,
             message=(f"GPU {sample.gpu} held at {ratio:.0%} of its maximum SM clock by "
                      f"{', '.join(sorted(limiting))} for {streak} samples"),

@@ -84,6 +84,8 @@ from laggard.detectors.integrity import (
     to_int64,
     window_words,
 )
+from laggard.detectors.window import WindowColumn, WindowRecord
+from laggard.integrations.participants import StopJob, WindowOutcome, WindowParticipant
 
 if TYPE_CHECKING:
     from laggard.integrations.comm_timing import CommTimer
@@ -100,16 +102,17 @@ POLICIES = ("warn", "skip_step", "raise")
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4}
 
 
-class IntegrityError(RuntimeError):
-    """Raised on every rank by the ``raise`` policy when a check finds corruption.
+class IntegrityError(StopJob):
+    """Raised on every rank by the ``raise`` policy when a check finds corruption (a
+    :class:`~laggard.integrations.participants.StopJob`: the monitor reports it, then lets it
+    through).
 
     Attributes:
         findings: the critical findings.
     """
 
     def __init__(self, findings: list[Finding]) -> None:
-        super().__init__("; ".join(f.message for f in findings[:3]))
-        self.findings = findings
+        super().__init__("; ".join(f.message for f in findings[:3]), findings)
 
 
 # ------------------------------------------------------------------------------ fingerprints
@@ -445,11 +448,14 @@ class GradientIntegrity:
         """Length of :meth:`window_vector` (fixed for the run)."""
         return window_words(self.config.max_records)
 
-    def check_window(self, gathered: torch.Tensor | Sequence[Sequence[int]]) -> list[Finding]:
+    def check_window(self, gathered: torch.Tensor | Sequence[Sequence[int]], *,
+                     log_findings: bool = True) -> list[Finding]:
         """Run the detector on the gathered window vectors and apply the policy.
 
         Args:
             gathered: ``(W, vector_words())`` int64, row ``r`` from rank ``r``.
+            log_findings: log each finding on rank 0 (the monitor, which logs every
+                participant's findings itself, passes False).
 
         Returns:
             The findings (also appended to :attr:`findings` and logged).
@@ -465,7 +471,7 @@ class GradientIntegrity:
             return []
         for finding in findings:
             self.findings.append(finding)
-            if self.rank == 0:
+            if self.rank == 0 and log_findings:
                 log.warning("laggard: integrity: %s (evidence %s)", finding.message,
                             finding.evidence)
         corrupt = [f for f in findings if f.severity.value == "critical"]
@@ -590,6 +596,38 @@ class GradientIntegrity:
             self._logged.add(where)
             log.warning("laggard: integrity error in %s: %r (ignored; training goes on)",
                         where, exc)
+
+
+# ------------------------------------------------------------------ the monitor's participant
+class IntegrityParticipant(WindowParticipant):
+    """Carries a :class:`GradientIntegrity`'s window fingerprints in the monitor's window
+    gather (one int64 column, ``integrity_words``) and checks them on every rank, so its
+    policy acts alike everywhere (``TrainingMonitor.Config(integrity=...)``).
+
+    Args:
+        integrity: the recorder (keep its ``gather_every=0``).
+    """
+
+    name = "integrity"
+
+    def __init__(self, integrity: GradientIntegrity) -> None:
+        super().__init__()
+        self.integrity = integrity
+        self.columns = (WindowColumn(
+            "integrity_words", "words", "last",
+            "the window's gradient fingerprints (laggard.detectors.integrity.encode_window)",
+            width=integrity.vector_words(), dtype="int64"),)
+
+    def contribute(self, step: int) -> dict[str, object]:
+        return {"integrity_words": self.integrity.window_vector().numpy()}
+
+    def on_window(self, record: WindowRecord) -> WindowOutcome | None:
+        """Check the gathered fingerprints; raises :class:`IntegrityError` (policy ``raise``)."""
+        rows = record.get("integrity_words")
+        if rows is None:
+            return None
+        return WindowOutcome(findings=self.integrity.check_window(rows.tolist(),
+                                                                  log_findings=False))
 
 
 # ----------------------------------------------------------------------------------- hooks

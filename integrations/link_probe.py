@@ -21,13 +21,26 @@ every ``window_steps`` steps. ``TrainingMonitor.Config(link_probe_bytes=0)`` tur
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
+
+from laggard.detectors.window import WindowColumn
+from laggard.integrations.participants import WindowParticipant
 
 #: Tags of the probe's point-to-point messages (distinct from anything a job is likely to use).
 _TAG = 0x1A66
 _ROUNDS = 3
 #: Probes per window; the fastest is kept (scheduling noise only ever adds time).
 REPEATS = 2
+#: Probe payload when ``TrainingMonitor.Config.link_probe_bytes`` is None and a tracer is given.
+DEFAULT_PROBE_BYTES = 256 << 10
+#: Fewest ranks for the probe to be worth it: the link detector compares >= 3 edges.
+MIN_PROBE_RANKS = 3
+#: The window record's column of the probe's round trip.
+PROBE_COLUMN = WindowColumn(
+    "link_probe_seconds", "seconds", "last",
+    "round trip of a fixed payload to the ring successor (laggard.integrations.link_probe); "
+    "NaN when not probed")
 
 
 class LinkProbe:
@@ -99,4 +112,41 @@ class LinkProbe:
         return int(dist.get_global_rank(self.group, group_rank))
 
 
-__all__ = ["LinkProbe"]
+class LinkProbeParticipant(WindowParticipant):
+    """The monitor's participant that probes this rank's link once per window, right before
+    the gather, into the record's ``link_probe_seconds`` column (read by the link detector in
+    :mod:`laggard.integrations.trace_window`).
+
+    Args:
+        nbytes: payload bytes; 0 turns the probe off (the column stays NaN).
+
+    Attributes:
+        seconds: this rank's last round trip, NaN when off or failed.
+    """
+
+    name = "link_probe"
+    columns = (PROBE_COLUMN,)
+
+    def __init__(self, nbytes: int) -> None:
+        super().__init__()
+        self.nbytes = nbytes
+        self.seconds = float("nan")
+        self._probe: LinkProbe | None = None
+
+    def contribute(self, step: int) -> Mapping[str, object]:
+        context = self.context
+        self.seconds = float("nan")
+        if context is None or self.nbytes <= 0 or context.world_size < MIN_PROBE_RANKS:
+            return {}
+        try:
+            if self._probe is None:
+                self._probe = LinkProbe(context.group, context.rank, context.world_size,
+                                        self.nbytes)
+            self.seconds = self._probe.run()
+        except Exception as exc:  # noqa: BLE001 - no probe; the gather still runs
+            self.nbytes = 0
+            context.log_once("probe", "laggard: link probe failed (%r); off", exc)
+        return {PROBE_COLUMN.name: self.seconds}
+
+
+__all__ = ["DEFAULT_PROBE_BYTES", "PROBE_COLUMN", "LinkProbe", "LinkProbeParticipant"]

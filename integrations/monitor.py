@@ -3,10 +3,12 @@ the straggler rank from inside the job.
 
 Per step, one :class:`~laggard.wire.StepRecord` UDP datagram goes to the node agent: fire
 and forget on a non-blocking socket, so a missing, slow or crashed agent costs the job nothing but
-a counted drop. Every ``window_steps`` steps all ranks exchange the medians of their per-step
-statistics over the window with one ``all_gather`` (7 float64 per rank, whatever K), and
-rank 0 runs the straggler detector on the gathered window, logs a finding once when it is raised
-and once when it clears, and sends a :class:`~laggard.wire.WindowReport` to its agent.
+a counted drop. Every ``window_steps`` steps all ranks exchange one window record with one
+``all_gather`` (:mod:`laggard.detectors.window`: the medians of the step columns over the window,
+7 float64 per rank whatever K, then the participants' columns), each participant turns the
+gathered record into findings (:mod:`laggard.integrations.participants`), and rank 0 logs each
+finding once when it is raised and once when it clears and sends a
+:class:`~laggard.wire.WindowReport` to its agent.
 
 Usage, with DDP and the timing communication hook::
 
@@ -29,10 +31,8 @@ Nothing the monitor does raises into the training loop: its own failures are cou
 :attr:`TrainingMonitor.stats` and logged once. Exceptions of the training code inside ``with``
 blocks pass through untouched.
 
-Why one module of ~670 lines: :class:`TrainingMonitor` is the one object a training loop holds;
-its phase timers, window gather and non-blocking sending share the per-rank window it fills.
-The window's columns are :mod:`laggard.detectors.window`, the collective tracer
-:mod:`laggard.integrations.tracer`.
+The window's columns are :mod:`laggard.detectors.window`, the phase arithmetic
+:mod:`laggard.integrations.phases`, the participants :mod:`laggard.integrations.participants`.
 """
 
 from __future__ import annotations
@@ -43,14 +43,28 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from laggard.detectors.finding import Finding
-from laggard.detectors.window import STAT, STAT_NAMES, detector_summaries, summarize_window
+from laggard.detectors.window import (
+    STEP_COLUMN_NAMES,
+    STEP_COLUMNS,
+    WindowLayout,
+    WindowRecord,
+    summarize_window,
+)
+from laggard.integrations.participants import (
+    MonitorContext,
+    Participant,
+    StopJob,
+    StragglerParticipant,
+    WindowOutcome,
+)
+from laggard.integrations.phases import step_times
 from laggard.wire import (
     DEFAULT_INTAKE_ADDRESS,
     MAX_REPORT_FINDINGS,
@@ -69,13 +83,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Phase names that are not the rank's own compute.
-_NOT_COMPUTE = frozenset({"data", "collective_wait"})
 #: ``Config.phase_clock`` -> clock of the phase timers, in seconds.
 _PHASE_CLOCKS: dict[str, Callable[[], float]] = {
     "wall": time.perf_counter,
     "thread_cpu": time.thread_time,
 }
+#: Step column name -> row of the monitor's per-step table.
+_STEP_ROWS = {name: row for row, name in enumerate(STEP_COLUMN_NAMES)}
 #: Per-step collective entries sent in one StepRecord; beyond it they are merged per op.
 _MAX_COLLECTIVES_PER_RECORD = 32
 
@@ -103,22 +117,6 @@ class MonitorStats:
     internal_errors: int = 0
 
 
-@dataclass(slots=True)
-class WindowSummary:
-    """Rank 0's view of one gathered window: per-rank medians of each statistic.
-
-    Attributes:
-        step: last step of the window.
-        medians: ``(R, len(STAT_NAMES))`` float64, row r = rank r's median over the window's
-            steps, columns as :data:`STAT_NAMES` (seconds; bytes for ``comm_bytes``).
-        scores: the straggler detector's score per rank after this window.
-    """
-
-    step: int
-    medians: np.ndarray
-    scores: dict[int, float] = field(default_factory=dict)
-
-
 class TrainingMonitor:
     """Phase timers per step, StepRecords to the node agent, in-job straggler detection.
 
@@ -139,15 +137,21 @@ class TrainingMonitor:
         rank: global rank; default from ``torch.distributed`` or ``$RANK`` (else 0).
         world_size: default from ``torch.distributed`` or ``$WORLD_SIZE`` (else 1).
         local_rank: default from ``$LOCAL_RANK``.
+        participants: participants of your own (:class:`~laggard.integrations.participants.
+            Participant`), after the built-in ones (straggler, link probe, trace, integrity);
+            every rank must give the same ones in the same order.
 
     Raises:
-        ValueError: an invalid configuration (raised here, before training starts).
+        ValueError: an invalid configuration, or two participants declaring one column
+            (raised here, before training starts).
 
     Attributes:
         stats: :class:`MonitorStats`.
         findings: on rank 0, every finding raised so far (oldest first, at most 256).
-        cleared: on rank 0, the findings that have cleared since (same objects).
-        windows: on rank 0, the last ``history_windows`` :class:`WindowSummary` objects.
+        cleared: on rank 0, the findings that have cleared since (``Finding.cleared``).
+        windows: on rank 0, the last ``history_windows`` gathered
+            :class:`~laggard.detectors.window.WindowRecord` s (their width-1 columns).
+        participants: the hosted participants, in gather order.
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -167,7 +171,7 @@ class TrainingMonitor:
         """``StragglerDetector.Config`` of the detector on rank 0; None for its defaults."""
 
         history_windows: int = 256
-        """Window summaries rank 0 keeps (each ``R x 7`` float64)."""
+        """Window records rank 0 keeps (their width-1 columns: about ``R x 8`` float64 each)."""
 
         node: str = ""
         """``node`` of the StepRecords; defaults to the host name."""
@@ -196,8 +200,8 @@ class TrainingMonitor:
 
         integrity: Any = None
         """A ``laggard.integrations.integrity.GradientIntegrity`` whose window fingerprints ride
-        in this gather (its int64 vector as float64 words after the statistics), checked on every
-        rank so its policy acts alike everywhere; None: no integrity check."""
+        in this gather (its ``integrity_words`` column, int64), checked on every rank so its
+        policy acts alike everywhere; None: no integrity check."""
 
         def __post_init__(self) -> None:
             if self.agent_address:
@@ -221,6 +225,7 @@ class TrainingMonitor:
         rank: int | None = None,
         world_size: int | None = None,
         local_rank: int | None = None,
+        participants: Sequence[Participant] = (),
     ) -> None:
         self.config = config if config is not None else TrainingMonitor.Config()
         self.comm_timer = comm_timer
@@ -228,7 +233,7 @@ class TrainingMonitor:
         self.stats = MonitorStats()
         self.findings: list[Finding] = []
         self.cleared: list[Finding] = []
-        self.windows: collections.deque[WindowSummary] = collections.deque(
+        self.windows: collections.deque[WindowRecord] = collections.deque(
             maxlen=self.config.history_windows)
         dist_mod = _initialized_dist()
         self.rank = rank if rank is not None else (
@@ -240,8 +245,7 @@ class TrainingMonitor:
             int(env_local) if env_local is not None else None)
         self.node = self.config.node or socket.gethostname()
         self.step_index = 0
-        k = self.config.window_steps
-        self._window = np.zeros((len(STAT_NAMES), k), dtype=np.float64)
+        self._steps = np.zeros((len(STEP_COLUMNS), self.config.window_steps), dtype=np.float64)
         self._intervals: list[tuple[str, float, float]] = []
         self._step_start = 0.0
         self._step_ctx = _StepContext(self)
@@ -254,20 +258,42 @@ class TrainingMonitor:
         if self._detect and group is None and dist_mod.get_backend() != "gloo":
             self._group = dist_mod.new_group(backend="gloo")
             self._own_group = True
-        self._identities: list[tuple[str, int]] | None = None
-        self._group_keys: list[Any] = []
+        self._identities: list[tuple[str, int | None]] | None = None
         self._notes: dict[str, list[float]] = {}
         self._windows_file: Any = None
-        self._detector: Any = None
-        if self._detect and self.rank == 0:
-            self._detector = _make_detector(self.config.straggler)  # not in the first window
-            min_ranks = self._detector.config.min_ranks
-            if self.world_size < min_ranks:
-                # The detector needs a majority to compare a rank against (and the user may
-                # ask for more ranks than that). Say so once rather than report nothing.
-                log.warning("laggard: straggler detection needs at least %d ranks; this job "
-                            "has %d, so only step records are sent", min_ranks, self.world_size)
-        self._trace = _trace_extension(self) if tracer is not None else None
+        self.participants = tuple(self._builtin_participants()) + tuple(participants)
+        context = MonitorContext(
+            rank=self.rank, world_size=self.world_size, node=self.node,
+            local_rank=self.local_rank, window_steps=self.config.window_steps,
+            group=lambda: self._group, log_once=self._log_once,
+            count_error=self._internal_error)
+        for participant in self.participants:
+            participant.attach(context)
+        self.layout = WindowLayout(
+            STEP_COLUMNS + tuple(c for p in self.participants for c in p.columns))
+        self._trace = self.participant("trace")
+
+    def _builtin_participants(self) -> list[Participant]:
+        """Straggler detector; with a tracer, the link probe and the tracer's block (whose
+        link detector reads the probe's column); the integrity check when configured."""
+        out: list[Participant] = [StragglerParticipant(self.config.straggler)]
+        if self.tracer is not None:
+            from laggard.integrations.link_probe import DEFAULT_PROBE_BYTES, LinkProbeParticipant
+            from laggard.integrations.trace_window import TraceParticipant
+
+            nbytes = self.config.link_probe_bytes
+            out.append(LinkProbeParticipant(DEFAULT_PROBE_BYTES if nbytes is None else nbytes))
+            out.append(TraceParticipant(self.tracer, self.config.link))
+        if self.config.integrity is not None:
+            from laggard.integrations.integrity import IntegrityParticipant
+
+            out.append(IntegrityParticipant(self.config.integrity))
+        return out
+
+    def participant(self, name: str) -> Any:
+        """The hosted participant called ``name`` (``"straggler"``, ``"trace"``,
+        ``"link_probe"``, ``"integrity"``, or one of yours), or None."""
+        return next((p for p in self.participants if p.name == name), None)
 
     # ----------------------------------------------------------------- the training-loop API
     def step(self) -> _StepContext:
@@ -346,47 +372,28 @@ class TrainingMonitor:
             self._gather_window(step)
 
     def _record_step(self, step: int, end: float) -> None:
-        comm: Any = self.comm_timer.take_step() if self.comm_timer is not None else None
-        if self._trace is not None:
-            traced = self._trace.take_step(step)
-            comm = comm if comm is not None else traced
-        exposed = getattr(comm, "exposed_interval", None)
-        if self._clock is not time.perf_counter:
-            exposed = None  # other clocks do not advance while the thread waits
-        phases: dict[str, float] = {}
-        for name, start, stop in self._intervals:
-            seconds = stop - start
-            if exposed is not None:
-                # DDP waits for the collectives inside backward(): move that wait out of the
-                # phase it fell in, so phases measure this rank's own work.
-                seconds -= max(0.0, min(stop, exposed[1]) - max(start, exposed[0]))
-            phases[name] = phases.get(name, 0.0) + max(0.0, seconds)
-        step_seconds = end - self._step_start
-        if comm is not None:
-            wait = comm.exposed_seconds
-        else:
-            wait = phases.pop("collective_wait", 0.0)
-        data = phases.get("data", 0.0)
-        compute = (sum(v for k, v in phases.items() if k not in _NOT_COMPUTE) if phases
-                   else max(0.0, step_seconds - wait))
-        if comm is not None and exposed is None and self._clock is time.perf_counter:
-            # blocking collectives (FSDP2 on gloo) sat inside the wall-clock phases
-            compute = max(0.0, compute - (wait if self.comm_timer is None else 0.0))
         column = step % self.config.window_steps
-        w = self._window
-        w[STAT["compute_seconds"], column] = compute
-        w[STAT["data_seconds"], column] = data
-        w[STAT["collective_wait_seconds"], column] = wait
-        w[STAT["transfer_seconds"], column] = np.nan
-        w[STAT["collective_seconds"], column] = comm.total_seconds if comm is not None else wait
-        w[STAT["step_seconds"], column] = step_seconds
-        w[STAT["comm_bytes"], column] = comm.bytes if comm is not None else 0
-        w[STAT["link_probe_seconds"], column] = np.nan  # set for the window at the gather
+        for participant in self.participants:
+            try:
+                participant.end_step(step, column)
+            except Exception as exc:  # noqa: BLE001 - one participant never stops the others
+                self._internal_error(participant.name, exc)
+        comm: Any = self.comm_timer.take_step() if self.comm_timer is not None else None
+        if comm is None and self._trace is not None:
+            comm = self._trace.last_step
+        times = step_times(
+            self._intervals, step_seconds=end - self._step_start, collectives=comm,
+            exposed_interval=getattr(comm, "exposed_interval", None),
+            wall_clock=self._clock is time.perf_counter,
+            blocking_collectives=self.comm_timer is None)
+        for name, value in times.columns().items():
+            self._steps[_STEP_ROWS[name], column] = value
         if self._sock is not None:
             record = StepRecord(
                 rank=self.rank, world_size=self.world_size, step=step,
-                local_rank=self.local_rank, node=self.node, phases=phases,
-                collective_wait_seconds=wait, step_seconds=step_seconds,
+                local_rank=self.local_rank, node=self.node, phases=times.phases,
+                collective_wait_seconds=times.collective_wait_seconds,
+                step_seconds=times.step_seconds,
                 collectives=_capped(comm.collectives) if comm is not None else [],
                 comm=comm.summary() if comm is not None else {},
             )
@@ -424,27 +431,20 @@ class TrainingMonitor:
 
     # ----------------------------------------------------------------------- per window
     def _gather_window(self, step: int) -> None:
-        integrity = self.config.integrity
+        """Every rank: summarise the window, add the participants' columns, gather, analyse."""
         try:
             import torch
             import torch.distributed as dist
 
             if self._identities is None:
                 identities: list[Any] = [None] * self.world_size
-                keys = self._trace.group_keys() if self._trace is not None else []
-                dist.all_gather_object(identities, (self.node, self.local_rank, keys),
+                dist.all_gather_object(identities, (self.node, self.local_rank),
                                        group=self._group)
-                self._identities = [(node, lr) for node, lr, _ in identities]
-                self._group_keys = [k for _, _, k in identities]
-            # Per-rank medians over the window: a fixed len(STAT_NAMES) float64 per rank,
-            # whatever K, robust to one slow step (a garbage-collection pause).
-            if self._trace is not None:
-                self._window[STAT["link_probe_seconds"]] = self._trace.probe(self._group)
-            local = torch.from_numpy(window_medians(self._window))
-            if self._trace is not None:
-                local = torch.cat([local, torch.from_numpy(self._trace.window.vector())])
-            if integrity is not None:
-                local = torch.cat([local, integrity.window_vector().view(torch.float64)])
+                self._identities = [(node, lr) for node, lr in identities]
+            values: dict[str, object] = dict(summarize_window(self._steps))
+            for participant in self.participants:
+                values.update(participant.contribute(step))
+            local = torch.from_numpy(self.layout.pack(values))
             gathered = [torch.empty_like(local) for _ in range(self.world_size)]
             dist.all_gather(gathered, local, group=self._group)
             self.stats.windows += 1
@@ -454,97 +454,93 @@ class TrainingMonitor:
             self._log_once("gather", "laggard: window gather failed at step %d (%s); "
                            "straggler detection off", step, exc)
             return
-        matrix = torch.stack(gathered)
-        extra = len(STAT_NAMES) + (self._trace.size if self._trace is not None else 0)
-        if integrity is not None:
-            from laggard.integrations.integrity import IntegrityError
+        nodes = [node for node, _ in self._identities]
+        local_ranks = [lr for _, lr in self._identities]
+        record = WindowRecord(
+            step=step, columns=self.layout.unpack(torch.stack(gathered).numpy()),
+            ranks=np.arange(self.world_size, dtype=np.int64), world_size=self.world_size,
+            nodes=nodes, local_ranks=None if any(lr is None for lr in local_ranks)
+            else np.array(local_ranks, dtype=np.int64))
+        self.analyse(record)
 
-            try:
-                found = integrity.check_window(
-                    matrix[:, extra:].contiguous().view(torch.int64))
-            except IntegrityError as exc:  # policy "raise": report it, then stop the job
-                self._report_integrity(step, exc.findings)
-                raise
-            self._report_integrity(step, found)
-        if self.rank == 0:
-            try:
-                self.analyse_window(step, matrix[:, :len(STAT_NAMES)].numpy())
-                if self._trace is not None:
-                    self._trace.analyse(
-                        step, matrix[:, len(STAT_NAMES):extra].numpy(), self._group_keys,
-                        edge_seconds=matrix[:, STAT["link_probe_seconds"]].numpy())
-            except Exception as exc:  # noqa: BLE001
-                self._internal_error("detector", exc)
+    def analyse(self, record: WindowRecord) -> list[Finding]:
+        """Hand one gathered window to every participant and report what they found (public
+        for tests: a record built by hand runs the same path).
 
-    def _report_integrity(self, step: int, findings: list[Finding]) -> None:
-        """Rank 0 sends gradient-integrity findings to its agent (laggard_findings_total)."""
-        if findings and self.rank == 0 and self._sock is not None:
-            docs = [f.to_dict() for f in findings[:MAX_REPORT_FINDINGS]]
-            self._send(WindowReport(step=step, world_size=self.world_size, findings=docs).encode())
-
-    def analyse_window(self, step: int, medians: np.ndarray) -> list[Finding]:
-        """Run the straggler detector on one gathered window (rank 0's part; public for tests).
-
-        Logs each finding once when raised and once when cleared, appends a
-        :class:`WindowSummary`, and sends a WindowReport to the agent.
+        On rank 0: logs each finding once when raised and once when cleared, keeps the
+        record's width-1 columns in :attr:`windows`, sends one WindowReport to the agent and
+        appends the window to ``Config.windows_path``. A participant's failure is counted
+        (``stats.internal_errors``) and the others go on; a
+        :class:`~laggard.integrations.participants.StopJob` (integrity policy ``raise``) is
+        reported, then raised.
 
         Args:
-            step: last step of the window.
-            medians: ``(R, len(STAT_NAMES))`` float64, row r = rank r's
-                :func:`window_medians`.
+            record: the gathered window; columns a participant needs and the record lacks
+                leave that participant out of this window.
 
         Returns:
-            The findings raised or cleared in this window (cleared ones carry
-            ``evidence["cleared"] = True``).
+            The findings raised or cleared in this window, in participant order.
         """
-        from laggard.detectors.straggler import RankWindow
+        outcome = WindowOutcome()
+        stop: StopJob | None = None
+        for participant in self.participants:
+            try:
+                found = participant.on_window(record)
+            except StopJob as exc:
+                stop, found = exc, WindowOutcome(findings=exc.findings, logged=False)
+            except Exception as exc:  # noqa: BLE001 - one participant never stops the others
+                self._internal_error(participant.name, exc)
+                continue
+            if found is None:
+                continue
+            outcome.findings += found.findings
+            outcome.scores.update(found.scores)
+            outcome.detector_stats.update(found.detector_stats)
+            if stop is not None:
+                break
+        if self.rank == 0:
+            try:
+                self._report_window(record, outcome)
+            except Exception as exc:  # noqa: BLE001
+                self._internal_error("report", exc)
+        if stop is not None:
+            raise stop
+        return outcome.findings
 
-        if self._detector is None:
-            self._detector = _make_detector(self.config.straggler)
-        ranks = medians.shape[0]
-        identities = self._identities or [(self.node, None)] * ranks
-        window = RankWindow.from_summaries(
-            step=step,
-            ranks=np.arange(ranks, dtype=np.int64),
-            summaries=detector_summaries(medians),
-            world_size=self.world_size,
-            nodes=[node for node, _ in identities],
-            local_ranks=None if any(lr is None for _, lr in identities)
-            else np.array([lr for _, lr in identities], dtype=np.int64),
-        )
-        findings = list(self._detector.update(window))
-        for finding in findings:
-            if finding.evidence.get("cleared"):
+    def _report_window(self, record: WindowRecord, outcome: WindowOutcome) -> None:
+        """Rank 0: log, keep, send and save one window's outcome."""
+        for finding in outcome.findings:
+            if finding.cleared:
                 log.warning("laggard: %s (step %s)", finding.message, finding.step)
                 self.cleared.append(finding)
             else:
-                log.warning("laggard: straggler: %s (step %s; evidence %s)", finding.message,
-                            finding.step, finding.evidence)
+                log.warning("laggard: %s: %s (step %s; evidence %s)", finding.detector,
+                            finding.message, finding.step, finding.evidence)
                 self.findings.append(finding)
         del self.findings[:-256], self.cleared[:-256]
-        scores = {int(r): float(v) for r, v in self._detector.scores.items()}
-        self.windows.append(WindowSummary(step, medians.copy(), scores))
+        self.windows.append(record.scalars())
         if self._sock is not None:
-            self._send_report(step, medians, scores, findings)
+            for report in _window_reports(record, outcome):
+                self._send(report.encode())
         if self.config.windows_path:
-            self._save_window(step, medians, scores, findings)
-        return findings
+            self._save_window(record, outcome)
 
-    def _save_window(self, step: int, medians: np.ndarray, scores: dict[int, float],
-                     findings: list[Finding]) -> None:
+    def _save_window(self, record: WindowRecord, outcome: WindowOutcome) -> None:
         """Append one window to ``Config.windows_path`` as a JSON line (rank 0)."""
         notes = {name: float(np.mean(v)) for name, v in self._notes.items() if v}
         self._notes = {name: [] for name in self._notes}
         try:
             if self._windows_file is None:
                 self._windows_file = open(self.config.windows_path, "a", encoding="utf-8")
+            kept = record.scalars()
+            names = list(kept.columns)
             doc = {
-                "step": step, "world_size": self.world_size, "stat_names": list(STAT_NAMES),
+                "step": record.step, "world_size": self.world_size, "stat_names": names,
+                # each rank's window value of each column (the medians of the step columns)
                 "medians": [[v if np.isfinite(v) else None for v in row]
-                            for row in medians.tolist()],
-                "scores": {str(r): v for r, v in scores.items()},
-                "findings": [{**f.to_dict(), "cleared": bool(f.evidence.get("cleared"))}
-                             for f in findings],
+                            for row in kept.table(names).tolist()],
+                "scores": {str(r): v for r, v in outcome.scores.items()},
+                "findings": [{**f.to_dict(), "cleared": f.cleared} for f in outcome.findings],
                 "notes": notes,
             }
             self._windows_file.write(json.dumps(doc) + "\n")
@@ -553,27 +549,6 @@ class TrainingMonitor:
             self.stats.save_errors += 1
             self._log_once("save", "laggard: cannot save windows to %s: %s (counting, not "
                            "retrying)", self.config.windows_path, exc)
-
-    def _send_report(self, step: int, medians: np.ndarray, scores: dict[int, float],
-                     findings: list[Finding]) -> None:
-        if len(scores) > MAX_REPORT_RANKS:
-            top = sorted(scores, key=scores.__getitem__, reverse=True)[:MAX_REPORT_RANKS]
-            scores = {r: scores[r] for r in top}
-        docs = []
-        for finding in findings[:MAX_REPORT_FINDINGS]:
-            doc = finding.to_dict()
-            if finding.evidence.get("cleared"):
-                doc["cleared"] = True
-            docs.append(doc)
-        job = medians[:, [STAT["collective_seconds"], STAT["collective_wait_seconds"],
-                          STAT["comm_bytes"]]].mean(axis=0)
-        report = WindowReport(
-            step=step, world_size=self.world_size, scores=scores, findings=docs,
-            comm={"total_seconds": float(job[0]), "exposed_seconds": float(job[1]),
-                  "bytes": float(job[2])},
-            detector_stats={k: int(v) for k, v in self._detector.stats.items()},
-        )
-        self._send(report.encode())
 
     # ------------------------------------------------------------------------- helpers
     def _internal_error(self, where: str, exc: BaseException) -> None:
@@ -626,19 +601,6 @@ class _PhaseContext:
         return False
 
 
-def _trace_extension(monitor: TrainingMonitor) -> Any:
-    from laggard.integrations.trace_window import TraceExtension
-
-    return TraceExtension(monitor)
-
-
-def _make_detector(config: Any) -> Any:
-    # imported here: numpy-heavy detector code is loaded only where detection runs
-    from laggard.detectors.straggler import StragglerDetector
-
-    return StragglerDetector(config)
-
-
 def _initialized_dist() -> Any:
     """``torch.distributed`` when a default process group exists, else None."""
     try:
@@ -646,19 +608,6 @@ def _initialized_dist() -> Any:
     except ImportError:
         return None
     return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def window_medians(window: np.ndarray) -> np.ndarray:
-    """One rank's summary of a window: each column reduced over its K steps
-    (:func:`laggard.detectors.window.summarize_window`).
-
-    Args:
-        window: ``(len(STAT_NAMES), K)`` float64 per-step statistics.
-
-    Returns:
-        ``(len(STAT_NAMES),)`` float64; ``transfer_seconds`` is NaN (not measured).
-    """
-    return summarize_window(window)
 
 
 def _capped(collectives: list[CollectiveTiming]) -> list[CollectiveTiming]:
@@ -673,4 +622,28 @@ def _capped(collectives: list[CollectiveTiming]) -> list[CollectiveTiming]:
     return list(merged.values())
 
 
-__all__ = ["STAT_NAMES", "MonitorStats", "TrainingMonitor", "WindowSummary", "window_medians"]
+def _window_reports(record: WindowRecord, outcome: WindowOutcome) -> list[WindowReport]:
+    """The WindowReport datagrams of one window: the scores (the highest
+    :data:`MAX_REPORT_RANKS`), the job's collective means and the detector's counters in the
+    first, the findings :data:`MAX_REPORT_FINDINGS` at a time (none is left out)."""
+    scores = outcome.scores
+    if len(scores) > MAX_REPORT_RANKS:
+        top = sorted(scores, key=scores.__getitem__, reverse=True)[:MAX_REPORT_RANKS]
+        scores = {r: scores[r] for r in top}
+    docs = [f.to_dict() for f in outcome.findings]
+    comm = {key: float(np.nanmean(values)) if (values := record.get(name)) is not None
+            and np.isfinite(values).any() else 0.0
+            for key, name in (("total_seconds", "collective_seconds"),
+                              ("exposed_seconds", "collective_wait_seconds"),
+                              ("bytes", "comm_bytes"))}
+    world = record.world_size or int(record.ranks.size)
+    reports = [WindowReport(step=record.step, world_size=world, scores=scores,
+                            findings=docs[:MAX_REPORT_FINDINGS], comm=comm,
+                            detector_stats=outcome.detector_stats)]
+    for start in range(MAX_REPORT_FINDINGS, len(docs), MAX_REPORT_FINDINGS):
+        reports.append(WindowReport(step=record.step, world_size=world,
+                                    findings=docs[start:start + MAX_REPORT_FINDINGS]))
+    return reports
+
+
+__all__ = ["MonitorStats", "TrainingMonitor"]

@@ -1,37 +1,35 @@
-"""The tracer's part of the monitor's window gather: per group, each step's collective seconds.
+"""The tracer's participant in the monitor's window gather: per group, each step's collective
+seconds.
 
 Each rank keeps a ``(max_groups, K)`` float64 block: row ``j`` holds, per step of the window,
 the summed issue-to-completion seconds of its ``j``-th watched group's collectives (NaN for an
-empty slot). The block rides after the window's statistics (``laggard.detectors.window``; the
-link probe's round trip is one of those columns, ``link_probe_seconds``) in the same gather:
-per-step values cannot be a column, which holds one value per rank. Rank 0 lines the groups
-up by their member lists (exchanged once, with the ranks' identities) and computes, per group,
-who arrived last, each member's wait and the group's transfer time
-(:func:`laggard.detectors.link.group_waits`), and feeds the link detector.
+empty slot). The block is one wide column of the window record, ``trace_group_seconds``
+(``laggard.detectors.window``): per-step values, K of them per group. Rank 0 lines the groups
+up by their member lists (exchanged once, at the first window) and computes, per group, who
+arrived last, each member's wait and the group's transfer time
+(:func:`laggard.detectors.link.group_waits`), and feeds the link detector with them and the
+link probe's ``link_probe_seconds`` column (:mod:`laggard.integrations.link_probe`).
 
 Size per rank: ``max_groups * K`` float64 (8 groups, K = 20: 1.3 KB).
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from laggard.detectors.link import GroupWait, LinkDetector, group_waits
-from laggard.wire import WindowReport
+from laggard.detectors.link import GroupWait, LinkDetector, LinkWindow, group_waits
+from laggard.detectors.window import WindowColumn, WindowRecord
+from laggard.integrations.link_probe import PROBE_COLUMN
+from laggard.integrations.participants import MonitorContext, WindowOutcome, WindowParticipant
 
 if TYPE_CHECKING:
-    from laggard.detectors.finding import Finding
-    from laggard.integrations.monitor import TrainingMonitor
     from laggard.integrations.tracer import CollectiveTracer, TraceStep
 
-log = logging.getLogger(__name__)
-#: Probe payload when ``Config.link_probe_bytes`` is None and a tracer is given.
-DEFAULT_PROBE_BYTES = 256 << 10
-#: Fewest ranks for the probe to be worth it: the link detector compares >= 3 edges.
-_MIN_PROBE_RANKS = 3
+#: The window record's column of the tracer's block.
+TRACE_COLUMN = "trace_group_seconds"
 
 
 class TraceWindow:
@@ -101,99 +99,79 @@ def analyse_groups(vectors: np.ndarray, keys: list[list[tuple[int, ...]]], slots
     return out
 
 
-class TraceExtension:
+class TraceParticipant(WindowParticipant):
     """The tracer's share of a :class:`~laggard.integrations.monitor.TrainingMonitor`: per-step
-    bookkeeping, its block of the window gather, the link probe, and on rank 0 the group waits
-    and the link detector. Kept apart from the monitor so the gather's statistics columns and
-    this block evolve separately.
+    bookkeeping, its ``trace_group_seconds`` block of the window record, and on rank 0 the
+    group waits and the link detector (on the link probe's ``link_probe_seconds`` column).
+
+    Args:
+        tracer: the monitor's collective tracer.
+        link: ``LinkDetector.Config`` for rank 0; None for its defaults.
 
     Attributes:
         groups: on rank 0, the last window's ``(label, GroupWait)`` per watched group.
         last_step: the latest :class:`~laggard.integrations.tracer.TraceStep`.
+        detector: the :class:`~laggard.detectors.link.LinkDetector` (rank 0 only).
     """
 
-    def __init__(self, monitor: TrainingMonitor) -> None:
-        self.monitor = monitor
-        tracer = monitor.tracer
-        assert tracer is not None
-        k = monitor.config.window_steps
-        self.window = TraceWindow(tracer, k)
-        nbytes = monitor.config.link_probe_bytes
-        self.probe_bytes = DEFAULT_PROBE_BYTES if nbytes is None else nbytes
-        self._probe: Any = None
+    name = "trace"
+
+    def __init__(self, tracer: CollectiveTracer, link: Any = None) -> None:
+        super().__init__()
+        self.tracer = tracer
+        self.link_config = link
+        self.window: TraceWindow | None = None
         self.groups: list[tuple[str, GroupWait]] = []
         self.last_step: TraceStep | None = None
-        self.probe_seconds = float("nan")
-        self.detector = LinkDetector(monitor.config.link) if monitor.rank == 0 else None
+        self.detector: LinkDetector | None = None
+        self._keys: list[list[tuple[int, ...]]] | None = None
+        self.columns = ()
 
-    @property
-    def size(self) -> int:
-        """float64 values this extension adds to each rank's gathered vector."""
-        return self.window.size
+    def attach(self, context: MonitorContext) -> None:
+        super().attach(context)
+        self.window = TraceWindow(self.tracer, context.window_steps)
+        self.columns = (WindowColumn(
+            TRACE_COLUMN, "seconds", "last",
+            "per watched group and step of the window, the summed issue-to-completion seconds "
+            "of its collectives (row-major max_groups x K; NaN for an unused slot)",
+            width=self.window.size),)
+        if context.rank == 0:
+            self.detector = LinkDetector(self.link_config)
 
-    def take_step(self, step: int) -> TraceStep:
+    def end_step(self, step: int, column: int) -> None:
         """Take the tracer's step and store its per-group seconds."""
-        traced = self.monitor.tracer.take_step()  # type: ignore[union-attr]
-        self.window.add_step(step % self.monitor.config.window_steps, traced)
+        traced = self.tracer.take_step()
+        if self.window is not None:
+            self.window.add_step(column, traced)
         self.last_step = traced
-        return traced
 
-    def group_keys(self) -> list[tuple[int, ...]]:
-        """This rank's slots' member lists (sent once with the identities)."""
-        return self.window.group_keys()
+    def contribute(self, step: int) -> Mapping[str, object]:
+        if self.window is None:
+            return {}
+        if self._keys is None:
+            # The member lists of every rank's slots, exchanged once (every rank, same point).
+            import torch.distributed as dist
 
-    def probe(self, group: Any) -> float:
-        """Probe this rank's link (every rank at the same point, before the gather); returns
-        the round trip in seconds, NaN when off or failed."""
-        self.probe_seconds = float("nan")
-        if self.probe_bytes > 0 and self.monitor.world_size >= _MIN_PROBE_RANKS:
-            try:
-                if self._probe is None:
-                    from laggard.integrations.link_probe import LinkProbe
+            keys: list[Any] = [None] * self.context.world_size  # type: ignore[union-attr]
+            dist.all_gather_object(keys, self.window.group_keys(),
+                                   group=self.context.group)  # type: ignore[union-attr]
+            self._keys = keys
+        return {TRACE_COLUMN: self.window.vector()}
 
-                    self._probe = LinkProbe(group, self.monitor.rank, self.monitor.world_size,
-                                            self.probe_bytes)
-                self.probe_seconds = self._probe.run()
-            except Exception as exc:  # noqa: BLE001 - no probe; the gather still runs
-                self.probe_bytes = 0
-                self.monitor._log_once("probe", "laggard: link probe failed (%r); off", exc)
-        return self.probe_seconds
-
-    def analyse(self, step: int, block: np.ndarray, keys: list[Any], *,
-                edge_seconds: np.ndarray) -> list[Finding]:
-        """Rank 0: group waits and the link detector on the gathered blocks.
-
-        Args:
-            step: last step of the window.
-            block: ``(R, size)`` float64, the gathered :meth:`TraceWindow.vector` of every
-                rank.
-            keys: per rank, its slots' member lists.
-            edge_seconds: ``(R,)`` float64, each rank's ``link_probe_seconds``.
-        """
-        m = self.monitor
-        self.groups = analyse_groups(block, keys, self.window.slots, m.config.window_steps)
-        identities = m._identities or [(m.node, None)] * block.shape[0]
-        assert self.detector is not None
-        findings = self.detector.update(step=step, edge_seconds=edge_seconds,
-                                        nodes=[node for node, _ in identities],
-                                        groups=self.groups)
-        for finding in findings:
-            if finding.evidence.get("cleared"):
-                log.warning("laggard: %s (step %s)", finding.message, step)
-                m.cleared.append(finding)
-            else:
-                log.warning("laggard: slow link: %s (step %s; evidence %s)", finding.message,
-                            step, finding.evidence)
-                m.findings.append(finding)
-        if findings and m._sock is not None:
-            docs = []
-            for f in findings[:16]:
-                doc = f.to_dict()
-                if f.evidence.get("cleared"):
-                    doc["cleared"] = True
-                docs.append(doc)
-            m._send(WindowReport(step=step, world_size=m.world_size, findings=docs).encode())
-        return findings
+    def on_window(self, record: WindowRecord) -> WindowOutcome | None:
+        """Rank 0: group waits and the link detector on the gathered blocks."""
+        block = record.get(TRACE_COLUMN)
+        if self.detector is None or self.window is None or block is None or self._keys is None:
+            return None
+        self.groups = analyse_groups(block, self._keys, self.window.slots,
+                                     self.window.block.shape[1])
+        ranks = block.shape[0]
+        edges = record.get(PROBE_COLUMN.name)
+        nodes = list(record.nodes) if record.nodes is not None else [""] * ranks
+        findings = self.detector.update(LinkWindow(
+            step=record.step, nodes=nodes, groups=self.groups,
+            edge_seconds=edges if edges is not None else np.full(ranks, np.nan)))
+        return WindowOutcome(findings=findings)
 
 
-__all__ = ["TraceExtension", "TraceWindow", "analyse_groups"]
+__all__ = ["TRACE_COLUMN", "TraceParticipant", "TraceWindow", "analyse_groups"]

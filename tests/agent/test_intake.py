@@ -83,7 +83,11 @@ def test_job_slowdown_is_a_job_level_flag_not_a_rank():
               "step": 40, "message": "whole job slower", "evidence": {"slowdown": 0.3}}
     table.ingest(WindowReport(step=40, world_size=4, findings=[raised]).encode())
     assert registry_of(table).get_sample_value("laggard_job_slowdown_active") == 1
-    cleared = {**raised, "evidence": {"cleared": True}}
+    # only the finding's own "cleared" ends it (Finding.cleared), not a word in its evidence
+    in_evidence = {**raised, "evidence": {"cleared": True}}
+    table.ingest(WindowReport(step=60, world_size=4, findings=[in_evidence]).encode())
+    assert registry_of(table).get_sample_value("laggard_job_slowdown_active") == 1
+    cleared = {**raised, "cleared": True}
     table.ingest(WindowReport(step=80, world_size=4, findings=[cleared]).encode())
     assert registry_of(table).get_sample_value("laggard_job_slowdown_active") == 0
 

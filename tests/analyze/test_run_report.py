@@ -16,7 +16,9 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from laggard.analyze.run_report import load_windows, write_report  # noqa: E402
-from laggard.detectors.window import STAT, STAT_NAMES  # noqa: E402
+from laggard.detectors.window import STEP_COLUMN_NAMES  # noqa: E402
+
+STAT = {name: i for i, name in enumerate(STEP_COLUMN_NAMES)}
 
 
 def write_windows(path: Path, *, ranks: int = 4, windows: int = 120, k: int = 5,
@@ -26,7 +28,7 @@ def write_windows(path: Path, *, ranks: int = 4, windows: int = 120, k: int = 5,
     rng = np.random.default_rng(0)
     lines = []
     for w in range(windows):
-        rows = np.zeros((ranks, len(STAT_NAMES)))
+        rows = np.zeros((ranks, len(STEP_COLUMN_NAMES)))
         rows[:, STAT["compute_seconds"]] = 0.020 * rng.lognormal(0, 0.02, ranks)
         rows[:, STAT["data_seconds"]] = 0.001
         rows[:, STAT["collective_wait_seconds"]] = 0.010
@@ -45,7 +47,7 @@ def write_windows(path: Path, *, ranks: int = 4, windows: int = 120, k: int = 5,
             findings.append({"detector": "straggler", "kind": "compute", "rank": slow_rank,
                              "step": w * k + k - 1, "message": "cleared", "cleared": True})
         lines.append(json.dumps({"step": w * k + k - 1, "world_size": ranks,
-                                 "stat_names": list(STAT_NAMES), "medians": medians,
+                                 "stat_names": list(STEP_COLUMN_NAMES), "medians": medians,
                                  "scores": {}, "findings": findings,
                                  "notes": {"loss": 5.0 - w / windows}}))
     lines.insert(7, "{not json")

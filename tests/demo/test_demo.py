@@ -187,7 +187,7 @@ def test_report_from_a_worker_result():
                       "local_rank": 1, "step": 39, "evidence": {"slowdown": 0.5}}],
         "cleared": [{"detector": "straggler", "kind": "compute", "severity": "warning",
                      "message": "rank 1: compute slowdown cleared", "rank": 1, "step": 59,
-                     "evidence": {"cleared": True}}],
+                     "cleared": True, "evidence": {"reason": "recovered"}}],
     }
     report = demo.build_report(result, args, "http://127.0.0.1:1/metrics")
     assert set(report["findings"][0]) == {"detector", "kind", "rank", "step", "severity",

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from laggard.detectors.link import LinkDetector, group_waits
+from laggard.detectors.finding import Finding
+from laggard.detectors.link import LinkDetector, LinkWindow, group_waits
+
+
+def update(det: LinkDetector, **window) -> list[Finding]:
+    return det.update(LinkWindow(**window))
 
 
 def test_the_member_with_the_shortest_time_arrived_last_and_the_others_waited_for_it():
@@ -39,12 +44,12 @@ def test_a_node_with_slow_incoming_and_outgoing_edges_is_named_after_m_of_n_wind
     raised = []
     for w in range(12):
         slow = "node1" if w >= 4 else None
-        for f in det.update(step=w, edge_seconds=_edges(rng, slow_node=slow, nodes=nodes),
+        for f in update(det, step=w, edge_seconds=_edges(rng, slow_node=slow, nodes=nodes),
                             nodes=nodes):
             raised.append((w, f))
     (w, f), = raised
     assert w == 6 and f.kind == "link" and f.node == "node1" and f.rank == 1
-    assert f.detector == "straggler" and f.evidence["peers"] == [0, 2]
+    assert f.detector == "link" and f.evidence["peers"] == [0, 2]
     assert f.evidence["slowdown"] > 5
 
 
@@ -56,19 +61,20 @@ def test_a_healthy_job_and_one_slow_edge_name_nothing_and_it_clears():
         edges = _edges(rng, ranks=3)
         if w % 2:
             edges[0] = 0.02  # one edge only: not a node's link
-        assert det.update(step=w, edge_seconds=edges, nodes=nodes) == []
+        assert update(det, step=w, edge_seconds=edges, nodes=nodes) == []
     for w in range(20, 25):
-        det.update(step=w, edge_seconds=_edges(rng, 3, "b", nodes), nodes=nodes)
+        update(det, step=w, edge_seconds=_edges(rng, 3, "b", nodes), nodes=nodes)
     assert "b" in det.active
     cleared = []
     for w in range(25, 31):
-        cleared += det.update(step=w, edge_seconds=_edges(rng, ranks=3), nodes=nodes)
-    assert [f.evidence.get("cleared") for f in cleared] == [True] and not det.active
+        cleared += update(det, step=w, edge_seconds=_edges(rng, ranks=3), nodes=nodes)
+    assert [(f.cleared, f.evidence["reason"]) for f in cleared] == [(True, "recovered")]
+    assert not det.active
 
 
 def test_bad_probe_times_are_counted_and_too_few_edges_compare_nothing():
     det = LinkDetector()
-    assert det.update(step=0, edge_seconds=np.array([np.nan, -1, 0.001]),
+    assert update(det, step=0, edge_seconds=np.array([np.nan, -1, 0.001]),
                       nodes=["a", "b", "c"]) == []
     assert det.stats == {"windows": 1, "too_few_edges": 1, "invalid_edges": 2}
 
@@ -79,7 +85,7 @@ def test_two_nodes_cannot_say_which_end_of_their_link_is_slow():
     det = LinkDetector()
     for w in range(8):
         edges = np.array([0.001, 0.010, 0.001, 0.010])
-        assert det.update(step=w, edge_seconds=edges, nodes=nodes) == []
+        assert update(det, step=w, edge_seconds=edges, nodes=nodes) == []
 
 
 def test_with_several_ranks_per_node_the_node_is_named():
@@ -87,6 +93,6 @@ def test_with_several_ranks_per_node_the_node_is_named():
     det = LinkDetector()
     found = []
     for w in range(5):  # n1's link: edges 1->2 (in) and 3->4 (out) slow; 5->0 fast
-        found += det.update(step=w, edge_seconds=np.array([1e-3, 9e-3, 1e-4, 9e-3, 1e-4, 1e-3]),
+        found += update(det, step=w, edge_seconds=np.array([1e-3, 9e-3, 1e-4, 9e-3, 1e-4, 1e-3]),
                             nodes=nodes)
     assert [(f.node, f.rank, f.evidence["peers"]) for f in found] == [("n1", 2, [1, 4])]

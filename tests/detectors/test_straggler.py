@@ -15,12 +15,15 @@ import numpy as np
 import pytest
 
 from laggard.detectors import Severity
-from laggard.detectors.straggler import (
-    SUMMARY_FIELDS,
-    RankWindow,
-    StragglerDetector,
+from laggard.detectors.straggler import RankWindow, StragglerDetector
+from laggard.detectors.window import (
+    DETECTOR_COLUMNS,
+    STEP_COLUMN_NAMES,
+    STEP_COLUMNS,
+    WindowLayout,
+    WindowRecord,
     row_nanmedian,
-    summarize_steps,
+    summarize_window,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -85,7 +88,7 @@ def run(detector: StragglerDetector, windows: list[RankWindow]) -> list[tuple[in
 
 
 def raised(events: list[tuple[int, object]]) -> list[tuple[int, object]]:
-    return [(i, f) for i, f in events if not f.evidence.get("cleared")]
+    return [(i, f) for i, f in events if not f.cleared]
 
 
 @pytest.mark.parametrize(
@@ -156,7 +159,7 @@ def test_finding_clears_once_after_m_windows_of_recovery() -> None:
     detector = StragglerDetector()
     windows = [make_window(i, compute_factor={2: 1.2} if i < 10 else {}) for i in range(25)]
     events = run(detector, windows)
-    kinds = [(i, f.rank, bool(f.evidence.get("cleared"))) for i, f in events]
+    kinds = [(i, f.rank, bool(f.cleared)) for i, f in events]
     assert kinds == [(FIRST + M_WINDOWS - 1, 2, False), (10 + M_WINDOWS - 1, 2, True)]
     cleared = events[1][1]
     assert cleared.kind == "compute" and cleared.node == "node0"
@@ -278,24 +281,25 @@ def test_two_ranks_are_too_few_to_compare() -> None:
     assert detector.stats["too_few_ranks_windows"] == 10
 
 
-def test_gathered_summaries_give_the_same_findings_as_raw_windows() -> None:
+def test_gathered_window_records_give_the_same_findings_as_raw_windows() -> None:
+    """What the monitor gathers (each rank's summarize_window of its K steps, packed and
+    unpacked by the layout) names the same rank at the same window as the raw K steps."""
     raw = [make_window(i, ranks=32, extra_data={17: 0.012}) for i in range(12)]
-    summarized = []
+    layout = WindowLayout(STEP_COLUMNS)
+    records = []
     for window in raw:
-        rows = [summarize_steps(window.compute_seconds[r], window.data_seconds[r],
-                                window.collective_wait_seconds[r], window.transfer_seconds[r])
-                for r in range(32)]
-        summarized.append(RankWindow.from_summaries(
-            step=window.step, ranks=window.ranks, summaries=np.stack(rows),
-            world_size=32, nodes=window.nodes, local_ranks=window.local_ranks,
-        ))
+        rows = []
+        for r in range(32):
+            steps = np.full((len(STEP_COLUMNS), window.compute_seconds.shape[1]), np.nan)
+            for name in DETECTOR_COLUMNS:
+                steps[STEP_COLUMN_NAMES.index(name)] = getattr(window, name)[r]
+            rows.append(layout.pack(summarize_window(steps)))
+        records.append(RankWindow.from_record(WindowRecord(
+            step=window.step, ranks=window.ranks, columns=layout.unpack(np.stack(rows)),
+            world_size=32, nodes=window.nodes, local_ranks=window.local_ranks)))
     from_raw = [(i, f.rank, f.kind) for i, f in run(StragglerDetector(), raw)]
-    from_summaries = [(i, f.rank, f.kind) for i, f in run(StragglerDetector(), summarized)]
-    assert from_raw == from_summaries == [(FIRST + M_WINDOWS - 1, 17, "data")]
-    assert len(SUMMARY_FIELDS) == 4
-    assert np.isnan(summarize_steps([0.1], [0.01], [0.02])[3])
-    with pytest.raises(ValueError):
-        RankWindow.from_summaries(step=0, ranks=np.arange(2), summaries=np.zeros((2, 3)))
+    gathered = [(i, f.rank, f.kind) for i, f in run(StragglerDetector(), records)]
+    assert from_raw == gathered == [(FIRST + M_WINDOWS - 1, 17, "data")]
 
 
 def test_realistic_noise_raises_nothing() -> None:
@@ -345,14 +349,12 @@ def test_real_demo_windows_name_the_slowed_rank_only_after_onset() -> None:
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "straggler" / (
         "demo_4ranks_x1.25_window5.json")
     recorded = json.loads(fixture.read_text())
-    columns = [recorded["stat_names"].index(name) for name in SUMMARY_FIELDS]
     detector = StragglerDetector()
     found = []
     for window in recorded["windows"]:
-        medians = np.array(window["medians"], dtype=np.float64)  # None -> NaN
-        found += [(window["step"], f) for f in detector.update(RankWindow.from_summaries(
-            step=window["step"], ranks=np.arange(4), summaries=medians[:, columns],
-            world_size=4))]
+        record = WindowRecord.from_saved(
+            {**window, "stat_names": recorded["stat_names"], "world_size": 4})
+        found += [(window["step"], f) for f in detector.update(RankWindow.from_record(record))]
     ranked = [(step, f) for step, f in found if f.rank is not None]
     injected = recorded["injected"]
     assert ranked, "the slowed rank was never named"
@@ -361,7 +363,7 @@ def test_real_demo_windows_name_the_slowed_rank_only_after_onset() -> None:
     assert first_step >= injected["from_step"]
     assert {f.rank for _, f in ranked} == {injected["rank"]}
     # the old M-of-N rule raised and cleared this rank again while it was still slow
-    assert not [f for _, f in ranked if f.evidence.get("cleared")], "a flap"
+    assert not [f for _, f in ranked if f.cleared], "a flap"
     assert detector.stats["invalid_durations"] == 0
 
 
@@ -442,7 +444,7 @@ def test_quiet_windows_do_not_clear_a_rank_that_is_still_slow() -> None:
     plan = [slow] * 10 + [{}] * (M_WINDOWS - 1) + [slow] * 5 + [{}] + [slow] * 5
     detector, events = _active_after([make_window(i, compute_factor=p)
                                       for i, p in enumerate(plan)])
-    assert [(f.rank, bool(f.evidence.get("cleared"))) for _, f in events] == [(3, False)]
+    assert [(f.rank, bool(f.cleared)) for _, f in events] == [(3, False)]
     assert 3 in detector.active
 
 

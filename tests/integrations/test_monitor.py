@@ -16,9 +16,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from laggard.detectors.window import STAT, STAT_NAMES  # noqa: E402
+from laggard.detectors.finding import Finding, Severity  # noqa: E402
+from laggard.detectors.window import (  # noqa: E402
+    STEP_COLUMN_NAMES,
+    WindowColumn,
+    WindowRecord,
+)
 from laggard.integrations.comm_timing import CommTimer  # noqa: E402
 from laggard.integrations.monitor import TrainingMonitor  # noqa: E402
+from laggard.integrations.participants import WindowOutcome, WindowParticipant  # noqa: E402
 from laggard.wire import StepRecord, WindowReport, decode_datagram  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -226,22 +232,20 @@ def test_agent_address_empty_sends_nothing():
     assert (monitor.rank, monitor.world_size) == (0, 1)
 
 
-def _window(rng: np.random.Generator, slow_rank: int | None, ranks: int = 4) -> np.ndarray:
-    """Per-rank window medians (R, 7): 30 ms compute, 10 ms wait, a few % of noise."""
-    medians = np.zeros((ranks, len(STAT_NAMES)))
-    compute, data, wait = (STAT[n] for n in ("compute_seconds", "data_seconds",
-                                             "collective_wait_seconds"))
-    medians[:, compute] = 0.030 * (1 + 0.01 * rng.standard_normal(ranks))
-    medians[:, data] = 0.001
-    medians[:, wait] = 0.010 * (1 + 0.01 * rng.standard_normal(ranks))
-    medians[:, STAT["transfer_seconds"]] = np.nan
-    medians[:, STAT["comm_bytes"]] = 1e6
+def _window(rng: np.random.Generator, step: int, slow_rank: int | None,
+            ranks: int = 4) -> WindowRecord:
+    """A gathered window: 30 ms compute, 10 ms wait, a few % of noise."""
+    compute = 0.030 * (1 + 0.01 * rng.standard_normal(ranks))
+    wait = 0.010 * (1 + 0.01 * rng.standard_normal(ranks))
     if slow_rank is not None:
-        medians[slow_rank, compute] *= 1.3
-        medians[slow_rank, wait] = 0.001  # the others wait for it; it waits least
-    medians[:, STAT["step_seconds"]] = medians[:, compute].max() + medians[:, data] + 0.002
-    medians[:, STAT["collective_seconds"]] = medians[:, wait] + 0.002
-    return medians
+        compute[slow_rank] *= 1.3
+        wait[slow_rank] = 0.001  # the others wait for it; it waits least
+    columns = {"compute_seconds": compute, "data_seconds": np.full(ranks, 0.001),
+               "collective_wait_seconds": wait, "transfer_seconds": np.full(ranks, np.nan),
+               "step_seconds": np.full(ranks, compute.max() + 0.003),
+               "collective_seconds": wait + 0.002, "comm_bytes": np.full(ranks, 1e6)}
+    return WindowRecord(step=step, columns=columns, ranks=np.arange(ranks), world_size=ranks,
+                        nodes=["node07"] * ranks)
 
 
 def test_rank0_logs_a_straggler_once_when_raised_and_once_when_cleared(receiver, caplog):
@@ -250,7 +254,7 @@ def test_rank0_logs_a_straggler_once_when_raised_and_once_when_cleared(receiver,
     plan = [None] * 6 + [2] * 8 + [None] * 8
     with caplog.at_level(logging.WARNING, logger="laggard.integrations.monitor"):
         for i, slow in enumerate(plan):
-            monitor.analyse_window(20 * i + 19, _window(rng, slow))
+            monitor.analyse(_window(rng, 20 * i + 19, slow))
     messages = [r.getMessage() for r in caplog.records]
     raised = [m for m in messages if "straggler: rank 2" in m]
     cleared = [m for m in messages if "cleared" in m]
@@ -309,12 +313,13 @@ def test_rank0_saves_each_window_as_a_json_line_with_its_notes(receiver, tmp_pat
     for i, slow in enumerate(plan):
         monitor.note("loss", 3.0 - 0.1 * i)
         monitor.note("loss", float("nan"))  # dropped, not averaged in
-        monitor.analyse_window(20 * i + 19, _window(rng, slow))
+        monitor.analyse(_window(rng, 20 * i + 19, slow))
     monitor.close()
     docs = [json.loads(line) for line in path.read_text().splitlines()]
     assert [d["step"] for d in docs] == [20 * i + 19 for i in range(len(plan))]
-    assert docs[0]["stat_names"] == list(STAT_NAMES)
-    assert len(docs[0]["medians"]) == 4 and docs[0]["medians"][0][STAT["transfer_seconds"]] is None
+    assert docs[0]["stat_names"] == list(STEP_COLUMN_NAMES)
+    transfer = STEP_COLUMN_NAMES.index("transfer_seconds")
+    assert len(docs[0]["medians"]) == 4 and docs[0]["medians"][0][transfer] is None
     assert [d["notes"]["loss"] for d in docs[:2]] == [3.0, 2.9]
     raised = [f for d in docs for f in d["findings"] if not f["cleared"]]
     assert [f["rank"] for f in raised] == [2] and monitor.stats.save_errors == 0
@@ -326,6 +331,79 @@ def test_an_unwritable_windows_path_is_counted_never_raised(receiver, tmp_path):
     monitor = TrainingMonitor(config, rank=0, world_size=4)
     rng = np.random.default_rng(2)
     for i in range(3):
-        monitor.analyse_window(20 * i + 19, _window(rng, None))
+        monitor.analyse(_window(rng, 20 * i + 19, None))
     assert monitor.stats.save_errors == 3
+    monitor.close()
+
+
+class _CountingParticipant(WindowParticipant):
+    """A participant of a test's own: one column, a finding when its column disagrees."""
+
+    name = "counter"
+    columns = (WindowColumn("things_total", "count", "sum", "things seen"),)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.windows = 0
+
+    def on_window(self, record: WindowRecord) -> WindowOutcome | None:
+        self.windows += 1
+        values = record["things_total"]
+        if np.ptp(values) > 0:
+            return WindowOutcome(findings=[Finding(
+                detector="counter", kind="disagree", severity=Severity.INFO, step=record.step,
+                message=f"ranks disagree: {values.tolist()}")])
+        return None
+
+
+class _BrokenParticipant(WindowParticipant):
+    name = "broken"
+
+    def end_step(self, step: int, column: int) -> None:
+        raise RuntimeError("a participant's bug")
+
+    def on_window(self, record: WindowRecord) -> WindowOutcome | None:
+        raise RuntimeError("a participant's bug")
+
+
+def test_a_participant_of_ones_own_gets_its_column_and_a_broken_one_stops_nothing(receiver):
+    counter = _CountingParticipant()
+    monitor = _monitor(receiver.getsockname()[1], rank=0,
+                       participants=[_BrokenParticipant(), counter])
+    assert "things_total" in monitor.layout and monitor.participant("counter") is counter
+    with monitor.step():  # the broken participant's end_step is counted, the record still sent
+        pass
+    assert isinstance(decode_datagram(receiver.recv(65536)), StepRecord)
+    rng = np.random.default_rng(3)
+    record = _window(rng, 19, None)
+    record.columns["things_total"] = np.array([1.0, 1.0, 2.0, 1.0])
+    found = monitor.analyse(record)
+    assert [f.kind for f in found] == ["disagree"] and counter.windows == 1
+    assert monitor.stats.internal_errors == 2  # end_step and on_window, each counted
+    report = decode_datagram(receiver.recv(65536))
+    assert isinstance(report, WindowReport)
+    assert [f["detector"] for f in report.findings] == ["counter"]
+    monitor.close()
+
+
+def test_two_participants_declaring_one_column_are_refused_at_construction():
+    with pytest.raises(ValueError, match="declared twice"):
+        TrainingMonitor(TrainingMonitor.Config(agent_address="", detect=False),
+                        participants=[_CountingParticipant(), _CountingParticipant()])
+
+
+def test_more_findings_than_one_report_holds_go_out_in_several_reports(receiver):
+    class Many(WindowParticipant):
+        name = "many"
+
+        def on_window(self, record: WindowRecord) -> WindowOutcome:
+            return WindowOutcome(findings=[Finding(
+                detector="many", kind="x", severity=Severity.INFO, rank=r % 4,
+                message=f"finding {r}") for r in range(40)])
+
+    monitor = _monitor(receiver.getsockname()[1], rank=0, participants=[Many()])
+    monitor.analyse(_window(np.random.default_rng(4), 19, None))
+    reports = [decode_datagram(receiver.recv(65536)) for _ in range(3)]
+    assert [len(r.findings) for r in reports] == [16, 16, 8]
+    assert set(reports[0].scores) == {0, 1, 2, 3} and not reports[1].scores
     monitor.close()

@@ -80,12 +80,13 @@ def main(out_dir: str) -> None:
                               tracer=tracer)
     traced_steps = []
     traced = train_fsdp(tracer, monitor)
-    last = monitor._trace.last_step  # type: ignore[union-attr]
+    trace = monitor.participant("trace")
+    last = trace.last_step
     traced_steps.append({"ops": {c.op: [c.seconds, c.bytes] for c in last.collectives},
                          "exposed": last.exposed_seconds, "total": last.total_seconds})
     groups = [(label, gw.ranks.tolist(), gw.arrived_last.tolist(), gw.steps)
-              for label, gw in monitor._trace.groups]  # type: ignore[union-attr]
-    probe = monitor._trace.probe_seconds  # type: ignore[union-attr]
+              for label, gw in trace.groups]
+    probe = monitor.participant("link_probe").seconds
 
     # DDP through CommTimer(tracer=...)
     timer = CommTimer(tracer=tracer)
