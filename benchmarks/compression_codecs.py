@@ -51,7 +51,7 @@ def hook_state(name: str, params: list[Any]) -> tuple[Any, Any]:
     """``make_hook(name)`` on these parameters; 1-bit Adam with its variance already frozen."""
     import torch
 
-    from laggard.integrations.compression import make_hook
+    from laggard.compression import make_hook
 
     if name != "onebit_adam":
         return make_hook(name)
@@ -67,8 +67,8 @@ def codec_throughput(names: list[str], reps: int) -> list[dict[str, Any]]:
     """Per bucket and compressor: median hook seconds and copy seconds, alternated."""
     import torch
 
+    from laggard.compression.bucket import FlatBucket
     from laggard.demo.model import ByteLM
-    from laggard.integrations.compression.bucket import FlatBucket
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -99,15 +99,16 @@ def codec_only(numel: int, reps: int, world: int = 4) -> list[dict[str, Any]]:
     """The codecs without the hooks around them (module docstring), on ``numel`` fp32."""
     import torch
 
-    from laggard.integrations.compression import make_hook
-    from laggard.integrations.compression.sign import (
+    from laggard.compression import make_hook
+    from laggard.compression.signcodec import (
         chunk_elements,
         chunk_lengths,
         compress_rows,
+        decode_rows,
         decompress_rows,
+        encode_rows,
     )
-    from laggard.integrations.compression.signcodec import decode_rows, encode_rows
-    from laggard.integrations.compression.topk import scatter_rows
+    from laggard.compression.topk import scatter_rows
 
     grads = torch.randn(numel, generator=torch.Generator().manual_seed(1))
     copy_into = torch.empty_like(grads)

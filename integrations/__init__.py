@@ -19,8 +19,8 @@ _EXPORTS = {
     "CollectiveTracer": "laggard.integrations.tracer",
     "instrument_fsdp": "laggard.integrations.trace_sources",
     "attach": "laggard.integrations.trace_sources",
-    "make_hook": "laggard.integrations.compression",
-    "COMPRESSORS": "laggard.integrations.compression",
+    "make_hook": "laggard.compression",
+    "COMPRESSORS": "laggard.compression",
     "GradientIntegrity": "laggard.integrations.integrity",
     "BitFlipInjector": "laggard.integrations.faults",
 }

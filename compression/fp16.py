@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
-from laggard.integrations.compression.base import CompressionState
-from laggard.integrations.compression.wire import ring_allreduce_bytes
+from laggard.compression.base import CompressionState
+from laggard.integrations.collective_bytes import ring_allreduce_bytes
 
 
 class Fp16Compression(CompressionState):

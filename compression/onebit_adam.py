@@ -15,7 +15,7 @@ Training with Adam's Convergence Speed", ICML 2021, Algorithm 1), as an optimize
    * server (rank j, chunk j): ``q_j = mean_i C(p_i)_j + delta_bar_j``; all-gather of
      ``C(q_j)``; ``delta_bar_j = q_j - C(q_j)``;
 
-   ``C`` is the scaled sign of :mod:`~laggard.integrations.compression.signcodec` (one scale per
+   ``C`` is the scaled sign of :mod:`~laggard.compression.signcodec` (one scale per
    chunk). The result, the same on every rank, reaches the optimizer as the parameters'
    ``.grad``; :class:`OneBitAdam` takes it as its new momentum and steps
    ``x -= lr (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^T_w)) + eps)`` (plus AdamW's decoupled
@@ -44,19 +44,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from laggard.integrations.compression import kernels
-from laggard.integrations.compression.base import CompressionState, all_finite
-from laggard.integrations.compression.residuals import BucketLayout
-from laggard.integrations.compression.sign import chunk_elements, chunk_lengths
-from laggard.integrations.compression.signcodec import (
+from laggard.compression import kernels
+from laggard.compression.base import CompressionState, all_finite
+from laggard.compression.residuals import BucketLayout
+from laggard.compression.signcodec import (
     accumulate_rows,
+    chunk_elements,
+    chunk_lengths,
     decode_rows,
     encode_rows,
     nan_row,
     scales,
 )
-from laggard.integrations.compression.two_stage import StageTwoWorker
-from laggard.integrations.compression.wire import (
+from laggard.compression.two_stage import StageTwoWorker
+from laggard.integrations.collective_bytes import (
     allgather_bytes,
     ring_allreduce_bytes,
 )

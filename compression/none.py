@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from laggard.integrations.compression.base import CompressionState
+from laggard.compression.base import CompressionState
 
 
 class NoCompression(CompressionState):

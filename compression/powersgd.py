@@ -18,7 +18,7 @@ matrices too small to gain 2-fold (``n m < 2 (n + m) r``, torch's ``min_compress
 all-reduced uncompressed in stage 1, next to the P matrices.
 
 Stage 2 needs stage 1's result, so it runs on a worker thread and a second process group
-(:mod:`laggard.integrations.compression.two_stage`): torch's ``powerSGD_hook`` launches it from a
+(:mod:`laggard.compression.two_stage`): torch's ``powerSGD_hook`` launches it from a
 ``.then()`` callback and hangs on gloo with two or more buckets. Bytes per rank: a ring all-reduce
 of ``4 (dense + n r)`` then of ``4 m r`` per matrix.
 
@@ -40,10 +40,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from laggard.integrations.compression.base import CompressionState, all_finite
-from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback
-from laggard.integrations.compression.two_stage import StageTwoWorker
-from laggard.integrations.compression.wire import ring_allreduce_bytes
+from laggard.compression.base import CompressionState, all_finite
+from laggard.compression.residuals import BucketLayout, ErrorFeedback
+from laggard.compression.two_stage import StageTwoWorker
+from laggard.integrations.collective_bytes import ring_allreduce_bytes
 
 #: Compress a matrix only when that sends at most half its elements (torch's default).
 MIN_COMPRESSION_RATE = 2

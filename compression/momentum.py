@@ -34,9 +34,10 @@ from typing import Any
 
 import torch
 
-from laggard.integrations.compression.base import CompressionState, all_finite
-from laggard.integrations.compression.onebit_adam import OneBitAdam
-from laggard.integrations.compression.residuals import BucketLayout
+from laggard.compression.base import CompressionState, all_finite
+from laggard.compression.onebit_adam import OneBitAdam
+from laggard.compression.residuals import BucketLayout
+from laggard.integrations.comm_timing import first_tensor
 
 
 class MomentumCompression(CompressionState):
@@ -92,8 +93,7 @@ class MomentumCompression(CompressionState):
         optimizer, scales = self.optimizer, self._scales
 
         def checked(fut: torch.futures.Future) -> torch.Tensor:
-            value = fut.value()
-            result = value[0] if isinstance(value, list) else value
+            result = first_tensor(fut)
             if not all_finite(result):  # the compressor's NaN flag: skip the step everywhere
                 optimizer.skip_next = True
             elif self.preconditioned:  # back from the update to the momentum
