@@ -12,11 +12,12 @@ jobs' memory traffic costs it. The whole-hook rows take the process's CPU time
 * **whole hooks**, on a one-rank gloo group (the collectives move nothing): each compressor on a
   bucket holding the demo model and on a 25 MB bucket (DDP's default);
 * **codecs alone** on the 25 MB bucket at W=4 chunks: ``sign (torch)`` is the ``sign`` hook's
-  ``compress_rows`` + ``decompress_rows``; ``sign (1-bit Adam codec)`` the Numba codec of 1-bit
-  Adam (``signcodec.encode_rows`` with error feedback, then ``decode_rows``): the scale, the pack
-  with the residual, and the unpack; ``topk`` the hook's own ``select`` (the error-feedback add
-  of the gradient into the residual, the sampled threshold, the candidates, the gather of the
-  values and zeroing them in the residual) and the scatter of the result; ``fp16`` the two casts.
+  ``compress_rows`` (torch ops) + ``decompress_rows`` (the shared codec's decode, Numba on CPU);
+  ``sign (1-bit Adam codec)`` the Numba codec of 1-bit Adam (``signcodec.encode_rows`` with error
+  feedback, then ``decode_rows``): the scale, the pack with the residual, and the unpack;
+  ``topk`` the hook's own ``select`` (the error-feedback add of the gradient into the residual,
+  the sampled threshold, the candidates, the gather of the values and zeroing them in the
+  residual) and the scatter of the result; ``fp16`` the two casts.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ class Fp16Compression(CompressionState):
     name = "fp16"
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """torch's fp16 all-reduce of the bucket, timed; a future of the averaged buffer (its
+        dtype, fp16 rounding)."""
         self.timer.bucket_ready()
         buffer = bucket.buffer()
         fut = fp16_compress_hook(self.process_group, bucket)

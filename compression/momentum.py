@@ -79,6 +79,9 @@ class MomentumCompression(CompressionState):
         self._finite: dict[int, torch.Tensor] = {}
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """Write this rank's (preconditioned) momentum into the bucket, let the wrapped
+        compressor average it; a future of the averaged momentum. Before the freeze, the plain
+        fp32 all-reduce of the gradients."""
         if not self.optimizer.frozen:
             return self.inner.plain_allreduce(bucket)
         buffer, beta1 = bucket.buffer(), self.optimizer.param_groups[0]["betas"][0]
@@ -148,6 +151,7 @@ class MomentumCompression(CompressionState):
         self.optimizer.load_state_dict(state["optimizer"])
 
     def close(self) -> None:
+        """Close the wrapped compressor (collective for two-stage ones)."""
         self.inner.close()
 
 

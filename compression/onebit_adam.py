@@ -110,6 +110,7 @@ class OneBitAdam(torch.optim.AdamW):
         return self.steps >= self.param_groups[0]["freeze_step"]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """AdamW's ``load_state_dict``; the frozen denominators are recomputed from it."""
         super().load_state_dict(state_dict)
         self._denominators.clear()
 
@@ -227,6 +228,15 @@ class OneBitAdamCompression(CompressionState):
         return self.optimizer.nonfinite_steps
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """Stage this bucket's local momentum; at the step's last bucket, compress the whole
+        flat momentum (one all-to-all, then the all-gather on the worker thread) and complete
+        every bucket's future with its slice of the averaged momentum. Before the freeze, the
+        plain fp32 all-reduce.
+
+        Raises:
+            ValueError: (in the future) a bucket holds another model's parameter, or the step's
+                buckets do not cover the model (unused parameters).
+        """
         if not self.optimizer.frozen:
             return self.plain_allreduce(bucket)
         self.timer.bucket_ready()
@@ -368,6 +378,8 @@ class OneBitAdamCompression(CompressionState):
         self.optimizer.load_state_dict(state["optimizer"])
 
     def close(self) -> None:
+        """Stop the stage-two thread and destroy its group: collective, every rank, after the
+        last ``backward()``."""
         self._worker.close()
 
 

@@ -70,6 +70,9 @@ class SignCompression(ServerFeedbackState):
         kernels.warm_up()  # the decode runs on the codec's kernels (CPU)
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """Compress the bucket in W chunks with worker error feedback and start the all-to-all;
+        the server stage and the all-gather run on the worker thread. A future of the decoded
+        average (float32, the bucket's shape), NaN for a bucket some rank flagged."""
         self.timer.bucket_ready()
         buffer, index, w = bucket.buffer(), bucket.index(), self.world_size
         layout = BucketLayout.of(bucket)
@@ -124,5 +127,7 @@ class SignCompression(ServerFeedbackState):
         return self._worker.submit(first, finish, buffer.device)
 
     def close(self) -> None:
+        """Stop the stage-two thread and destroy its group: collective, every rank, after the
+        last ``backward()``."""
         self._worker.close()
 

@@ -243,6 +243,9 @@ class TopKCompression(ServerFeedbackState):
         return magnitudes[where], mask[where]
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """Select this rank's top k (error feedback on) and start the exchange of
+        :attr:`algorithm`; a future of the bucket's sparse average, NaN for a bucket some rank
+        flagged."""
         self.timer.bucket_ready()
         if self.algorithm == "scatter":
             return self._scatter(bucket)
@@ -353,6 +356,8 @@ class TopKCompression(ServerFeedbackState):
         return worker.submit(first, finish, buffer.device)
 
     def close(self) -> None:
+        """Stop the stage-two thread and destroy its group (``scatter`` only): collective, every
+        rank, after the last ``backward()``."""
         if self._worker is not None:
             self._worker.close()
 
