@@ -29,8 +29,9 @@ test: venv
 
 lint: venv
 	$(VENV)/bin/ruff check laggard_pkg agent collectors parsers detectors analyze dashboards \
-		integrations demo tests benchmarks scripts
-	$(VENV)/bin/mypy laggard_pkg agent collectors parsers detectors integrations/compression
+		integrations compression demo tests benchmarks scripts
+	$(VENV)/bin/mypy laggard_pkg agent collectors parsers detectors compression \
+		integrations/collective_bytes.py integrations/compression
 	scripts/lint-imports.sh
 
 clean:

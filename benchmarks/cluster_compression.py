@@ -40,9 +40,9 @@ def worker(args: argparse.Namespace) -> int:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
+    from laggard.compression import make_hook
     from laggard.demo.model import ByteBatches, ByteLM, load_stdlib_text
     from laggard.integrations.comm_timing import CommTimer
-    from laggard.integrations.compression import make_hook
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -106,8 +106,8 @@ def cpu_model(args: argparse.Namespace, compressors: list[str], rate_bps: float)
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
+    from laggard.compression import make_hook
     from laggard.demo.model import ByteBatches, ByteLM, load_stdlib_text
-    from laggard.integrations.compression import make_hook
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -157,7 +157,7 @@ def wire_bytes(name: str, buckets: list[int], w: int) -> int:
     formulas the hooks report with; ``topk`` as ``auto`` picks, ratio 1%)."""
     import math
 
-    from laggard.integrations.compression.wire import (
+    from laggard.integrations.collective_bytes import (
         allgather_bytes,
         alltoall_bytes,
         ring_allreduce_bytes,

@@ -115,13 +115,13 @@ def worker(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
+    from laggard.compression import make_hook
     from laggard.demo.model import (
         BUCKET_CAP_MB,
         ByteBatches,
         ByteLM,
         load_stdlib_text,
     )
-    from laggard.integrations.compression import make_hook
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -262,11 +262,11 @@ def bytes_by_world_size(buckets: list[list[Any]], ratio: float, rank: int) -> di
     """Bytes per rank per step, per compressor and world size, from the real payload sizes."""
     import torch
 
-    from laggard.integrations.compression import make_hook
-    from laggard.integrations.compression.bucket import FlatBucket
-    from laggard.integrations.compression.residuals import BucketLayout
-    from laggard.integrations.compression.sign import chunk_elements, chunk_lengths, compress_rows
-    from laggard.integrations.compression.wire import (
+    from laggard.compression import make_hook
+    from laggard.compression.bucket import FlatBucket
+    from laggard.compression.residuals import BucketLayout
+    from laggard.compression.signcodec import chunk_elements, chunk_lengths, compress_rows
+    from laggard.integrations.collective_bytes import (
         allgather_bytes,
         alltoall_bytes,
         ring_allreduce_bytes,
@@ -307,9 +307,8 @@ def onebit_bytes(numel: int, w: int) -> int:
     vector in the two-stage compressed all-reduce, from the payload its codec builds."""
     import torch
 
-    from laggard.integrations.compression.sign import chunk_elements, chunk_lengths
-    from laggard.integrations.compression.signcodec import encode_rows
-    from laggard.integrations.compression.wire import allgather_bytes, alltoall_bytes
+    from laggard.compression.signcodec import chunk_elements, chunk_lengths, encode_rows
+    from laggard.integrations.collective_bytes import allgather_bytes, alltoall_bytes
 
     c = chunk_elements(numel, w)
     row = encode_rows(torch.zeros(1, c), chunk_lengths(numel, w)[:1])[0][0]

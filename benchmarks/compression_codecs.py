@@ -12,11 +12,12 @@ jobs' memory traffic costs it. The whole-hook rows take the process's CPU time
 * **whole hooks**, on a one-rank gloo group (the collectives move nothing): each compressor on a
   bucket holding the demo model and on a 25 MB bucket (DDP's default);
 * **codecs alone** on the 25 MB bucket at W=4 chunks: ``sign (torch)`` is the ``sign`` hook's
-  ``compress_rows`` + ``decompress_rows``; ``sign (1-bit Adam codec)`` the Numba codec of 1-bit
-  Adam (``signcodec.encode_rows`` with error feedback, then ``decode_rows``): the scale, the pack
-  with the residual, and the unpack; ``topk`` the hook's own ``select`` (the error-feedback add
-  of the gradient into the residual, the sampled threshold, the candidates, the gather of the
-  values and zeroing them in the residual) and the scatter of the result; ``fp16`` the two casts.
+  ``compress_rows`` (torch ops) + ``decompress_rows`` (the shared codec's decode, Numba on CPU);
+  ``sign (1-bit Adam codec)`` the Numba codec of 1-bit Adam (``signcodec.encode_rows`` with error
+  feedback, then ``decode_rows``): the scale, the pack with the residual, and the unpack;
+  ``topk`` the hook's own ``select`` (the error-feedback add of the gradient into the residual,
+  the sampled threshold, the candidates, the gather of the values and zeroing them in the
+  residual) and the scatter of the result; ``fp16`` the two casts.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def hook_state(name: str, params: list[Any]) -> tuple[Any, Any]:
     """``make_hook(name)`` on these parameters; 1-bit Adam with its variance already frozen."""
     import torch
 
-    from laggard.integrations.compression import make_hook
+    from laggard.compression import make_hook
 
     if name != "onebit_adam":
         return make_hook(name)
@@ -67,8 +68,8 @@ def codec_throughput(names: list[str], reps: int) -> list[dict[str, Any]]:
     """Per bucket and compressor: median hook seconds and copy seconds, alternated."""
     import torch
 
+    from laggard.compression.bucket import FlatBucket
     from laggard.demo.model import ByteLM
-    from laggard.integrations.compression.bucket import FlatBucket
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -99,15 +100,16 @@ def codec_only(numel: int, reps: int, world: int = 4) -> list[dict[str, Any]]:
     """The codecs without the hooks around them (module docstring), on ``numel`` fp32."""
     import torch
 
-    from laggard.integrations.compression import make_hook
-    from laggard.integrations.compression.sign import (
+    from laggard.compression import make_hook
+    from laggard.compression.signcodec import (
         chunk_elements,
         chunk_lengths,
         compress_rows,
+        decode_rows,
         decompress_rows,
+        encode_rows,
     )
-    from laggard.integrations.compression.signcodec import decode_rows, encode_rows
-    from laggard.integrations.compression.topk import scatter_rows
+    from laggard.compression.topk import scatter_rows
 
     grads = torch.randn(numel, generator=torch.Generator().manual_seed(1))
     copy_into = torch.empty_like(grads)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from laggard.compression.signcodec import chunk_elements, chunk_lengths, compress_rows
 from laggard.demo.model import ByteBatches, ByteLM, load_stdlib_text
 from laggard.detectors.integrity import (
     OPS,
@@ -48,7 +49,6 @@ from laggard.detectors.integrity import (
     encode_window,
     sum_tolerance,
 )
-from laggard.integrations.compression.sign import chunk_elements, chunk_lengths, compress_rows
 from laggard.integrations.faults import flip_bit
 from laggard.integrations.integrity import (
     GradientIntegrity,
@@ -416,8 +416,8 @@ def _overhead_rank(rank: int, world: int, port: int, steps: int, blocks: int, ou
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from laggard.compression import make_hook
     from laggard.demo.model import BUCKET_CAP_MB
-    from laggard.integrations.compression import make_hook
     from laggard.integrations.integrity import IntegrityHookState, integrity_allreduce_hook
 
     torch.set_num_threads(1)

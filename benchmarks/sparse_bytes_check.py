@@ -34,8 +34,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from laggard.integrations.compression import make_hook
-    from laggard.integrations.compression.bucket import FlatBucket
+    from laggard.compression import make_hook
+    from laggard.compression.bucket import FlatBucket
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -68,7 +68,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def model_bytes(w: int, algorithm: str, ratio: float = 0.01) -> int:
     """Bytes per rank per step for one bucket of ``6 << 20`` elements (the benchmark's model)."""
-    from laggard.integrations.compression.wire import allgather_bytes, alltoall_bytes
+    from laggard.integrations.collective_bytes import allgather_bytes, alltoall_bytes
 
     n = 6 << 20
     k = max(1, math.ceil(ratio * n))

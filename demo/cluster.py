@@ -355,7 +355,7 @@ def _validate(args: argparse.Namespace) -> None:
     if not 0 < args.loss_percent < 100 or args.timeout <= 0:
         raise DemoError("need 0 < --loss-percent < 100 and --timeout > 0")
     try:
-        from laggard.integrations.compression import COMPRESSORS
+        from laggard.compression import COMPRESSORS
     except ImportError as exc:
         raise DemoError(f"the demo job needs torch: pip install 'laggard[torch]' ({exc})") \
             from exc

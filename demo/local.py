@@ -31,7 +31,7 @@ from laggard.demo.report import build_report, format_report, injected_line, perc
 AGENT_START_TIMEOUT = 15.0
 #: Seconds between SIGTERM and SIGKILL when stopping a child process.
 STOP_GRACE = 5.0
-#: ``laggard.integrations.compression.COMPRESSORS`` (not imported: that imports torch).
+#: ``laggard.compression.COMPRESSORS`` (not imported: that imports torch).
 COMPRESSION_CHOICES = ("none", "fp16", "sign", "topk", "powersgd", "onebit_adam")
 
 

@@ -41,8 +41,8 @@ from torch.nn.parallel import DistributedDataParallel
 from laggard.demo.model import BUCKET_CAP_MB, ByteBatches, ByteLM, load_stdlib_text
 from laggard.detectors.straggler import StragglerDetector
 from laggard.detectors.window import STEP_COLUMN_NAMES
+from laggard.integrations.collective_bytes import ring_allreduce_bytes
 from laggard.integrations.comm_timing import CommTimer
-from laggard.integrations.compression.wire import ring_allreduce_bytes
 from laggard.integrations.monitor import TrainingMonitor
 from laggard.integrations.tracer import CollectiveTracer
 
@@ -86,10 +86,10 @@ def comm_hook(name: str, timer: CommTimer, model: torch.nn.Module) -> tuple[Any,
     """The DDP communication hook for ``--compression NAME`` and its state.
 
     Every name, ``none`` (the plain averaging all-reduce) included, comes from
-    ``laggard.integrations.compression.make_hook``, so bytes are counted the same way for all:
+    ``laggard.compression.make_hook``, so bytes are counted the same way for all:
     bytes this rank sends under the collective's algorithm, next to an fp32 all-reduce's.
     """
-    from laggard.integrations.compression import make_hook
+    from laggard.compression import make_hook
 
     return make_hook(name, timer=timer, **hook_options(name, model))
 
@@ -116,7 +116,7 @@ def integrity_hook(ddp: DistributedDataParallel, name: str, timer: CommTimer,
     """
     if not flip:
         return None, None
-    from laggard.integrations.compression import make_hook
+    from laggard.compression import make_hook
     from laggard.integrations.faults import BitFlipInjector
     from laggard.integrations.integrity import (
         GradientIntegrity,

@@ -19,6 +19,7 @@ _EXPORTS = {
     "CollectiveTracer": "laggard.integrations.tracer",
     "instrument_fsdp": "laggard.integrations.trace_sources",
     "attach": "laggard.integrations.trace_sources",
+    # laggard.compression's, through the old path's re-export (the one way integrations reach it)
     "make_hook": "laggard.integrations.compression",
     "COMPRESSORS": "laggard.integrations.compression",
     "GradientIntegrity": "laggard.integrations.integrity",

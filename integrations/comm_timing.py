@@ -28,7 +28,7 @@ A hook of its own (compression, say) records its collectives with :meth:`CommTim
                            result=lambda value: decompress(value[0]))
 
 Bytes follow one convention everywhere: what this rank puts on the wire under the collective's
-bandwidth-optimal algorithm (``laggard.integrations.compression.wire``: a ring all-reduce of
+bandwidth-optimal algorithm (``laggard.integrations.collective_bytes``: a ring all-reduce of
 ``n`` bytes sends ``2 (W-1)/W * n``), so hooks and the interface counters of a real link agree.
 
 A hook with two collectives per bucket calls :meth:`CommTimer.bucket_ready` on entry and passes
@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from laggard.integrations.collective_bytes import ring_allreduce_bytes, tensor_bytes
 from laggard.integrations.tracer import union_seconds
 from laggard.wire import CollectiveTiming
 
@@ -150,7 +151,7 @@ class CommTimer:
         Args:
             fut: the collective's future (``work.get_future()``).
             nbytes: bytes this rank puts on the wire in it, under the collective's algorithm
-                (``laggard.integrations.compression.wire``).
+                (``laggard.integrations.collective_bytes``).
             op: collective name for the ``op`` label (``allreduce``, ``allgather``...).
             raw_bytes: uncompressed bytes this collective stands for; defaults to ``nbytes``.
             bucket_ready: count the launch as the moment the bucket became ready; pass False
@@ -233,17 +234,21 @@ def allreduce_timing_hook(state: CommTimer, bucket):  # type: ignore[no-untyped-
     """
     import torch.distributed as dist
 
-    # Imported here: the compression package imports this module.
-    from laggard.integrations.compression.wire import ring_allreduce_bytes, tensor_bytes
-
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
     buffer.div_(group.size())
     fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
     nbytes = ring_allreduce_bytes(tensor_bytes(buffer), group.size())
-    return state.track(fut, nbytes, result=_first_tensor)
+    return state.track(fut, nbytes, result=first_tensor)
 
 
-def _first_tensor(value: list[torch.Tensor]) -> torch.Tensor:
-    # all_reduce's future holds a list with the one reduced tensor
-    return value[0]
+def first_tensor(done: Any) -> torch.Tensor:
+    """The one tensor a collective's future holds, from the future or from its value.
+
+    ``all_reduce``'s future holds a list of the one reduced tensor, a hook's own future the
+    tensor itself; every hook that takes a result apart calls this, as ``fut.then(first_tensor)``
+    (given the future) or as :meth:`CommTimer.track`'s ``result`` (given the value).
+    """
+    # duck-typed: this module does not import torch (a Tensor has no ``value``)
+    value = done.value() if callable(getattr(done, "value", None)) else done
+    return value[0] if isinstance(value, list) else value

@@ -34,7 +34,7 @@ Usage with the plain averaging all-reduce::
             opt.step()
         opt.zero_grad()
 
-and with a compressor of :func:`laggard.integrations.compression.make_hook`, which hands its
+and with a compressor of :func:`laggard.compression.make_hook`, which hands its
 exact payloads to :meth:`GradientIntegrity.allgather_sent` and friends when given
 ``integrity=``; ``with_integrity(hook)`` adds the hash of the averaged result and the NaN/Inf
 counts of the local gradients (for any hook)::
@@ -85,6 +85,7 @@ from laggard.detectors.integrity import (
     window_words,
 )
 from laggard.detectors.window import WindowColumn, WindowRecord
+from laggard.integrations.comm_timing import first_tensor
 from laggard.integrations.participants import StopJob, WindowOutcome, WindowParticipant
 
 if TYPE_CHECKING:
@@ -672,8 +673,7 @@ def integrity_allreduce_hook(state: IntegrityHookState, bucket):  # type: ignore
         fut = state.timer.track(fut, buffer.numel() * buffer.element_size())
 
     def received(done: torch.futures.Future) -> torch.Tensor:
-        value = done.value()
-        result = value[0] if isinstance(value, list) else value
+        result = first_tensor(done)
         integrity.inject("after_reduce", index, result)
         integrity.allreduce_received(index, result)
         return result
@@ -699,8 +699,7 @@ def with_integrity(hook: Callable[[Any, Any], torch.futures.Future]) -> Callable
         fut = hook(state.inner, bucket)
 
         def finished(done: torch.futures.Future) -> torch.Tensor:
-            value = done.value()
-            result = value[0] if isinstance(value, list) else value
+            result = first_tensor(done)
             integrity.inject("after_reduce", index, result)
             integrity.result(index, result, local)
             return result

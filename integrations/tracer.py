@@ -257,7 +257,7 @@ class CollectiveTracer:
         Args:
             op: ``allreduce``, ``allgather``, ``reduce_scatter``, ``broadcast``...
             group: its process group (None: the default group).
-            nbytes: bytes this rank puts on the wire (``laggard.integrations.compression.wire``).
+            nbytes: bytes this rank puts on the wire (``laggard.integrations.collective_bytes``).
             blocking: the call blocks the training thread until completion (synchronous).
         """
         info = self.group_info(group)

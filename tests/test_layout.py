@@ -12,8 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "lint-imports.sh"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-PACKAGES = ("laggard_pkg", "agent", "analyze", "collectors", "dashboards", "demo", "detectors",
-            "integrations", "parsers")
+PACKAGES = ("laggard_pkg", "agent", "analyze", "collectors", "compression", "dashboards", "demo",
+            "detectors", "integrations", "parsers")
 
 pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(),
                                 reason="import-linter is not installed (the dev extra)")
@@ -36,6 +36,8 @@ def test_contracts_kept() -> None:
     ("collectors/host.py", "from laggard.agent import config", "Layers"),
     ("integrations/monitor.py", "from laggard.agent import intake", "Training side apart"),
     ("agent/intake.py", "import torch", "No torch outside the job"),
+    ("compression/sign.py", "from laggard.agent import intake", "Training side apart"),
+    ("integrations/comm_timing.py", "from laggard.compression import base", "Layers"),
 ])
 def test_a_broken_layer_is_reported(tmp_path: Path, module: str, line: str,
                                     contract: str) -> None:

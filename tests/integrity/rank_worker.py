@@ -8,7 +8,7 @@ bit flip, and rank r writes what it saw to ``OUT.json.r``. Scenarios are named
 gather), ``allgather`` and ``alltoall`` (test hooks exchanging the exact
 payload through those collectives), ``nan`` (a NaN planted in rank 1's gradient), ``garbage``
 (rank 1 sends an unreadable window vector) and ``compress-NAME`` (a compressor of
-``laggard.integrations.compression`` wrapped by ``with_integrity``).
+``laggard.compression`` wrapped by ``with_integrity``).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def run(scenario: str, rank: int, world: int) -> dict:
     ddp = DDP(net, bucket_cap_mb=0.01)  # two or more buckets
     inner = None
     if hook_name.startswith("compress-"):
-        from laggard.integrations.compression import make_hook
+        from laggard.compression import make_hook
 
         name = hook_name.removeprefix("compress-")
         # 1-bit Adam: one AdamW step, then the momentum is compressed (from FLIP_STEP on)

@@ -34,9 +34,10 @@ from typing import Any
 
 import torch
 
-from laggard.integrations.compression.base import CompressionState, all_finite
-from laggard.integrations.compression.onebit_adam import OneBitAdam
-from laggard.integrations.compression.residuals import BucketLayout
+from laggard.compression.base import CompressionState, all_finite
+from laggard.compression.onebit_adam import OneBitAdam
+from laggard.compression.residuals import BucketLayout
+from laggard.integrations.comm_timing import first_tensor
 
 
 class MomentumCompression(CompressionState):
@@ -78,6 +79,9 @@ class MomentumCompression(CompressionState):
         self._finite: dict[int, torch.Tensor] = {}
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """Write this rank's (preconditioned) momentum into the bucket, let the wrapped
+        compressor average it; a future of the averaged momentum. Before the freeze, the plain
+        fp32 all-reduce of the gradients."""
         if not self.optimizer.frozen:
             return self.inner.plain_allreduce(bucket)
         buffer, beta1 = bucket.buffer(), self.optimizer.param_groups[0]["betas"][0]
@@ -92,8 +96,7 @@ class MomentumCompression(CompressionState):
         optimizer, scales = self.optimizer, self._scales
 
         def checked(fut: torch.futures.Future) -> torch.Tensor:
-            value = fut.value()
-            result = value[0] if isinstance(value, list) else value
+            result = first_tensor(fut)
             if not all_finite(result):  # the compressor's NaN flag: skip the step everywhere
                 optimizer.skip_next = True
             elif self.preconditioned:  # back from the update to the momentum
@@ -148,6 +151,7 @@ class MomentumCompression(CompressionState):
         self.optimizer.load_state_dict(state["optimizer"])
 
     def close(self) -> None:
+        """Close the wrapped compressor (collective for two-stage ones)."""
         self.inner.close()
 
 

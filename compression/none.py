@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from laggard.integrations.compression.base import CompressionState
+from laggard.compression.base import CompressionState
 
 
 class NoCompression(CompressionState):
@@ -16,4 +16,5 @@ class NoCompression(CompressionState):
     name = "none"
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """The plain fp32 all-reduce (:meth:`~CompressionState.plain_allreduce`)."""
         return self.plain_allreduce(bucket)

@@ -6,7 +6,7 @@ Bit ``i`` of byte ``j`` holds element ``8*j + i`` (little-endian bit order, the 
 The multiply is the classic SWAR byte gather (Warren, "Hacker's Delight", 2nd ed., §7-2): eight
 0/1 bytes of a little-endian 64-bit word times ``0x0102040810204080`` land, one per bit, in the
 top byte without carries. int64 products wrap modulo 2**64, which is the arithmetic the trick
-needs. (Unpacking is a table lookup: see ``sign.SIGN_TABLE``.)
+needs. (Unpacking is a table lookup or a kernel: see ``signcodec.SIGN_TABLE``.)
 """
 
 from __future__ import annotations

@@ -17,98 +17,39 @@ Per rank that is ``2 (W-1)/W * N/8`` bytes plus ``16 (W-1)`` bytes of scales, ag
 ``2 (W-1)/W * 4 N`` for an fp32 ring all-reduce: 32 times fewer at any world size, where an
 all-gather of every rank's packed signs (``(W-1) N/8``) saves only ``64/W``-fold.
 
-Wire format of one chunk: ``c/8`` bytes of packed signs, then the scale as a float64 (8 bytes).
-A chunk whose input held NaN or Inf goes out as a NaN scale: the flag of :mod:`.signcodec`.
+Payload of one chunk, the layout of :mod:`.signcodec` (its :func:`~.signcodec.compress_rows`):
+``c/8`` bytes of packed signs, then the scale as a float64 (8 bytes). A chunk whose input held
+NaN or Inf goes out as a NaN scale: the codec's flag.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from laggard.integrations.compression.base import CompressionState, all_finite
-from laggard.integrations.compression.bits import pack_bits
-from laggard.integrations.compression.residuals import (
-    BucketLayout,
-    ErrorFeedback,
-    ServerResiduals,
+from laggard.compression import kernels
+from laggard.compression.base import ServerFeedbackState, all_finite
+from laggard.compression.residuals import BucketLayout
+from laggard.compression.signcodec import (
+    chunk_elements,
+    chunk_lengths,
+    compress_rows,
+    decompress_rows,
+    nan_row,
+    scales,
 )
-from laggard.integrations.compression.signcodec import nan_row, scales
-from laggard.integrations.compression.two_stage import StageTwoWorker
-from laggard.integrations.compression.wire import allgather_bytes
-
-_SCALE_BYTES = 8
+from laggard.compression.two_stage import StageTwoWorker
+from laggard.integrations.collective_bytes import allgather_bytes
 
 
-def chunk_elements(numel: int, world_size: int) -> int:
-    """Elements per chunk: ``numel / world_size`` rounded up to a whole number of bytes."""
-    return 8 * math.ceil(numel / (8 * world_size)) if numel else 8
-
-
-def chunk_lengths(numel: int, world_size: int) -> torch.Tensor:
-    """Real (unpadded) elements of each chunk, float32 of shape ``(world_size,)``, at least 1."""
-    c = chunk_elements(numel, world_size)
-    starts = torch.arange(world_size) * c
-    return (numel - starts).clamp(0, c).clamp(min=1).to(torch.float32)
-
-
-def _sign_table() -> torch.Tensor:
-    # row b: the 8 elements packed in byte b, +1 where the bit is set (p >= 0), else -1
-    bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
-    return bits.to(torch.float32) * 2 - 1
-
-
-#: ``(256, 8)`` float32: byte -> its 8 signs. Unpacking is one table lookup per byte (a gather
-#: writing 32 bytes), the cheapest way torch has to expand bits to floats without a custom kernel.
-SIGN_TABLE = _sign_table()
-
-
-def compress_rows(rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Sign-compress each row with its own scale; leave the compression error in ``rows``.
-
-    Args:
-        rows: float32 ``(R, c)``, ``c`` a multiple of 8, zero-padded past each row's length;
-            overwritten with ``rows - C(rows)`` (the new error-feedback residual).
-        lengths: float32 ``(R,)``, real elements per row (the ``d`` of the scale).
-
-    Returns:
-        uint8 ``(R, c/8 + 8)``: packed signs, then the scale ``|row|_1 / length`` as float64.
-    """
-    r, c = rows.shape
-    payload = torch.empty(r, c // 8 + _SCALE_BYTES, dtype=torch.uint8, device=rows.device)
-    packed = pack_bits(rows >= 0)
-    payload[:, : c // 8] = packed
-    # the signs as +-1, exactly as the receiver will expand them (sign(0) = +1)
-    signs = torch.index_select(SIGN_TABLE.to(rows.device), 0, packed.view(-1).long()).view(r, c)
-    # |row|_1 / d as the dot product with the signs; torch.dot per row runs at memory speed,
-    # where vecdot over (R, c) and abs().sum() make a temporary or take a slower path
-    l1 = torch.stack([torch.dot(rows[i], signs[i]) for i in range(r)])
-    scale = l1 / lengths.to(rows.device)
-    payload[:, c // 8 :] = scale.to(torch.float64).view(torch.uint8).view(r, _SCALE_BYTES)
-    rows.addcmul_(signs, scale.unsqueeze(1), value=-1)
-    return payload
-
-
-def decompress_rows(payload: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`compress_rows`' encoding: float32 ``(R, c)`` of ``+-scale``."""
-    r, width = payload.shape
-    # a fresh 1-D copy is 8-byte aligned, as viewing the bytes as float64 needs
-    scale = payload[:, width - _SCALE_BYTES :].reshape(-1).clone().view(torch.float64)
-    # one scaled table per row, then one gather: row i's bytes index table i
-    tables = SIGN_TABLE.to(payload.device) * scale.to(torch.float32).view(r, 1, 1)
-    index = payload[:, : width - _SCALE_BYTES].long()
-    index += torch.arange(0, 256 * r, 256, device=payload.device).unsqueeze(1)
-    return torch.index_select(tables.view(256 * r, 8), 0, index.view(-1)).view(r, -1)
-
-
-class SignCompression(CompressionState):
+class SignCompression(ServerFeedbackState):
     """EF-SignSGD in the two-stage compressed all-reduce (see the module docstring).
 
     Args:
-        process_group, model, timer: see :class:`CompressionState`.
+        process_group, model, timer: see :class:`~laggard.compression.base.CompressionState`;
+            residuals and their checkpoint: :class:`~laggard.compression.base.ServerFeedbackState`.
 
     Attributes:
         nonfinite_buckets: buckets whose gradients held NaN/Inf on this rank (sent as a NaN
@@ -125,11 +66,13 @@ class SignCompression(CompressionState):
     def __init__(self, process_group: dist.ProcessGroup, **kwargs: Any) -> None:
         super().__init__(process_group, **kwargs)
         self.nonfinite_buckets = 0
-        self.server = ServerResiduals(self.rank, self.world_size)
-        self.residuals = ErrorFeedback(on_evict=self.server.fold)
         self._worker = StageTwoWorker(process_group)
+        kernels.warm_up()  # the decode runs on the codec's kernels (CPU)
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """Compress the bucket in W chunks with worker error feedback and start the all-to-all;
+        the server stage and the all-gather run on the worker thread. A future of the decoded
+        average (float32, the bucket's shape), NaN for a bucket some rank flagged."""
         self.timer.bucket_ready()
         buffer, index, w = bucket.buffer(), bucket.index(), self.world_size
         layout = BucketLayout.of(bucket)
@@ -183,19 +126,8 @@ class SignCompression(CompressionState):
 
         return self._worker.submit(first, finish, buffer.device)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Residuals per parameter name; the server residual folded in as on a rebuild."""
-        self._require_names()
-        state = super().state_dict()
-        state["residuals"] = self.residuals.export(self._names, self.server.folded())
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self._require_names()
-        self.residuals.load(state["residuals"], self._params)
-        self.server.clear()
-
     def close(self) -> None:
+        """Stop the stage-two thread and destroy its group: collective, every rank, after the
+        last ``backward()``."""
         self._worker.close()
 

@@ -203,4 +203,5 @@ class ServerResiduals:
                 for index, (_, server) in self._server.items()}
 
     def clear(self) -> None:
+        """Drop every bucket's server residual (after a checkpoint load: it is in the workers')."""
         self._server.clear()

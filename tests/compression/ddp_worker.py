@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from laggard.integrations.compression import COMPRESSORS, make_hook
-from laggard.integrations.compression.bucket import FlatBucket
-from laggard.integrations.compression.wire import (
+from laggard.compression import COMPRESSORS, make_hook
+from laggard.compression.bucket import FlatBucket
+from laggard.integrations.collective_bytes import (
     allgather_bytes,
     alltoall_bytes,
     ring_allreduce_bytes,

@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 import torch
 
-from laggard.integrations.compression import make_hook
-from laggard.integrations.compression.bits import pack_bits
-from laggard.integrations.compression.bucket import FlatBucket
-from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback
-from laggard.integrations.compression.sign import (
+from laggard.compression import make_hook
+from laggard.compression.bits import pack_bits
+from laggard.compression.bucket import FlatBucket
+from laggard.compression.residuals import BucketLayout, ErrorFeedback
+from laggard.compression.signcodec import (
     chunk_elements,
     chunk_lengths,
     compress_rows,
     decompress_rows,
 )
-from laggard.integrations.compression.topk import EXACT_BELOW, select_topk
-from laggard.integrations.compression.wire import (
+from laggard.compression.topk import EXACT_BELOW, select_topk
+from laggard.integrations.collective_bytes import (
     allgather_bytes,
     alltoall_bytes,
     ring_allreduce_bytes,

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from laggard.integrations.compression import make_hook
-from laggard.integrations.compression.bucket import FlatBucket
+from laggard.compression import make_hook
+from laggard.compression.bucket import FlatBucket
 
 STEPS = 300
 

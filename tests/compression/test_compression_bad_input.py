@@ -11,17 +11,17 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from laggard.integrations.compression import make_hook
-from laggard.integrations.compression.bucket import FlatBucket
-from laggard.integrations.compression.onebit_adam import OneBitAdam
-from laggard.integrations.compression.signcodec import (
+from laggard.compression import make_hook
+from laggard.compression.bucket import FlatBucket
+from laggard.compression.onebit_adam import OneBitAdam
+from laggard.compression.signcodec import (
     accumulate_rows,
     decode_rows,
     encode_rows,
     encode_rows_torch,
     scales,
 )
-from laggard.integrations.compression.topk import select_topk
+from laggard.compression.topk import select_topk
 
 
 # ------------------------------------------------------------------------------ sign codec
@@ -100,7 +100,7 @@ def test_topk_bad_input(one_rank_group: None, algorithm: str) -> None:
 
 
 def state_layout(params: list[torch.nn.Parameter]):  # type: ignore[no-untyped-def]
-    from laggard.integrations.compression.residuals import BucketLayout
+    from laggard.compression.residuals import BucketLayout
 
     return BucketLayout.of(FlatBucket(0, params))
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
-from laggard.integrations.compression.base import CompressionState
-from laggard.integrations.compression.wire import ring_allreduce_bytes
+from laggard.compression.base import CompressionState
+from laggard.integrations.collective_bytes import ring_allreduce_bytes
 
 
 class Fp16Compression(CompressionState):
@@ -20,6 +20,8 @@ class Fp16Compression(CompressionState):
     name = "fp16"
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """torch's fp16 all-reduce of the bucket, timed; a future of the averaged buffer (its
+        dtype, fp16 rounding)."""
         self.timer.bucket_ready()
         buffer = bucket.buffer()
         fut = fp16_compress_hook(self.process_group, bucket)

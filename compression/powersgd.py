@@ -18,7 +18,7 @@ matrices too small to gain 2-fold (``n m < 2 (n + m) r``, torch's ``min_compress
 all-reduced uncompressed in stage 1, next to the P matrices.
 
 Stage 2 needs stage 1's result, so it runs on a worker thread and a second process group
-(:mod:`laggard.integrations.compression.two_stage`): torch's ``powerSGD_hook`` launches it from a
+(:mod:`laggard.compression.two_stage`): torch's ``powerSGD_hook`` launches it from a
 ``.then()`` callback and hangs on gloo with two or more buckets. Bytes per rank: a ring all-reduce
 of ``4 (dense + n r)`` then of ``4 m r`` per matrix.
 
@@ -40,10 +40,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from laggard.integrations.compression.base import CompressionState, all_finite
-from laggard.integrations.compression.residuals import BucketLayout, ErrorFeedback
-from laggard.integrations.compression.two_stage import StageTwoWorker
-from laggard.integrations.compression.wire import ring_allreduce_bytes
+from laggard.compression.base import CompressionState, all_finite
+from laggard.compression.residuals import BucketLayout, ErrorFeedback
+from laggard.compression.two_stage import StageTwoWorker
+from laggard.integrations.collective_bytes import ring_allreduce_bytes
 
 #: Compress a matrix only when that sends at most half its elements (torch's default).
 MIN_COMPRESSION_RATE = 2
@@ -62,6 +62,8 @@ class _Matrix:
 
 @dataclass(frozen=True, slots=True)
 class BucketPlan:
+    """Where a bucket's parameters go in the two all-reduces (:meth:`PowerSGDCompression.plan`)."""
+
     key: tuple[int, ...]
     dense: tuple[tuple[int, int, int], ...]  # (start, end, offset in the stage-1 buffer)
     matrices: tuple[_Matrix, ...]
@@ -141,6 +143,8 @@ class PowerSGDCompression(CompressionState):
         return q
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """Stage 1 (all-reduce of the dense part and the P matrices) now, stage 2 (the Q
+        matrices) on the worker thread; a future of the bucket's approximated mean."""
         self.timer.bucket_ready()
         buffer, index = bucket.buffer(), bucket.index()
         layout = BucketLayout.of(bucket)
@@ -225,6 +229,12 @@ class PowerSGDCompression(CompressionState):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s residuals and Q matrices.
+
+        Raises:
+            ValueError: another compressor's checkpoint, another rank ``r``, no ``model=``, or
+                residuals or Q matrices of unknown parameters.
+        """
         super().load_state_dict(state)
         self._require_names()
         if state.get("rank") != self.approximation_rank:
@@ -239,4 +249,6 @@ class PowerSGDCompression(CompressionState):
         self._q = q
 
     def close(self) -> None:
+        """Stop the stage-two thread and destroy its group: collective, every rank, after the
+        last ``backward()``."""
         self._worker.close()

@@ -26,15 +26,19 @@ class FlatBucket:
         self._buffer = torch.zeros(total, dtype=dtype) if buffer is None else buffer
 
     def index(self) -> int:
+        """The bucket's index, as ``GradBucket.index()``."""
         return self._index
 
     def buffer(self) -> torch.Tensor:
+        """The flat 1-D gradient buffer (a hook reduces it in place)."""
         return self._buffer
 
     def set_buffer(self, buffer: torch.Tensor) -> None:
+        """Replace the flat buffer (same element count), as ``GradBucket.set_buffer``."""
         self._buffer = buffer
 
     def parameters(self) -> list[torch.Tensor]:
+        """The bucket's parameters, in buffer order."""
         return self._params
 
     def gradients(self) -> list[torch.Tensor]:
@@ -46,4 +50,5 @@ class FlatBucket:
         return views
 
     def is_last(self) -> bool:
+        """Whether this is the step's last bucket, as ``GradBucket.is_last()``."""
         return self._is_last

@@ -1,29 +1,44 @@
-"""A sign codec with error feedback that runs near memory speed on CPU: one pass per stage.
+"""The sign codec of the two-stage compressed all-reduce: one payload layout, one sign table.
 
-Encoding rows of ``p`` (one scale per row, ``s = |p|_1 / d``; Karimireddy et al., ICML 2019,
-Algorithm 2; the per-chunk form of 1-bit Adam's compressed all-reduce, Tang et al., ICML 2021)
-leaves the error ``e = p - s sign(p)`` in place. Eager torch spends a full pass over memory per
-operation (compare, pack, expand the signs back, dot product, update: ~5 passes), so on CPU the
-work is done by the Numba kernels of :mod:`.kernels` on numpy views of the same memory (no
-copies): one read of the row for its scale, one pass that packs the signs and writes the
-residual, one write of the decoded row. ``sign`` is the IEEE sign bit (``-0.0`` is negative),
-packed 8 per byte as ``np.packbits(bitorder="little")`` would.
+Both sign hooks use it: ``sign`` (EF-SignSGD, :mod:`.sign`) and 1-bit Adam (:mod:`.onebit_adam`).
+A bucket (or 1-bit Adam's flat momentum) is cut into W rows of :func:`chunk_elements` elements,
+a whole number of bytes each; each row ``p`` is sent as ``s sign(p)`` with one scale per row,
+``s = |p|_1 / d`` (``d``: the row's real, unpadded elements; Karimireddy et al., ICML 2019,
+Algorithm 2; the per-chunk form of 1-bit Adam's compressed all-reduce, Tang et al., ICML 2021),
+and the error ``e = p - s sign(p)`` is left in place for error feedback.
 
-Other devices (CUDA) take the same arithmetic in torch ops (:func:`encode_rows_torch`), tested
-equal on CPU; untested on a GPU here.
+Payload of one row (uint8, :func:`row_bytes` = ``c/8 + 8`` for ``c`` elements): ``c/8`` bytes of
+packed signs, bit ``i`` of byte ``j`` for element ``8j+i`` (``np.packbits(bitorder="little")``),
+then the scale as a float64 (8 bytes). A row whose input held NaN or Inf is sent with a NaN
+scale and no signs (:func:`nan_row`): a flag every receiver decodes to NaN, never a scale computed
+from garbage (callers keep their residual for such rows; see ``finite`` below).
 
-Wire format of one row: ``c/8`` bytes of packed signs (bit ``i`` of byte ``j`` set when element
-``8j+i`` is negative), then the scale as a float64 (8 bytes). A row whose input holds NaN or Inf
-is sent with a NaN scale and no signs: a flag every receiver decodes to NaN, never a scale
-computed from garbage (callers keep their residual for such rows; see ``finite`` below).
+What a set bit means is the sender's convention, and the two hooks differ (each hook's bytes are
+its own, unchanged since it was written):
+
+* 1-bit Adam, :func:`encode_rows`: the IEEE sign bit, set where the element is negative
+  (``-0.0`` included). Eager torch spends a full pass over memory per operation (compare, pack,
+  expand the signs back, dot product, update: ~5 passes), so on CPU the work is done by the
+  Numba kernels of :mod:`.kernels` on numpy views of the same memory (no copies): one read of
+  the row for its scale, one pass that packs the signs and writes the residual, one write of the
+  decoded row. Other devices (CUDA) take the same arithmetic in torch ops
+  (:func:`encode_rows_torch`), tested equal on CPU; untested on a GPU here.
+* ``sign``, :func:`compress_rows`: set where ``p >= 0`` (sign(0), ``-0.0`` too, is +), in torch
+  ops on any device, the scale from a dot product with the signs.
+
+Decoding is one function for both (:func:`decode_rows`): the sign hook's complemented bits decode
+as the sign bit's with the scale negated (:func:`decompress_rows`), which is exact.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
-from laggard.integrations.compression import kernels
+from laggard.compression import kernels
+from laggard.compression.bits import pack_bits
 
 SCALE_BYTES = 8
 
@@ -33,9 +48,26 @@ def _table() -> np.ndarray:
     return (1 - 2 * bits).astype(np.float32)  # bit set: negative
 
 
-#: ``(256, 8)`` float32: byte -> its 8 signs (+1 for a clear bit, -1 for a set bit); the
-#: decode of other devices.
+#: ``(256, 8)`` float32: byte -> its 8 signs (+1 for a clear bit, -1 for a set bit). Unpacking
+#: off the CPU kernels is one lookup per byte (a gather writing 32 bytes), the cheapest way torch
+#: has to expand bits to floats without a custom kernel.
 SIGN_TABLE = _table()
+# The same table for the sign hook's convention (set bit: +1): its negation, exact, as a tensor.
+_NONNEGATIVE_SIGNS = torch.from_numpy(-SIGN_TABLE)
+
+
+def chunk_elements(numel: int, world_size: int) -> int:
+    """Elements per row (chunk) when ``numel`` elements are cut into ``world_size`` rows:
+    ``numel / world_size`` rounded up to a multiple of 8 (whole bytes of signs); 8 for 0."""
+    return 8 * math.ceil(numel / (8 * world_size)) if numel else 8
+
+
+def chunk_lengths(numel: int, world_size: int) -> torch.Tensor:
+    """Real (unpadded) elements of each row, float32 of shape ``(world_size,)``, at least 1 (a
+    row of padding only divides its zero norm by 1)."""
+    c = chunk_elements(numel, world_size)
+    starts = torch.arange(world_size) * c
+    return (numel - starts).clamp(0, c).clamp(min=1).to(torch.float32)
 
 
 def row_bytes(c: int) -> int:
@@ -85,8 +117,6 @@ def encode_rows(rows: torch.Tensor,
 def encode_rows_torch(rows: torch.Tensor,
                       lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`encode_rows` in torch operations, for any device (the reference on CPU)."""
-    from laggard.integrations.compression.bits import pack_bits
-
     r, c = rows.shape
     magnitude = rows.abs()
     scale = magnitude.sum(1) / lengths.to(rows.device)
@@ -101,8 +131,52 @@ def encode_rows_torch(rows: torch.Tensor,
     return payload, finite
 
 
+def compress_rows(rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The ``sign`` hook's encoding: bit set where ``p >= 0``; the error is left in ``rows``.
+
+    Torch operations on any device; the caller has checked that ``rows`` are finite (the sign
+    hook sends :func:`nan_row` otherwise).
+
+    Args:
+        rows: float32 ``(R, c)``, ``c`` a multiple of 8, zero-padded past each row's length;
+            overwritten with ``rows - C(rows)`` (the new error-feedback residual).
+        lengths: float32 ``(R,)``, real elements per row (the ``d`` of the scale), >= 1.
+
+    Returns:
+        uint8 ``(R, c/8 + 8)``: packed signs, then the scale ``|row|_1 / length`` as float64.
+
+    Raises:
+        ValueError: ``c`` is not a multiple of 8 (from the bit packing).
+    """
+    r, c = rows.shape
+    payload = torch.empty(r, row_bytes(c), dtype=torch.uint8, device=rows.device)
+    packed = pack_bits(rows >= 0)
+    payload[:, : c // 8] = packed
+    # the signs as +-1, exactly as the receiver will expand them (sign(0) = +1)
+    signs = torch.index_select(_NONNEGATIVE_SIGNS.to(rows.device), 0,
+                               packed.view(-1).long()).view(r, c)
+    # |row|_1 / d as the dot product with the signs; torch.dot per row runs at memory speed,
+    # where vecdot over (R, c) and abs().sum() make a temporary or take a slower path
+    l1 = torch.stack([torch.dot(rows[i], signs[i]) for i in range(r)])
+    scale = l1 / lengths.to(rows.device)
+    payload[:, c // 8 :] = scale.to(torch.float64).view(torch.uint8).view(r, SCALE_BYTES)
+    rows.addcmul_(signs, scale.unsqueeze(1), value=-1)
+    return payload
+
+
+def decompress_rows(payload: torch.Tensor) -> torch.Tensor:
+    """Decode a :func:`compress_rows` payload: float32 ``(R, c)`` of ``+scale`` where a bit is
+    set, ``-scale`` where it is clear.
+
+    :func:`decode_rows` with the scale negated (``weight=-1``): its set bits mean negative, so
+    ``-(-s)`` lands where the sign hook set its bit; negating a float is exact, so the values are
+    those of a table of ``+-1`` times the scale, bit for bit.
+    """
+    return decode_rows(payload, weight=-1.0)
+
+
 def scales(payload: torch.Tensor) -> torch.Tensor:
-    """The float64 scale of each row of a payload ``(R, c/8 + 8)``."""
+    """The float64 scale of each row of a payload ``(R, c/8 + 8)``: shape ``(R,)``."""
     return payload[:, -SCALE_BYTES:].reshape(-1).clone().view(torch.float64)
 
 

@@ -13,12 +13,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from laggard.integrations.comm_timing import CommTimer
-from laggard.integrations.compression.wire import (
+from laggard.compression.residuals import ErrorFeedback, ServerResiduals
+from laggard.integrations.collective_bytes import (
     alltoall_bytes,
     ring_allreduce_bytes,
     tensor_bytes,
 )
+from laggard.integrations.comm_timing import CommTimer, first_tensor
 
 _BACKENDS = {"gloo", "nccl"}
 
@@ -172,6 +173,51 @@ class CompressionState:
         """Release threads and groups (collective for two-stage hooks); idempotent."""
 
 
+class ServerFeedbackState(CompressionState):
+    """A hook state with error feedback on both stages of a two-stage all-reduce (``sign``,
+    ``topk``): per-parameter worker residuals and a server residual per bucket, checkpointed
+    together.
+
+    Args:
+        process_group, **kwargs: see :class:`CompressionState`.
+
+    Attributes:
+        server: this rank's :class:`~laggard.compression.residuals.ServerResiduals`.
+        residuals: the worker :class:`~laggard.compression.residuals.ErrorFeedback`; a bucket
+            rebuild folds the server residual into it (``on_evict``).
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup, **kwargs: Any) -> None:
+        super().__init__(process_group, **kwargs)
+        self.server = ServerResiduals(self.rank, self.world_size)
+        self.residuals = ErrorFeedback(on_evict=self.server.fold)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Residuals per parameter name (1-D float32 each), the server residual folded in as on
+        a bucket rebuild, so the checkpoint does not depend on DDP's bucket layout.
+
+        Raises:
+            ValueError: the hook was made without ``model=`` (no names to key residuals by).
+        """
+        self._require_names()
+        state = super().state_dict()
+        state["residuals"] = self.residuals.export(self._names, self.server.folded())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s residuals; the server residuals start from zero (what
+        they held is in the worker residuals).
+
+        Raises:
+            ValueError: another compressor's checkpoint, no ``model=``, or residuals that do not
+                fit the model's parameters.
+        """
+        super().load_state_dict(state)
+        self._require_names()
+        self.residuals.load(state["residuals"], self._params)
+        self.server.clear()
+
+
 # Unannotated on purpose: DDP's register_comm_hook compares the annotations with
 # dist.GradBucket and Future[Tensor] by identity (see laggard.integrations.comm_timing).
 def compression_hook(state: CompressionState, bucket):  # type: ignore[no-untyped-def]
@@ -192,12 +238,6 @@ def compression_hook(state: CompressionState, bucket):  # type: ignore[no-untype
     if bucket.is_last():
         state.steps += 1
     return fut
-
-
-def first_tensor(fut: torch.futures.Future) -> torch.Tensor:
-    """The one tensor of a collective's future (``all_reduce`` returns a list)."""
-    value = fut.value()
-    return value[0] if isinstance(value, list) else value
 
 
 def all_finite(tensor: torch.Tensor) -> bool:

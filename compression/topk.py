@@ -48,15 +48,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from laggard.integrations.compression import kernels
-from laggard.integrations.compression.base import CompressionState, all_finite
-from laggard.integrations.compression.residuals import (
-    BucketLayout,
-    ErrorFeedback,
-    ServerResiduals,
-)
-from laggard.integrations.compression.two_stage import StageTwoWorker
-from laggard.integrations.compression.wire import allgather_bytes
+from laggard.compression import kernels
+from laggard.compression.base import ServerFeedbackState, all_finite
+from laggard.compression.residuals import BucketLayout
+from laggard.compression.two_stage import StageTwoWorker
+from laggard.integrations.collective_bytes import allgather_bytes
 
 #: The exchanges :class:`TopKCompression` can use (``auto`` picks by world size).
 ALGORITHMS = ("auto", "allgather", "scatter")
@@ -185,11 +181,12 @@ def _topk_cpu(values: np.ndarray, add: np.ndarray | None, k: int, generator: tor
     return True
 
 
-class TopKCompression(CompressionState):
+class TopKCompression(ServerFeedbackState):
     """Top-k sparsification with error feedback (see the module docstring).
 
     Args:
-        process_group, model, timer: see :class:`CompressionState`.
+        process_group, model, timer: see :class:`~laggard.compression.base.CompressionState`;
+            residuals and their checkpoint: :class:`~laggard.compression.base.ServerFeedbackState`.
         ratio: fraction of each bucket's elements sent, in (0, 1]; default 1%. ``k`` is
             ``ceil(ratio N)``, at least 1 and never more than the bucket (``ratio`` 1 sends
             every element, exactly).
@@ -219,8 +216,6 @@ class TopKCompression(CompressionState):
         if algorithm == "auto":
             algorithm = "allgather" if self.world_size <= 2 else "scatter"
         self.algorithm = algorithm
-        self.server = ServerResiduals(self.rank, self.world_size)
-        self.residuals = ErrorFeedback(on_evict=self.server.fold)
         self._generator = torch.Generator().manual_seed(seed)
         # bucket index -> magnitudes and mask buffers
         self._workspace: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -248,6 +243,9 @@ class TopKCompression(CompressionState):
         return magnitudes[where], mask[where]
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """Select this rank's top k (error feedback on) and start the exchange of
+        :attr:`algorithm`; a future of the bucket's sparse average, NaN for a bucket some rank
+        flagged."""
         self.timer.bucket_ready()
         if self.algorithm == "scatter":
             return self._scatter(bucket)
@@ -357,20 +355,9 @@ class TopKCompression(CompressionState):
 
         return worker.submit(first, finish, buffer.device)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Residuals per parameter name (server residuals folded in, as on a bucket rebuild)."""
-        self._require_names()
-        state = super().state_dict()
-        state["residuals"] = self.residuals.export(self._names, self.server.folded())
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self._require_names()
-        self.residuals.load(state["residuals"], self._params)
-        self.server.clear()
-
     def close(self) -> None:
+        """Stop the stage-two thread and destroy its group (``scatter`` only): collective, every
+        rank, after the last ``backward()``."""
         if self._worker is not None:
             self._worker.close()
 

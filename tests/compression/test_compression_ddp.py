@@ -13,7 +13,7 @@ import pytest
 import torch
 from support import free_port
 
-from laggard.integrations.compression.wire import ring_allreduce_bytes
+from laggard.integrations.collective_bytes import ring_allreduce_bytes
 
 pytestmark = pytest.mark.slow
 

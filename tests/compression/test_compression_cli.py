@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from laggard.compression import COMPRESSORS, make_hook
 from laggard.demo import local as demo
-from laggard.integrations.compression import COMPRESSORS, make_hook
 
 
 def test_demo_offers_every_compressor() -> None:

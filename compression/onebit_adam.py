@@ -15,7 +15,7 @@ Training with Adam's Convergence Speed", ICML 2021, Algorithm 1), as an optimize
    * server (rank j, chunk j): ``q_j = mean_i C(p_i)_j + delta_bar_j``; all-gather of
      ``C(q_j)``; ``delta_bar_j = q_j - C(q_j)``;
 
-   ``C`` is the scaled sign of :mod:`~laggard.integrations.compression.signcodec` (one scale per
+   ``C`` is the scaled sign of :mod:`~laggard.compression.signcodec` (one scale per
    chunk). The result, the same on every rank, reaches the optimizer as the parameters'
    ``.grad``; :class:`OneBitAdam` takes it as its new momentum and steps
    ``x -= lr (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^T_w)) + eps)`` (plus AdamW's decoupled
@@ -44,19 +44,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from laggard.integrations.compression import kernels
-from laggard.integrations.compression.base import CompressionState, all_finite
-from laggard.integrations.compression.residuals import BucketLayout
-from laggard.integrations.compression.sign import chunk_elements, chunk_lengths
-from laggard.integrations.compression.signcodec import (
+from laggard.compression import kernels
+from laggard.compression.base import CompressionState, all_finite
+from laggard.compression.residuals import BucketLayout
+from laggard.compression.signcodec import (
     accumulate_rows,
+    chunk_elements,
+    chunk_lengths,
     decode_rows,
     encode_rows,
     nan_row,
     scales,
 )
-from laggard.integrations.compression.two_stage import StageTwoWorker
-from laggard.integrations.compression.wire import (
+from laggard.compression.two_stage import StageTwoWorker
+from laggard.integrations.collective_bytes import (
     allgather_bytes,
     ring_allreduce_bytes,
 )
@@ -109,6 +110,7 @@ class OneBitAdam(torch.optim.AdamW):
         return self.steps >= self.param_groups[0]["freeze_step"]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """AdamW's ``load_state_dict``; the frozen denominators are recomputed from it."""
         super().load_state_dict(state_dict)
         self._denominators.clear()
 
@@ -226,6 +228,15 @@ class OneBitAdamCompression(CompressionState):
         return self.optimizer.nonfinite_steps
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
+        """Stage this bucket's local momentum; at the step's last bucket, compress the whole
+        flat momentum (one all-to-all, then the all-gather on the worker thread) and complete
+        every bucket's future with its slice of the averaged momentum. Before the freeze, the
+        plain fp32 all-reduce.
+
+        Raises:
+            ValueError: (in the future) a bucket holds another model's parameter, or the step's
+                buckets do not cover the model (unused parameters).
+        """
         if not self.optimizer.frozen:
             return self.plain_allreduce(bucket)
         self.timer.bucket_ready()
@@ -367,6 +378,8 @@ class OneBitAdamCompression(CompressionState):
         self.optimizer.load_state_dict(state["optimizer"])
 
     def close(self) -> None:
+        """Stop the stage-two thread and destroy its group: collective, every rank, after the
+        last ``backward()``."""
         self._worker.close()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from laggard.integrations.compression import kernels
+from laggard.compression import kernels
 
 
 def _values(n: int, seed: int = 0) -> np.ndarray:
@@ -123,7 +123,7 @@ def test_kernels_compile_in_a_read_only_install_with_a_read_only_home(tmp_path: 
               f"mount --bind {home} {home} && mount -o remount,bind,ro {home} && "
               f"touch {package}/probe 2>/dev/null && exit 3; "
               f"HOME={home} XDG_CACHE_HOME={home}/.cache {sys.executable} -c "
-              "'import numpy as np; from laggard.integrations.compression import kernels; "
+              "'import numpy as np; from laggard.compression import kernels; "
               "print(kernels.l1_norm(np.ones(16, np.float32)))'")
     proc = subprocess.run(["unshare", "-m", "bash", "-c", script], capture_output=True,
                           text=True, timeout=120, cwd=tmp_path)
@@ -138,13 +138,13 @@ def test_warm_up_compiles_every_signature_the_codecs_use(one_rank_group: None) -
     the first training step does not pay Numba's compile or load."""
     import torch
 
-    from laggard.integrations.compression import make_hook
-    from laggard.integrations.compression.signcodec import (
+    from laggard.compression import make_hook
+    from laggard.compression.signcodec import (
         accumulate_rows,
         decode_rows,
         encode_rows,
     )
-    from laggard.integrations.compression.topk import scatter_rows, select_topk
+    from laggard.compression.topk import scatter_rows, select_topk
 
     state, _ = make_hook("topk")  # warms the kernels up
     compiled = {name: len(kernel.signatures) for name, kernel in vars(kernels).items()

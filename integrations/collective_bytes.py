@@ -1,4 +1,8 @@
-"""Bytes each rank sends per collective, by algorithm.
+"""Byte accounting of collectives: the bytes each rank sends per collective, by algorithm.
+
+Plain arithmetic on sizes (no torch import, no wire format): the timing hook of
+:mod:`laggard.integrations.comm_timing` and the compression hooks of :mod:`laggard.compression`
+both count with it, so it lives below both (it was ``laggard.integrations.compression.wire``).
 
 The figures are those of the bandwidth-optimal algorithms NCCL uses and that nccl-tests'
 "bus bandwidth" is defined from (NVIDIA, nccl-tests ``doc/PERFORMANCE.md``): with ``W`` ranks,
@@ -18,7 +22,8 @@ from __future__ import annotations
 
 
 def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one rank sends in a ring all-reduce of an ``nbytes`` buffer (rounded down)."""
+    """Bytes one rank sends in a ring all-reduce of an ``nbytes`` buffer: ``2 (W-1)/W nbytes``,
+    rounded down (0 for a world of 1)."""
     return 2 * (world_size - 1) * nbytes // world_size
 
 
@@ -33,5 +38,8 @@ def alltoall_bytes(nbytes_per_peer: int, world_size: int) -> int:
 
 
 def tensor_bytes(tensor) -> int:  # type: ignore[no-untyped-def]
-    """Bytes a tensor's elements occupy (``numel * element_size``)."""
+    """Bytes a tensor's elements occupy (``numel * element_size``), of any dtype and shape.
+
+    Unannotated so that this module needs no torch: anything with ``numel()`` and
+    ``element_size()`` will do."""
     return tensor.numel() * tensor.element_size()
