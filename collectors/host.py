@@ -31,8 +31,9 @@ class HostCollector:
         for mode, seconds in psutil.cpu_times()._asdict().items():
             cpu.add_metric([mode], seconds)
         yield cpu
-        yield GaugeMetricFamily("laggard_host_cpus", "Logical CPUs of this host.",
-                                value=psutil.cpu_count() or 0)
+        cpus = psutil.cpu_count()  # None where psutil cannot tell: left out, not 0
+        if cpus:
+            yield GaugeMetricFamily("laggard_host_cpus", "Logical CPUs of this host.", value=cpus)
         try:
             load = os.getloadavg()
         except OSError:

@@ -9,18 +9,27 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry
 
 from laggard.demo.harness import NotReadyError, free_port, wait_until_ready
 
-__all__ = ["FIXTURES", "REPO", "AgentProcess", "free_port", "registry_of", "scrape",
+__all__ = ["FIXTURES", "REPO", "AgentProcess", "free_port", "parse_file", "registry_of", "scrape",
            "start_agent", "stop_agent"]
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
+T = TypeVar("T")
+
+
+def parse_file(parse: Callable[[Iterable[str]], T], path: Path) -> T:
+    """``parse`` (a pure parser taking lines) applied to the lines of the fixture at ``path``."""
+    with open(path, encoding="utf-8") as f:
+        return parse(f)
 
 
 def registry_of(collector: object) -> CollectorRegistry:

@@ -1,4 +1,5 @@
-"""The package layering (../shared/DESIGN.md, "Layout") holds, and breaking it fails the check."""
+"""The package layering (../shared/DESIGN.md, "Layout") holds, and breaking it fails the check;
+tests/ mirrors parsers/ and collectors/."""
 
 from __future__ import annotations
 
@@ -15,8 +16,19 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 PACKAGES = ("laggard_pkg", "agent", "analyze", "collectors", "compression", "dashboards", "demo",
             "detectors", "integrations", "parsers")
 
-pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(),
-                                reason="import-linter is not installed (the dev extra)")
+needs_import_linter = pytest.mark.skipif(not LINT_IMPORTS.exists(),
+                                         reason="import-linter is not installed (the dev extra)")
+
+#: Modules of parsers/ and collectors/ that have no test module of their own, and the test
+#: module that covers them instead.
+MIRROR_EXCEPTIONS = {
+    # the Collector protocol and NoDataError: no behaviour of their own; every collector test
+    # raises or checks NoDataError
+    "collectors/base.py": "tests/collectors/test_infiniband.py",
+    # the two halves of the NVML seam: NvmlCollector is tested through NvmlLibrary(FakeNvml)
+    "collectors/nvml_library.py": "tests/collectors/test_nvml.py",
+    "collectors/fake_nvml.py": "tests/collectors/test_nvml.py",
+}
 
 
 def _lint(src: Path) -> subprocess.CompletedProcess[str]:
@@ -24,12 +36,14 @@ def _lint(src: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(SCRIPT)], capture_output=True, text=True, env=env, timeout=120)
 
 
+@needs_import_linter
 def test_contracts_kept() -> None:
     result = _lint(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
 
 
+@needs_import_linter
 @pytest.mark.parametrize(("module", "line", "contract"), [
     ("parsers/kernel_log.py", "import torch", "Pure parsers and detectors"),
     ("detectors/throttle.py", "import socket", "Pure parsers and detectors"),
@@ -50,3 +64,26 @@ def test_a_broken_layer_is_reported(tmp_path: Path, module: str, line: str,
     assert result.returncode != 0
     broken = [ln for ln in result.stdout.splitlines() if " BROKEN" in ln]
     assert any(ln.startswith(contract) for ln in broken), result.stdout
+
+
+@pytest.mark.parametrize("package", ["parsers", "collectors"])
+def test_every_module_has_its_test_module(package: str) -> None:
+    """tests/ mirrors the packages: ``parsers/x.py`` is tested in ``tests/parsers/test_x.py``."""
+    missing = []
+    for module in sorted((ROOT / package).glob("*.py")):
+        if module.name == "__init__.py":
+            continue
+        relative = f"{package}/{module.name}"
+        covered_by = MIRROR_EXCEPTIONS.get(relative)
+        if covered_by is not None:
+            # the covering module must exist and import what it covers
+            text = (ROOT / covered_by).read_text()
+            if f"laggard.{package}.{module.stem}" not in text:
+                missing.append(f"{relative} (said to be covered by {covered_by})")
+        elif not (ROOT / "tests" / package / f"test_{module.name}").exists():
+            missing.append(relative)
+    assert missing == [], f"modules without tests/{package}/test_<name>.py: {missing}"
+
+
+def test_mirror_exceptions_name_real_modules() -> None:
+    assert [m for m in MIRROR_EXCEPTIONS if not (ROOT / m).exists()] == []

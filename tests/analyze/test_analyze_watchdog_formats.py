@@ -1,14 +1,13 @@
 """Watchdog timeouts and desyncs from lines written here to PyTorch's formats
 (``ProcessGroupNCCL.cpp``: ``logPrefix()`` / ``createLogPrefix()`` and ``operator<<(WorkNCCL)``:
 ``WorkNCCL(SeqNum=%d, OpType=%s, NumelIn=%d, NumelOut=%d, Timeout(ms)=%d)``), with and without
-the process-group prefix, split across files, indented and wrapped. No sample line is copied."""
+the process-group prefix, split across files. No sample line is copied (the indented and
+wrapped forms are read in tests/parsers/test_nccl_log.py)."""
 
 from __future__ import annotations
 
 import pytest
 from support import analyze_json
-
-from laggard.parsers.nccl_log import parse_nccl_log
 
 PREFIXES = {
     "none": "",
@@ -59,10 +58,3 @@ def test_two_groups_on_the_same_seq_are_not_a_desync(tmp_path):
     assert sorted((f["kind"], f["evidence"]["pg"]) for f in found) == [
         ("collective_timeout", "0"), ("collective_timeout", "3")]
 
-
-def test_indented_and_wrapped_timeout_lines_are_read():
-    line = timeout_line(2, 301, "_ALLGATHER_BASE", "pg_guid", numel=8)
-    cut = line.index("NumelOut")
-    log = parse_nccl_log(["    " + line, line[:cut], line[cut:]])
-    assert [(t.rank, t.seq, t.op, t.pg, t.pg_desc) for t in log.timeouts] == [
-        (2, 301, "_ALLGATHER_BASE", "0", "default_pg")] * 2

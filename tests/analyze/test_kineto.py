@@ -1,4 +1,4 @@
-"""Profiler (Kineto) traces: the streaming reader, the per-step breakdown on a trace whose
+"""Profiler (Kineto) traces: the per-step breakdown on a trace whose
 answer is worked out by hand, the wait-least straggler rule, and ``laggard analyze`` on
 GPU-form sets (``laggard.demo.traces``, synthesised: no GPU here) and on a real gloo job's
 CPU-form traces (``kineto_gloo_worker.py``)."""
@@ -13,49 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from kineto_events import document, x
 from support import REPO, analyze_json, free_port
 
-import laggard.parsers.kineto as kineto_parser
 from laggard.demo.traces import synthesize_gpu_traces
 from laggard.detectors.kineto import RankTrace, StepBreakdown, find_straggler
-from laggard.parsers.kineto import KinetoReader, TraceError
 
 HERE = Path(__file__).resolve().parent
-
-
-def x(name, ts, dur, cat="cpu_op", tid=1, **args):
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
-            "args": args}
-
-
-def document(events, rank=0, world=2, **meta):
-    return {"schemaVersion": 1, "traceEvents": events, "traceName": "t",
-            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world,
-                                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg",
-                                               "pg_size": world, "ranks": list(range(world))}]},
-            **meta}
-
-
-def test_reader_streams_events_and_keeps_the_other_fields_at_any_chunk_size(monkeypatch):
-    events = [x(f"aten::op{i}", i * 10.5, 3.25, extra=[1, {"a": "}]"}]) for i in range(50)]
-    text = json.dumps(document(events, baseTimeNanoseconds=1_790_000_000_000_000_000),
-                      indent=1)
-    for chunk in (3, 17, 1 << 20):
-        monkeypatch.setattr(kineto_parser, "CHUNK_CHARS", chunk)
-        reader = KinetoReader(io.StringIO(text))
-        assert list(reader.events()) == events
-        assert reader.meta["baseTimeNanoseconds"] == 1_790_000_000_000_000_000  # not cut
-        assert reader.meta["distributedInfo"]["rank"] == 0
-
-
-@pytest.mark.parametrize("text, message", [
-    ('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a", "ts": 1', "ends"),
-    ('{"schemaVersion": 1}', "no 'traceEvents'"),
-    ('["not", "a", "trace"]', "expected '{'"),
-])
-def test_reader_rejects_truncated_and_foreign_documents(text, message):
-    with pytest.raises(TraceError, match=message):
-        list(KinetoReader(io.StringIO(text)).events())
 
 
 def trace_of(events) -> RankTrace:

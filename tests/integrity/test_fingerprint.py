@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
-from laggard.integrations.faults import BitFlipInjector, flip_bit
-from laggard.integrations.integrity import (
+torch = pytest.importorskip("torch", reason="the integrity check needs torch "
+                                            "(pip install 'laggard[torch]')")
+
+from laggard.integrations.faults import BitFlipInjector, flip_bit  # noqa: E402
+from laggard.integrations.integrity import (  # noqa: E402
     BLOCK_WORDS,
     fingerprint,
     float64_sums,

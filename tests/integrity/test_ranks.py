@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from support import AgentProcess, free_port, start_agent, stop_agent
 
+# every test spawns rank_worker.py, a torch.distributed (gloo) job
+pytest.importorskip("torch", reason="the rank workers need torch (pip install 'laggard[torch]')")
+
 WORKER = Path(__file__).with_name("rank_worker.py")
 FLIP_RANK, FLIP_STEP = 2, 2
 SCENARIOS_4 = [

@@ -1,18 +1,14 @@
-"""NCCL Inspector JSONL: every documented record shape (answers from corpus/EXPECTED.md), and the
-``nccl_inspector`` collector tailing a real directory that a writer appends to."""
+"""NCCL Inspector JSONL: every documented record shape (answers from corpus/EXPECTED.md), orphan
+bodies and garbage lines counted. The collector that tails these files is tested in
+tests/collectors/test_nccl_inspector.py."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from support import FIXTURES
 
-from laggard.collectors.base import NoDataError
-from laggard.collectors.nccl_inspector import NcclInspectorCollector
 from laggard.parsers.nccl_inspector import InspectorStream, parse_inspector_lines
 
 DIR = FIXTURES / "analyze" / "inspector"
@@ -96,80 +92,3 @@ def test_orphan_v43_body_and_garbage_lines():
         assert s.feed(junk) is None
     assert s.malformed == 5
 
-
-def scrape(collector) -> str:
-    registry = CollectorRegistry()
-
-    class Adapter:
-        def collect(self):
-            return list(collector.collect())
-
-    registry.register(Adapter())
-    return generate_latest(registry).decode()
-
-
-def value(text: str, sample: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(sample + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{sample} not in exposition")
-
-
-def test_collector_tails_appends_partial_lines_and_rewrites(tmp_path):
-    out = tmp_path / "node01-pid48.log"
-    shutil.copy(DIR / "inspector04_doc_v4.3_dump_stats_marker_then_records.jsonl", out)
-    collector = NcclInspectorCollector(str(tmp_path))
-    text = scrape(collector)
-    assert value(text, 'laggard_nccl_collective_seconds_count{op="AllReduce"}') == 1
-    assert value(text, 'laggard_nccl_collective_seconds_sum{op="AllReduce"}') == \
-        pytest.approx(0.061974)
-    assert value(text, 'laggard_nccl_collective_seconds_bucket{le="0.1",op="AllReduce"}') == 1
-    assert value(text, 'laggard_nccl_collective_seconds_bucket{le="0.05",op="AllReduce"}') == 0
-    assert value(text, 'laggard_nccl_bus_bandwidth_bytes_per_second{op="ReduceScatter"}') == \
-        pytest.approx(366.134533e9)
-    assert value(text, 'laggard_nccl_collective_bytes_total{op="AllReduce"}') == 17179869184
-    assert value(text, "laggard_nccl_inspector_dropped_records_total") == 512
-
-    line = (DIR / "inspector06_real_payload_v4.0_allreduce_3nodes_float_exec_time.jsonl") \
-        .read_text().strip()
-    with open(out, "a") as f:
-        f.write(line + "\n" + line[:40])  # one whole record and the start of the next
-    text = scrape(collector)
-    assert value(text, 'laggard_nccl_collective_seconds_count{op="AllReduce"}') == 2
-    with open(out, "a") as f:
-        f.write(line[40:] + "\nnot json\n")
-    text = scrape(collector)
-    assert value(text, 'laggard_nccl_collective_seconds_count{op="AllReduce"}') == 3
-    assert value(text, "laggard_nccl_inspector_malformed_lines_total") == 1
-    assert value(text, 'laggard_nccl_bus_bandwidth_bytes_per_second{op="AllReduce"}') == \
-        pytest.approx(0.55585e9)
-
-    out.write_text(line + "\n")  # the file was rewritten (a new job with the same pid)
-    text = scrape(collector)
-    assert value(text, 'laggard_nccl_collective_seconds_count{op="AllReduce"}') == 4
-
-
-def test_collector_output_passes_promtool(tmp_path):
-    shutil.copy(DIR / "inspector02_doc_v4.0_verbose_reducescatter_event_trace.jsonl",
-                tmp_path / "a.jsonl")
-    text = scrape(NcclInspectorCollector(str(tmp_path)))
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (make test installs it)")
-    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
-                            text=True, timeout=30)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_collector_without_directory_reports_no_data(tmp_path):
-    with pytest.raises(NoDataError):
-        list(NcclInspectorCollector(str(tmp_path / "absent")).collect())
-    with pytest.raises(NoDataError):
-        list(NcclInspectorCollector("").collect())
-
-
-def test_golden_exposition_of_every_jsonl_sample(tmp_path):
-    for sample in DIR.glob("*.jsonl"):
-        shutil.copy(sample, tmp_path)
-    golden = (FIXTURES / "analyze_golden" / "nccl_inspector.prom").read_text()
-    assert scrape(NcclInspectorCollector(str(tmp_path))) == golden

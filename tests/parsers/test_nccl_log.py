@@ -3,7 +3,7 @@ the message formats of PyTorch's and NCCL's source that the corpus does not cove
 
 from __future__ import annotations
 
-from support import FIXTURES
+from support import FIXTURES, parse_file
 
 from laggard.parsers.nccl_log import (
     CollectiveMismatch,
@@ -17,8 +17,7 @@ DIR = FIXTURES / "analyze"
 
 
 def log_of(name: str):
-    with open(DIR / name, encoding="utf-8") as f:
-        return parse_nccl_log(f)
+    return parse_file(parse_nccl_log, DIR / name)
 
 
 def test_nccl01_pt25_format_reduce_scatter_timeouts_and_progress():
@@ -214,3 +213,15 @@ def test_bring_up_and_nccl_error_lines():
                        "NCCLUtils.hpp:219, unhandled cuda error, NCCL version 2.14.3")
     assert (e.where, e.what, e.nccl_version) == (
         "../torch/csrc/distributed/c10d/NCCLUtils.hpp:219", "unhandled cuda error", "2.14.3")
+
+
+def test_indented_and_wrapped_timeout_lines_are_read():
+    # PyTorch's format (ProcessGroupNCCL.cpp, operator<<(WorkNCCL)) under a PG GUID prefix.
+    line = ("[rank2]:[E1201 09:14:12.000001000 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID "
+            "0(default_pg) Rank 2] Watchdog caught collective operation timeout: WorkNCCL("
+            "SeqNum=301, OpType=_ALLGATHER_BASE, NumelIn=8, NumelOut=8, Timeout(ms)=600000) ran "
+            "for 600017 milliseconds before timing out.")
+    cut = line.index("NumelOut")
+    log = parse_nccl_log(["    " + line, line[:cut], line[cut:]])
+    assert [(t.rank, t.seq, t.op, t.pg, t.pg_desc) for t in log.timeouts] == [
+        (2, 301, "_ALLGATHER_BASE", "0", "default_pg")] * 2
