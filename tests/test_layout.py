@@ -1,4 +1,4 @@
-"""The package layering (../shared/DESIGN.md, "Layout") holds, and breaking it fails the check."""
+"""The package layering (docs/architecture.md, "Layering") holds; breaking it fails the check."""
 
 from __future__ import annotations
 
