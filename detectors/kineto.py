@@ -19,9 +19,9 @@ copies). Units: microseconds, as the trace's ``ts``/``dur``.
 
 **Straggler, by the wait-least rule**: in synchronous training every rank waits in the step's
 collectives for the slowest, so the rank whose communication is *shortest* is the one the others
-wait for (see DESIGN.md, "Why wall time is the wrong signal"). A rank is named when it has the
-least communication time in at least :data:`MIN_SHARE` of the steps every rank traced (at least
-:data:`MIN_STEPS`), and the others' median communication exceeds its own by at least
+wait for (see docs/architecture.md, "Why wall time is the wrong signal"). A rank is named when it
+has the least communication time in at least :data:`MIN_SHARE` of the steps every rank traced
+(at least :data:`MIN_STEPS`), and the others' median communication exceeds its own by at least
 :data:`MIN_GAP` of the median step time in the median step. HTA's straggler report, by
 contrast, flags ranks by a z-score on each rank's own totals, which names every rank of a small
 job whose ranks differ at all.

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Check the import contracts in .importlinter (the layering of ../shared/DESIGN.md's "Layout").
+# Check the import contracts in .importlinter (the layering of docs/architecture.md).
 #
 # The repository's top-level folders are mapped onto one package, ``laggard``, by pyproject.toml's
 # package-dir; import-linter reads a package from one folder on disk. So this assembles that

@@ -1,5 +1,5 @@
-"""The package layering (../shared/DESIGN.md, "Layout") holds, and breaking it fails the check;
-tests/ mirrors parsers/ and collectors/."""
+"""The package layering (docs/architecture.md, "Layering") holds, and breaking it fails the
+check; tests/ mirrors parsers/ and collectors/."""
 
 from __future__ import annotations
 
