@@ -13,12 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from laggard.integrations.trace_sources import (
+pytest.importorskip("torch")
+
+from laggard.integrations.trace_sources import (  # noqa: E402
     FlightRecorderReader,
     attach,
     wire_bytes,
 )
-from laggard.integrations.tracer import CollectiveTracer, GroupInfo, union_seconds
+from laggard.integrations.tracer import CollectiveTracer, GroupInfo, union_seconds  # noqa: E402
 
 HERE = Path(__file__).parent
 
