@@ -75,20 +75,22 @@ def test_findings_with_fresh_label_strings_add_no_series():
 def test_the_vocabulary_holds_every_kind_the_in_job_detectors_send():
     link_kinds = set(re.findall(r'kind="(\w+)"', open(link.__file__).read()))
     assert link_kinds == {"link"}
-    assert (set(straggler.SIGNAL_KINDS) | {"job_slowdown"} | link_kinds
-            == JOB_FINDING_KINDS["straggler"])
+    assert set(straggler.SIGNAL_KINDS) | {"job_slowdown"} == JOB_FINDING_KINDS["straggler"]
+    assert link_kinds == JOB_FINDING_KINDS[link.DETECTOR] and link.DETECTOR == "link"
     source = open(integrity.__file__).read()
     kinds = set(re.findall(r'kind="(\w+)"', source)) | set(re.findall(r'"(\w+_mismatch)"', source))
     assert kinds == JOB_FINDING_KINDS["integrity"]
 
 
 def test_a_link_finding_is_exported_as_straggler_active_kind_link():
-    table = RankTable(max_ranks=8, findings=FindingLog(), default_node="n0")
-    flag = {"detector": "straggler", "kind": "link", "severity": "warning", "rank": 1,
+    findings = FindingLog()
+    table = RankTable(max_ranks=8, findings=findings, default_node="n0")
+    flag = {"detector": "link", "kind": "link", "severity": "warning", "rank": 1,
             "node": "node1"}
     table.ingest(WindowReport(step=0, world_size=3, findings=[flag]).encode())
     text = generate_latest(registry_of(table)).decode()
     assert 'laggard_straggler_active{kind="link",rank="1"} 1.0' in text
+    assert findings.counts() == {("link", "link", "warning"): 1}  # laggard_findings_total
 
 
 def test_a_rank_unseen_for_the_ttl_is_forgotten_with_its_score_and_flags():
