@@ -322,7 +322,8 @@ class RankWindow:
     Attributes:
         step: last training step of the window.
         ranks: (R,) int64 global ranks present; a rank that did not report is simply absent.
-        compute_seconds: (R, K) float64, forward + backward: work before the sync point.
+        compute_seconds: (R, K) float64, the phases other than data (forward, backward,
+            optimizer): work before the sync point.
         data_seconds: (R, K) float64, data loading.
         collective_wait_seconds: (R, K) float64, time waiting inside the gradient collective
             (least wait = the rank the others waited for).

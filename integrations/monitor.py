@@ -487,7 +487,7 @@ class TrainingMonitor:
             try:
                 found = participant.on_window(record)
             except StopJob as exc:
-                stop, found = exc, WindowOutcome(findings=exc.findings, logged=False)
+                stop, found = exc, WindowOutcome(findings=exc.findings)
             except Exception as exc:  # noqa: BLE001 - one participant never stops the others
                 self._internal_error(participant.name, exc)
                 continue
@@ -540,7 +540,7 @@ class TrainingMonitor:
                 "medians": [[v if np.isfinite(v) else None for v in row]
                             for row in kept.table(names).tolist()],
                 "scores": {str(r): v for r, v in outcome.scores.items()},
-                "findings": [{**f.to_dict(), "cleared": f.cleared} for f in outcome.findings],
+                "findings": [f.to_dict() for f in outcome.findings],
                 "notes": notes,
             }
             self._windows_file.write(json.dumps(doc) + "\n")

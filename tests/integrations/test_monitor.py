@@ -321,7 +321,7 @@ def test_rank0_saves_each_window_as_a_json_line_with_its_notes(receiver, tmp_pat
     transfer = STEP_COLUMN_NAMES.index("transfer_seconds")
     assert len(docs[0]["medians"]) == 4 and docs[0]["medians"][0][transfer] is None
     assert [d["notes"]["loss"] for d in docs[:2]] == [3.0, 2.9]
-    raised = [f for d in docs for f in d["findings"] if not f["cleared"]]
+    raised = [f for d in docs for f in d["findings"] if not f.get("cleared")]
     assert [f["rank"] for f in raised] == [2] and monitor.stats.save_errors == 0
 
 
