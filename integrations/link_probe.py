@@ -131,8 +131,9 @@ class LinkProbe:
         pool_size: timing events made once when ``device`` is given.
 
     Attributes:
-        last_seconds: on a device, the fastest round trip of the most recent probe read, or
-            NaN; on the CPU clock, the last :meth:`run`'s.
+        last_seconds: on a device, the fastest round trip of the probe read during the last
+            :meth:`run` (usually the previous window's), NaN when none was; on the CPU clock,
+            the last :meth:`run`'s.
         pending_stats: on a device, the events' counters
             (:class:`~laggard.integrations.device_events.DeviceEventStats`); else None.
     """
@@ -184,6 +185,7 @@ class LinkProbe:
         if self._pending is None:
             self.last_seconds = min(self._once() for _ in range(REPEATS))
             return self.last_seconds
+        self.last_seconds = float("nan")  # a value read in this call or none: never a stale one
         self._pending.harvest()
         got: list[float] = []
 

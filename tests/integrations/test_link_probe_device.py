@@ -48,7 +48,10 @@ def test_a_probe_never_completing_is_nan_and_bounded():
     cuda = StreamCuda()
     dist = P2pDist(cuda, round_trips=[0.001] * 200)
     probe = LinkProbe(None, 0, 3, 1024, device=cuda, dist=dist, pool_size=8)
-    for _ in range(20):  # the device never runs: every window NaN, memory bounded
+    assert math.isnan(probe.run())
+    cuda.run(1.0)
+    assert probe.run() == pytest.approx(0.001, abs=1e-9)
+    for _ in range(20):  # the device stops: every window NaN (never the stale value), bounded
         assert math.isnan(probe.run())
     assert len(probe._pending) <= 3
     assert probe.pending_stats.expired + probe.pending_stats.exhausted > 0
