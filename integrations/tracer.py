@@ -17,9 +17,10 @@ feed it are chosen per backend at run time (:mod:`laggard.integrations.trace_sou
   event is recorded on the current stream at issue and one in the future's ``then()`` callback,
   whose current stream has been made to wait for the NCCL stream; a synchronous call (FSDP2's
   all-gather inside its all-gather stream context) gets events before and after the call on the
-  stream it runs on. The events are read with ``query()`` only, at the next :meth:`take_step`
-  (:mod:`laggard.integrations.device_events`): a device-timed collective lands in the step in
-  which its events are seen complete, usually the next one, never blocking. Sampled:
+  stream it runs on. The events are read with ``query()`` only
+  (:mod:`laggard.integrations.device_events`), never blocking, and a step's device-timed
+  collectives are handed over by the next :meth:`take_step` (one step late, the same on every
+  rank; later when the device is more than a step behind). Sampled:
   ``Config.device_sample_every``;
 * NCCL backend-side: ``ProcessGroup._register_on_completion_hook`` (needs
   ``TORCH_NCCL_ENABLE_TIMING=1``, opt-in) or the in-process flight recorder read off the training
@@ -216,6 +217,10 @@ class CollectiveTracer:
         self._device_off = False
         self._pending: Any = None  # PendingIntervals, made at the first device-timed collective
         self._device_seq: dict[int, int] = {}
+        # device-timed collectives read, with the step they were issued in (take_step calls
+        # so far): handed over by the first take_step after their issue step
+        self._device_done: collections.deque[tuple[int, _Done]] = collections.deque()
+        self._steps = 0
         self._lock = threading.Lock()
         self._logged: set[str] = set()
         self._tokens = itertools.count()
@@ -455,9 +460,10 @@ class CollectiveTracer:
                                              max_pending=max(1, size // 2 - 2))
         return self._pending
 
-    def _device_begin(self, info: GroupInfo, cuda: Any) -> tuple[Any, Any, float] | None:
-        """Record the issue event of a sampled collective: ``(queue, event, host issue time)``
-        or None (not sampled, no event, device timing off). Never raises."""
+    def _device_begin(self, info: GroupInfo,
+                      cuda: Any) -> tuple[Any, Any, float, int] | None:
+        """Record the issue event of a sampled collective: ``(queue, event, host issue time,
+        issue step)`` or None (not sampled, no event, device timing off). Never raises."""
         try:
             with self._lock:
                 seq = self._device_seq.get(info.index, 0)
@@ -477,19 +483,23 @@ class CollectiveTracer:
             return None
         if event is None:  # pool empty or record failed: counted by the pool
             return None
-        return queue, event, time.perf_counter()
+        return queue, event, time.perf_counter(), self._steps
 
     def _device_end(self, info: GroupInfo, op: str, nbytes: int,
-                    begun: tuple[Any, Any, float]) -> None:
+                    begun: tuple[Any, Any, float, int]) -> None:
         """Record the end event on the current stream and queue the interval. Never raises."""
-        queue, start, issued = begun
+        queue, start, issued, issue_step = begun
         index = info.index
 
         def sink(seconds: float) -> None:  # called under the lock (add, harvest)
             if seconds != seconds:  # NaN: expired or unreadable
                 self.stats["device_unread"] += 1
                 return
-            self._append((index, op, issued, issued + max(0.0, seconds), int(nbytes), False))
+            if len(self._device_done) >= self.config.max_completed:
+                self._device_done.popleft()
+                self.stats["dropped"] += 1
+            self._device_done.append((issue_step, (
+                index, op, issued, issued + max(0.0, seconds), int(nbytes), False)))
 
         try:
             with self._lock:
@@ -539,14 +549,28 @@ class CollectiveTracer:
     def take_step(self) -> TraceStep:
         """Summarise and forget the collectives completed since the previous call.
 
-        Reads the device-timed collectives completed so far (:meth:`harvest`, never blocking)
-        and drops collectives in flight for longer than ``Config.stall_seconds``.
+        CPU-timed collectives are those completed since the previous call. Device-timed ones
+        (NCCL, CUDA tensors) are read without blocking (:meth:`harvest`) and handed over by
+        the first call *after* the step they were issued in: a step's device collectives
+        appear in the next step's summary (later, if the device is more than a step behind),
+        the same on every rank, so the per-step comparison of ranks holds. Also drops
+        collectives in flight for longer than ``Config.stall_seconds``.
         """
         self.harvest()
         now = time.perf_counter()
         with self._lock:
             done = list(self._done)
             self._done.clear()
+            current = self._steps
+            self._steps += 1
+            if self._device_done:
+                keep: collections.deque[tuple[int, _Done]] = collections.deque()
+                for issue_step, entry in self._device_done:
+                    if issue_step < current:
+                        done.append(entry)
+                    else:
+                        keep.append((issue_step, entry))
+                self._device_done = keep
             stale = [t for t, e in self._in_flight.items()
                      if now - e[2] > self.config.stall_seconds]
             for t in stale:

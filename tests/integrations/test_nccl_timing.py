@@ -66,12 +66,29 @@ def test_an_nccl_future_done_at_enqueue_is_timed_by_events_not_by_the_cpu():
     assert tracer.stats["errors"] == 0
 
 
+def test_a_steps_device_collectives_are_handed_over_by_the_next_step_on_every_rank():
+    # two ranks, one device behind the other at the step's end: the same collective still
+    # lands in the same step's summary on both
+    summaries: dict[str, list[float]] = {}
+    for name, runs in (("ahead", [0.5, 0.5, 0.5]), ("behind", [0.001, 0.5, 0.5])):
+        cuda = StreamCuda()
+        tracer, group = _tracer(NCCL, cuda)
+        summaries[name] = []
+        for step, run in enumerate(runs):
+            tracer.track(NcclWork(cuda, 0.010 * (step + 1)), "allreduce", group, 100)
+            cuda.run(run)
+            summaries[name].append(round(sum(g.seconds for g in
+                                             tracer.take_step().groups.values()), 9))
+    assert summaries["ahead"] == summaries["behind"] == [0.0, 0.010, 0.020]
+
+
 def test_device_collectives_are_sampled_every_nth_per_group():
     cuda = StreamCuda()
     tracer, group = _tracer(NCCL, cuda, device_sample_every=3)
     for _ in range(7):
         tracer.track(NcclWork(cuda, 0.010), "allreduce", group, 100)
     cuda.run(1.0)
+    tracer.take_step()  # the issue step
     step = tracer.take_step()
     assert step.groups[0].count == 3  # collectives 0, 3 and 6
     assert tracer.stats["unsampled"] == 4
@@ -110,6 +127,7 @@ def test_a_cuda_tensor_on_gloo_is_timed_on_the_device():
     tracer.track(NcclWork(cuda, 0.004), "broadcast", group, 8, tensor=SimpleNamespace(
         is_cuda=True))
     cuda.run(1.0)
+    tracer.take_step()
     assert tracer.take_step().groups[0].seconds == pytest.approx(0.004, abs=1e-9)
 
 
@@ -173,6 +191,7 @@ def test_fsdp2_comms_on_cuda_are_timed_on_the_stream_they_run_on():
         rs(None, _cuda_tensor(3000), group, "sum", async_op=True)
     assert time.perf_counter() - t0 < 0.05  # returned at enqueue
     cuda.run(0.2)
+    assert tracer.take_step().collectives == []  # the issue step's: handed over by the next
     step = tracer.take_step()
     assert step.op_seconds("allgather") == pytest.approx(0.020, abs=1e-9)
     assert step.op_seconds("reduce_scatter") == pytest.approx(0.100, abs=1e-9)
