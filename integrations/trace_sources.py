@@ -447,7 +447,10 @@ def attach(tracer: CollectiveTracer, *, env: dict[str, str] | None = None,
                 lines.append(f"{info.label} nccl: completion hook (CUDA-event timing)")
             elif int(env.get("TORCH_FR_BUFFER_SIZE", "0") or 0) > 0:
                 reader_needed = True
-                lines.append(f"{info.label} nccl: flight recorder, read off the training thread")
+                lines.append(f"{info.label} nccl: flight recorder, read off the training thread"
+                             + ("" if env.get("TORCH_NCCL_ENABLE_TIMING") == "1" else
+                                " (no start times without TORCH_NCCL_ENABLE_TIMING=1: counts "
+                                "and sizes only)"))
             else:
                 lines.append(f"{info.label} nccl: Python-side sources only, timed by "
                              "laggard's sampled device events (TORCH_NCCL_ENABLE_TIMING=1 adds "

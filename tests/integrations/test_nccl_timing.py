@@ -22,6 +22,7 @@ from laggard.integrations.trace_sources import (  # noqa: E402
     FlightRecorderReader,
     NcclCompletionHook,
     _timed_comm_classes,
+    attach,
     wire_bytes,
 )
 from laggard.integrations.tracer import CollectiveTracer, GroupInfo  # noqa: E402
@@ -304,3 +305,10 @@ def test_flight_recorder_duration_ms_or_ordered_times_still_time_an_entry():
     step = tracer.take_step()
     assert step.groups[0].seconds == pytest.approx(0.0065, abs=1e-9)
     assert not any(math.isnan(c.seconds) for c in step.collectives)
+
+
+def test_attach_says_the_flight_recorder_only_counts_without_nccl_timing():
+    tracer, _ = _tracer(NCCL)
+    lines = attach(tracer, env={"TORCH_FR_BUFFER_SIZE": "2000"}, groups=[object()])
+    tracer._fr_reader.stop()
+    assert "counts and sizes only" in lines[0]
