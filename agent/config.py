@@ -18,6 +18,9 @@ DEFAULT_MAX_SERIES = 10_000
 #: than a checkpoint save or an evaluation pause, short enough that a finished job's straggler
 #: flags do not page for long.
 DEFAULT_RANK_TTL_SECONDS = 300.0
+#: Training runs the intake tracks at once (``--intake.max-runs``): a node shared by a few jobs,
+#: with room for the runs that ended but have not expired yet.
+DEFAULT_MAX_RUNS = 16
 #: Distinct phase names, and op names, kept per rank; further ones are dropped and counted.
 MAX_NAMES_PER_RANK = 16
 
@@ -69,13 +72,20 @@ class AgentConfig:
     """Most exposition samples the intake's per-rank families may hold (the series budget)."""
 
     rank_ttl_seconds: float = DEFAULT_RANK_TTL_SECONDS
-    """Seconds without a record after which a rank (and the job's flags) are forgotten."""
+    """Seconds without a record after which a rank (and its run's flags, and a run with
+    nothing left) are forgotten."""
+
+    max_runs: int = DEFAULT_MAX_RUNS
+    """Most training runs the intake tracks; records of further runs are rejected and
+    counted until one expires. The series budget is shared between the runs tracked."""
 
     def __post_init__(self) -> None:
         if not 0.1 <= self.collect_interval <= 3600:
             raise ValueError(f"collect interval {self.collect_interval} s outside [0.1, 3600]")
         if self.max_ranks < 1:
             raise ValueError("max ranks must be at least 1")
+        if not 1 <= self.max_runs <= 4096:
+            raise ValueError(f"intake max runs {self.max_runs} outside [1, 4096]")
         if self.max_series < 100:
             raise ValueError("intake max series must be at least 100")
         if not 1 <= self.rank_ttl_seconds <= 86400:

@@ -22,6 +22,7 @@ from laggard.agent import registry
 from laggard.agent.config import (
     DEFAULT_INTAKE_ADDRESS,
     DEFAULT_LISTEN_ADDRESS,
+    DEFAULT_MAX_RUNS,
     DEFAULT_MAX_SERIES,
     DEFAULT_RANK_TTL_SECONDS,
     AgentConfig,
@@ -29,10 +30,12 @@ from laggard.agent.config import (
 )
 from laggard.agent.context import AgentContext
 from laggard.agent.exporter import AgentExporter
+from laggard.agent.gpu_index import GpuIndex
 from laggard.agent.intake import RankTable, UdpIntake
 from laggard.agent.sampler import CollectorThread
 from laggard.agent.supervisor import RestartableThread, Supervisor
 from laggard.agent.web import make_app, make_http_server
+from laggard.collectors.nvml_library import shared_library
 
 log = logging.getLogger("laggard.agent")
 
@@ -85,6 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=DEFAULT_RANK_TTL_SECONDS, metavar="SECONDS",
                         help="forget a rank, its series and straggler flags after this long "
                              "without a record (default %(default)s)")
+    parser.add_argument("--intake.max-runs", dest="max_runs", type=int,
+                        default=DEFAULT_MAX_RUNS, metavar="N",
+                        help="most training runs tracked at once, each with its share of "
+                             "--intake.max-series; records of further runs are rejected and "
+                             "counted until one expires (default %(default)s)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
 
@@ -118,9 +126,18 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         max_ranks=args.max_ranks,
         max_series=args.max_series,
         rank_ttl_seconds=args.rank_ttl,
+        max_runs=args.max_runs,
         nccl_inspector_dir=args.nccl_inspector_dir,
         flight_recorder_path=args.flight_recorder_path,
     )
+
+
+def _gpu_resolver(config: AgentConfig) -> GpuIndex | None:
+    """Ranks' devices -> GPU index through the GPU collector's NVML (fake NVML with
+    ``--fake-gpus``); None without the nvml collector: ``gpu`` stays empty, uncounted."""
+    if "nvml" not in config.collectors:
+        return None
+    return GpuIndex(shared_library(config.fake_gpus))
 
 
 class _UnbuildableCollector:
@@ -160,7 +177,9 @@ class Agent:
         if config.intake_address:
             self.table = RankTable(config.max_ranks, self.context.findings, self.context.node,
                                    max_series=config.max_series,
-                                   rank_ttl_seconds=config.rank_ttl_seconds)
+                                   rank_ttl_seconds=config.rank_ttl_seconds,
+                                   max_runs=config.max_runs,
+                                   gpu_resolver=_gpu_resolver(config))
             try:
                 self.intake = UdpIntake(config.intake_address, self.table)
             except OSError as exc:

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from laggard.demo.harness import NotReadyError, free_port, wait_until_ready
 
 __all__ = ["FIXTURES", "REPO", "AgentProcess", "free_port", "parse_file", "registry_of", "scrape",
-           "start_agent", "stop_agent"]
+           "start_agent", "stop_agent", "torchrun"]
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -111,3 +111,14 @@ def analyze_json(*paths: str) -> tuple[int, list[dict]]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(["analyze", "--json", *paths])
     return rc, json.loads(out.getvalue())
+
+
+def torchrun(script: Path, nproc: int, *args: str, timeout: float = 120.0
+             ) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` as a ``torchrun --standalone`` job of ``nproc`` CPU ranks (one OpenMP
+    thread each), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         str(nproc), str(script), *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=timeout)
