@@ -32,6 +32,7 @@ from laggard.agent.config import (
     MAX_NAMES_PER_RANK,
 )
 from laggard.agent.context import FindingLog
+from laggard.agent.sender import SenderIdentity
 from laggard.agent.socket_drops import socket_drops
 from laggard.agent.supervisor import RestartableThread
 from laggard.collectors.histogram import DURATION_BUCKETS_SECONDS, Histogram
@@ -164,8 +165,12 @@ class RankTable:
         with self._lock:
             return self._series
 
-    def ingest(self, payload: bytes) -> None:
+    def ingest(self, payload: bytes, sender: SenderIdentity | None = None) -> None:
         """Decode one datagram and apply it; a bad one is counted in ``rejected`` and dropped.
+
+        Args:
+            payload: one datagram's bytes.
+            sender: who sent it, as the kernel says (Unix-socket intake); None over UDP.
 
         Never raises: whatever the payload, it ends up in ``accepted`` or ``rejected``.
         """
