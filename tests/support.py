@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from laggard.demo.harness import NotReadyError, free_port, wait_until_ready
 
 __all__ = ["FIXTURES", "REPO", "AgentProcess", "free_port", "parse_file", "registry_of", "scrape",
-           "start_agent", "stop_agent"]
+           "start_agent", "stop_agent", "wait_for"]
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -30,6 +31,17 @@ def parse_file(parse: Callable[[Iterable[str]], T], path: Path) -> T:
     """``parse`` (a pure parser taking lines) applied to the lines of the fixture at ``path``."""
     with open(path, encoding="utf-8") as f:
         return parse(f)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Poll ``predicate`` every 10 ms until it holds or ``timeout`` seconds pass; its last
+    value (for ``assert wait_for(...)``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
 
 
 def registry_of(collector: object) -> CollectorRegistry:
