@@ -4,8 +4,8 @@ The agent's default intake is a Unix datagram socket (``/run/laggard/intake.sock
 Kubernetes the DaemonSet's hostPath mounted into the training pod), where the kernel tells the
 agent each sender's pid and uid. The target comes from the ``LAGGARD_INTAKE`` environment
 variable, else from the monitor's configuration: a socket path (``/run/...`` or ``unix:PATH``)
-or a UDP ``host:port``. The monitor's default UDP address also tries the default socket first,
-so a job with no configuration reaches an agent with its default intake.
+or a UDP ``host:port``, used as given. A socket that cannot be connected (no agent yet, a node
+without the socket) falls back to UDP on loopback, and the socket is tried again on later sends.
 
 Never blocks and never raises on a send it can count: :class:`AgentSocket` is non-blocking
 (``BlockingIOError`` when the agent's queue is full, as with UDP) and reconnects, at most once a
@@ -22,7 +22,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
-from laggard.wire import DEFAULT_INTAKE_ADDRESS, DEFAULT_INTAKE_SOCKET, INTAKE_ENV, parse_address
+from laggard.wire import DEFAULT_INTAKE_ADDRESS, INTAKE_ENV, parse_address
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +86,10 @@ class AgentSocket:
     def __init__(self, configured: str, *, environ: Mapping[str, str] | None = None,
                  udp_fallback: str = DEFAULT_INTAKE_ADDRESS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._wanted = intake_target(configured, environ)
-        check_intake_target(self._wanted)
-        explicit = self._wanted != configured or configured != DEFAULT_INTAKE_ADDRESS
-        self._candidates = ([self._wanted] if explicit or is_socket_path(self._wanted)
-                            else [DEFAULT_INTAKE_SOCKET, self._wanted])
-        if is_socket_path(self._wanted) and udp_fallback:
+        wanted = intake_target(configured, environ)
+        check_intake_target(wanted)
+        self._candidates = [wanted]
+        if is_socket_path(wanted) and udp_fallback:
             self._candidates.append(udp_fallback)
         self._clock = clock
         self._next_reconnect = 0.0

@@ -1,16 +1,16 @@
-"""The training side's sender: LAGGARD_INTAKE or the configured target, the agent's Unix socket
-first for the default configuration, UDP when the socket is absent, a full queue reported as
-BlockingIOError, and a reconnection after the agent was restarted (a new socket at the path)."""
+"""The training side's sender: LAGGARD_INTAKE or the configured target (used as given), UDP on
+loopback when the socket is absent, a full queue reported as BlockingIOError, and a reconnection
+after the agent was restarted (a new socket at the path) or once it started (UDP until then)."""
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
-from laggard.integrations import agent_socket
 from laggard.integrations.agent_socket import AgentSocket, check_intake_target
 from laggard.wire import DEFAULT_INTAKE_ADDRESS
 
@@ -61,22 +61,31 @@ def test_no_socket_falls_back_to_udp(tmp_path: Path, udp_receiver: socket.socket
         AgentSocket(str(tmp_path / "absent.sock"), environ={}, udp_fallback="")
 
 
-def test_the_default_configuration_tries_the_default_socket_first(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "default.sock"
-    monkeypatch.setattr(agent_socket, "DEFAULT_INTAKE_SOCKET", str(path))
+def test_an_address_is_used_as_given(tmp_path: Path) -> None:
     sender = AgentSocket(DEFAULT_INTAKE_ADDRESS, environ={})
-    assert sender.target == f"udp:{DEFAULT_INTAKE_ADDRESS}"  # no socket there: UDP as before
+    assert sender.target == f"udp:{DEFAULT_INTAKE_ADDRESS}"
     sender.close()
-    with _receiver(path) as receiver:
-        sender = AgentSocket(DEFAULT_INTAKE_ADDRESS, environ={})
-        assert sender.target == f"unix:{path}"
-        sender.send(b"found")
-        assert receiver.recv(10) == b"found"
-        sender.close()
-    # an address chosen on purpose is used as given
-    sender = AgentSocket("127.0.0.1:9", environ={})
+
+
+def test_the_socket_is_tried_again_after_falling_back(tmp_path: Path,
+                                                      udp_receiver: socket.socket) -> None:
+    # A job started before its agent: UDP on loopback until the socket appears.
+    path = tmp_path / "intake.sock"
+    sender = AgentSocket(str(path), environ={}, udp_fallback="127.0.0.1:9")  # nothing there
     assert sender.target == "udp:127.0.0.1:9"
+    with _receiver(path) as receiver:
+        # UDP reports the closed port on the next send (ECONNREFUSED): the sender then tries
+        # the socket again, finds it, and sends that datagram there.
+        for _ in range(50):
+            time.sleep(0.01)  # for the ICMP port-unreachable to come back
+            try:
+                sender.send(b"x")
+            except ConnectionRefusedError:
+                pytest.fail("the socket was there to fall back on")
+            if sender.target == f"unix:{path}":
+                break
+        assert sender.target == f"unix:{path}"
+        assert receiver.recv(100) == b"x"
     sender.close()
 
 
