@@ -80,11 +80,14 @@ class AgentProcess:
 
 
 def start_agent(*extra: str, timeout: float = 15.0) -> AgentProcess:
-    """Start ``python -m laggard.cli agent`` and wait until /metrics answers."""
+    """Start ``python -m laggard.cli agent`` and wait until /metrics answers (UDP intake on a
+    free port; no Unix socket unless ``extra`` gives ``--intake.socket PATH``)."""
     port, intake_port = free_port(), free_port(socket.SOCK_DGRAM)
     cmd = [sys.executable, "-m", "laggard.cli", "agent",
            "--web.listen-address", f"127.0.0.1:{port}",
-           "--intake-address", f"127.0.0.1:{intake_port}", *extra]
+           "--intake-address", f"127.0.0.1:{intake_port}",
+           # Off the system's /run/laggard unless a test names a socket of its own.
+           "--intake.socket", "", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     agent = AgentProcess(proc, port, intake_port)
