@@ -65,7 +65,11 @@ def bind_unix_datagram_socket(path: str, mode: int = DEFAULT_SOCKET_MODE,
             or what ``mkdir``, ``bind``, ``chmod``, ``chown`` and ``rename`` raise.
     """
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=0o755, exist_ok=True)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, exist_ok=True)
+        # Exactly 0755 whatever the umask (a service's may be 0077): senders must search it.
+        # An existing directory is left as its owner made it (systemd's RuntimeDirectoryMode=).
+        os.chmod(directory, 0o755)
     _check_replaceable(path)
     temporary = f"{path}.{os.getpid()}.tmp"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

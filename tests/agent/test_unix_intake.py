@@ -152,7 +152,11 @@ def test_the_socket_file_has_the_mode_asked_for(socket_dir: Path, mode: int) -> 
 
 def test_the_directory_is_made_if_missing(socket_dir: Path) -> None:
     path = socket_dir / "run" / "laggard" / "intake.sock"
-    intake, table = _intake(path)
+    umask = os.umask(0o077)  # a service's tight umask: the directory is 0755 all the same
+    try:
+        intake, table = _intake(path)
+    finally:
+        os.umask(umask)
     try:
         assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o755
         _send(path, RECORD)
@@ -161,6 +165,17 @@ def test_the_directory_is_made_if_missing(socket_dir: Path) -> None:
         intake.stop()
         path.parent.rmdir()
         path.parent.parent.rmdir()
+
+
+@needs_root
+def test_the_socket_file_gets_the_group_asked_for(socket_dir: Path) -> None:
+    path = socket_dir / "intake.sock"
+    intake, _ = _intake(path, mode=0o660, group=NOBODY)
+    try:
+        st = os.lstat(path)
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, NOBODY, 0o660)
+    finally:
+        intake.stop()
 
 
 def test_a_stale_socket_is_replaced(socket_dir: Path) -> None:
