@@ -13,8 +13,9 @@ Who can send at all is decided by the file system: write permission on the socke
 mount the directory: the hostPath is the gate, as DogStatsD's socket is mounted).
 
 Unlike UDP the kernel never drops a Unix datagram: when the receive queue is full
-(``net.unix.max_dgram_qlen`` datagrams, 10 on many kernels) a non-blocking sender gets
-``EAGAIN``, and the TrainingMonitor counts it on its side (``send_dropped``).
+(``net.unix.max_dgram_qlen`` datagrams: 10 by the kernel's default, 512 by systemd's) a
+non-blocking sender gets ``EAGAIN``, and the TrainingMonitor counts it on its side
+(``send_dropped``).
 """
 
 from __future__ import annotations
