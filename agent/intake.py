@@ -34,14 +34,13 @@ from laggard.agent.config import (
     MAX_NAMES_PER_RANK,
 )
 from laggard.agent.context import FindingLog
+from laggard.agent.datagram_intake import DatagramIntake
 from laggard.agent.sender import SenderIdentity
 from laggard.agent.socket_drops import socket_drops
-from laggard.agent.supervisor import RestartableThread
 from laggard.collectors.histogram import DURATION_BUCKETS_SECONDS, Histogram
 from laggard.collectors.nvml_library import normalise_bus_id
 from laggard.detectors.finding import JOB_FINDING_KINDS, Severity
 from laggard.wire import (
-    MAX_DATAGRAM_BYTES,
     RecordError,
     StepRecord,
     WindowReport,
@@ -78,7 +77,7 @@ JOB_SAMPLES = 2 + 16
 #: What the intake counts in ``laggard_intake_rejected_total{reason}`` (whole datagrams).
 REJECT_REASONS = ("oversized", "too_deep", "not_json", "version", "schema", "range",
                   "run_length", "run_charset", "decoder_error", "rank_limit", "run_limit",
-                  "series_limit", "internal_error")
+                  "series_limit", "internal_error", "sender_not_allowed")
 #: What ``laggard_intake_dropped_total{what}`` counts: parts of accepted datagrams not exported.
 DROP_WHATS = ("phase", "op", "score", "flag", "finding_label")
 #: Why a rank was forgotten (``laggard_intake_ranks_forgotten_total{reason}``): no record for the
@@ -734,13 +733,15 @@ def _counter_by(name: str, documentation: str, label: str, values: tuple[str, ..
     return family
 
 
-class UdpIntake:
+class UdpIntake(DatagramIntake):
     """Receives datagrams on a UDP socket in a daemon thread and feeds a :class:`RankTable`.
 
-    The receive loop survives anything a datagram or the table does (caught, counted, logged
-    once); its thread is a :class:`RestartableThread` for the supervisor to restart if it still
+    The receive loop (:class:`~laggard.agent.datagram_intake.DatagramIntake`, shared with the
+    Unix-socket intake) survives anything a datagram or the table does (caught, counted, logged
+    once); its thread is a ``RestartableThread`` for the supervisor to restart if it still
     dies. Datagrams the kernel dropped because the loop fell behind are read from /proc on each
-    scrape (``laggard_intake_kernel_drops_total``).
+    scrape (``laggard_intake_kernel_drops_total``). UDP carries no sender identity: datagrams
+    are ingested with ``sender=None``.
 
     Args:
         address: ``host:port`` to bind (port 0 picks a free one; see :attr:`port`).
@@ -756,45 +757,19 @@ class UdpIntake:
                  ) -> None:
         host, port = parse_address(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_DGRAM)
+        sock = socket.socket(family, socket.SOCK_DGRAM)
         if receive_buffer_bytes:
             # A few thousand step records of headroom while the loop is busy (a scrape holds
             # the table's lock); beyond that the kernel drops, and we count what it dropped.
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
-        self._sock.bind((host, port))
-        self._sock.settimeout(0.2)
-        self.port: int = self._sock.getsockname()[1]
-        self._table = table
-        self._stop = threading.Event()
-        self.thread = RestartableThread(self._run, "laggard-intake")
-
-    def start(self) -> None:
-        """Start receiving."""
-        self.thread.start()
-
-    def _run(self) -> None:
-        # One byte more than the limit tells an oversized datagram from one that just fits.
-        bufsize = MAX_DATAGRAM_BYTES + 1
-        next_expiry = time.monotonic() + 1.0
-        while not self._stop.is_set():
-            if time.monotonic() >= next_expiry:
-                # Stale ranks go even when no scrape comes (the scrape expires them too).
-                self._table.expire()
-                next_expiry = time.monotonic() + 1.0
-            try:
-                payload = self._sock.recv(bufsize)
-            except TimeoutError:
-                continue
-            except OSError as exc:
-                if self._stop.is_set():
-                    return
-                log.warning("intake receive failed: %s", exc)
-                time.sleep(0.1)
-                continue
-            if len(payload) > MAX_DATAGRAM_BYTES:
-                self._table.reject("oversized")
-                continue
-            self._table.ingest(payload)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        sock.settimeout(0.2)
+        self.port: int = sock.getsockname()[1]
+        super().__init__(sock, table, "laggard-intake")
 
     def kernel_drops(self) -> int | None:
         """Datagrams the kernel dropped for this socket (receive buffer full), or None."""
@@ -810,9 +785,3 @@ class UdpIntake:
                 "(receive buffer full; /proc/net/udp drops).")
             family.add_metric([], drops)
             yield family
-
-    def stop(self) -> None:
-        """Stop the thread and close the socket."""
-        self._stop.set()
-        self.thread.join(timeout=2)
-        self._sock.close()

@@ -38,6 +38,11 @@ from typing import Any
 WIRE_VERSION = 1
 #: UDP address the training ranks send StepRecords to (localhost: ranks run on this node).
 DEFAULT_INTAKE_ADDRESS = "127.0.0.1:9478"
+#: The agent's default intake: a Unix datagram socket (``laggard agent --intake.socket``).
+DEFAULT_INTAKE_SOCKET = "/run/laggard/intake.sock"
+#: Environment variable naming the intake a training process sends to: a socket path
+#: (``/run/laggard/intake.sock``, ``unix:PATH``) or a UDP ``host:port``.
+INTAKE_ENV = "LAGGARD_INTAKE"
 #: Largest datagram the agent accepts; anything larger is rejected as ``oversized``.
 MAX_DATAGRAM_BYTES = 8192
 #: Phase names with a meaning of their own; other names are accepted and exported as given.
