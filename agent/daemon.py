@@ -38,8 +38,8 @@ from laggard.agent.sampler import CollectorThread
 from laggard.agent.supervisor import RestartableThread, Supervisor
 from laggard.agent.unix_intake import UnixIntake, parse_id_list, queue_limit
 from laggard.agent.web import make_app, make_http_server
-from laggard.collectors.nvml_library import shared_library
 from laggard.agent.workload import WorkloadLabels
+from laggard.collectors.nvml_library import shared_library
 
 log = logging.getLogger("laggard.agent")
 
