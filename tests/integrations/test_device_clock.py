@@ -345,3 +345,53 @@ def test_the_device_clocks_median_is_over_read_steps_only():
     values = clock.window_values(2 * K - 1)
     assert values["compute_device_seconds"] == pytest.approx(0.015)  # median of 0.01, 0.02
     assert values["device_pending_count"] == 2 and clock.stats.steps_pending == 2
+
+
+def _run_job(tmp_path, clock: str) -> tuple[list[dict], list[dict]]:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
+         str(here / "device_clock_worker.py"), str(tmp_path), clock],
+        env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}-{clock}.json").read_text()) for r in range(3)]
+    windows = [json.loads(line) for line in
+               (tmp_path / f"windows-{clock}.jsonl").read_text().splitlines()]
+    return ranks, windows
+
+
+@pytest.mark.slow
+def test_a_cpu_clock_misses_a_device_only_delay_that_the_device_clock_names(tmp_path):
+    """A real 3-rank gloo DDP job on fake real-time devices: rank 2's forward enqueues 50 ms of
+    device work its CPU never waits for, and every rank's collectives wait for it (as NCCL's
+    stream order makes them on a GPU). The wall clock sees equal compute on every rank and
+    names no one; the device clock names rank 2, cause compute, and rank 2 waits least on the
+    device timeline (the arrived-last rule on device times)."""
+    from laggard.detectors.window import WindowRecord
+
+    wall_ranks, wall_windows = _run_job(tmp_path, "wall")
+    assert wall_ranks[0]["phase_clock"] == "wall" and wall_ranks[0]["findings"] == []
+    ranks, windows = _run_job(tmp_path, "device")
+    delay = ranks[2]["delay"]
+    assert all(r["phase_clock"] == "device" for r in ranks)
+    assert all(r["stats"] == {"device_pending": 0, "device_fallbacks": 0, "internal_errors": 0}
+               for r in ranks)
+    named = {(f["rank"], f["kind"]) for f in ranks[0]["findings"] if f["detector"] == "straggler"}
+    assert named == {(2, "compute")}
+    for doc in windows[1:]:  # the first window has no device columns (one window late)
+        record = WindowRecord.from_saved(doc)
+        device, cpu = record["compute_seconds"], record["compute_cpu_seconds"]
+        assert device[2] - np.median(device[:2]) > 0.8 * delay
+        assert abs(cpu[2] - np.median(cpu[:2])) < 0.2 * delay  # the CPU clock misses it
+        wait = record["collective_wait_device_seconds"]
+        assert wait[2] < wait[:2].min() - 0.5 * delay  # the others waited for rank 2
+    for doc in wall_windows[1:]:
+        compute = WindowRecord.from_saved(doc)["compute_seconds"]
+        assert abs(compute[2] - np.median(compute[:2])) < 0.2 * delay
