@@ -160,9 +160,10 @@ class TrainingMonitor:
             every rank must give the same ones in the same order.
         device: the ``torch.cuda``-like module the device clock records on (``Event(
             enable_timing=True)`` with ``record``/``query``/``elapsed_time``,
-            ``current_stream()``; ``Stream`` and ``stream(...)`` are not needed): a fake in
-            tests, an emulated device in the demo. None: ``torch.cuda`` when ``phase_clock``
-            resolves to ``"device"``.
+            ``current_stream()``, whose results compare equal (``==``) for the same stream, as
+            torch's do; an event may be re-recorded, the latest record counting; ``Stream`` and
+            ``stream(...)`` are not needed): a fake in tests, an emulated device in the demo.
+            None: ``torch.cuda`` when ``phase_clock`` resolves to ``"device"``.
         model: the job's model (a module, or a sequence of them), for ``phase_clock="auto"``
             (device when its parameters are on one CUDA device) and to refuse the device
             clock for a model spread over several devices (counted, logged once, wall clock).
@@ -238,7 +239,15 @@ class TrainingMonitor:
         in this gather (its ``integrity_words`` column, int64), checked on every rank so its
         policy acts alike everywhere; None: no integrity check."""
 
+        device_pool_events: int = 1024
+        """Timing events the device clock makes up front (never on the hot path). A step takes
+        2 per phase, 1 per DDP model and 2 per FSDP2 wait point (4 per FSDP2 unit and step,
+        about); a few steps are in flight at once. An empty pool leaves steps on the CPU clock,
+        counted."""
+
         def __post_init__(self) -> None:
+            if not 2 <= self.device_pool_events <= 1 << 20:
+                raise ValueError("device_pool_events must be in [2, 2**20]")
             if self.agent_address:
                 parse_address(self.agent_address)
             if not 2 <= self.window_steps <= 10_000:
@@ -344,6 +353,7 @@ class TrainingMonitor:
             from laggard.integrations.device_clock import DeviceClock
 
             self.device_clock = DeviceClock(device, window_steps=self.config.window_steps,
+                                            pool_events=self.config.device_pool_events,
                                             log_once=self._log_once)
         except Exception as exc:  # noqa: BLE001 - a device clock that cannot start is refused
             return self._refuse(f"the device clock could not start ({exc!r})")
@@ -552,9 +562,12 @@ class TrainingMonitor:
                 self._identities = [(node, lr) for node, lr in identities]
             values: dict[str, object] = dict(summarize_window(self._steps))
             if self.device_clock is not None:
-                # the previous window's device times (one window late; module docstring)
-                values.update(self.device_clock.window_values(step))
-                self.stats.device_pending = self.device_clock.stats.steps_pending
+                try:
+                    # the previous window's device times (one window late; device_clock.py)
+                    values.update(self.device_clock.window_values(step))
+                    self.stats.device_pending = self.device_clock.stats.steps_pending
+                except Exception as exc:  # noqa: BLE001 - the CPU clock's values go instead
+                    self._internal_error("device", exc)
             for participant in self.participants:
                 values.update(participant.contribute(step))
             local = torch.from_numpy(self.layout.pack(values))
