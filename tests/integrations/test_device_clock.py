@@ -194,6 +194,39 @@ def test_ddp_bucket_ready_markers_give_the_exposed_wait_on_the_device(one_rank_g
     monitor.close()
 
 
+def test_sampled_collectives_on_nccl_like_futures_are_timed_on_the_device():
+    """An NCCL-like future: done at enqueue (so the CPU's launch-to-completion is a launch
+    latency), its then() callback running with a current stream made to wait for the NCCL
+    stream. The events recorded at launch and in the callback give the collective's 20 ms on
+    the device, on the sampled steps only."""
+    fake = FakeCuda()
+    clock = DeviceClock(fake, window_steps=K)
+    timer = CommTimer(device_sample_every=2)
+    timer.attach_device_clock(clock)
+    nccl = fake.Stream()
+    cpu_seconds, device = [], []
+    for _ in range(4):
+        fake.launch(0.010)  # backward compute before the bucket is ready
+        fut = torch.futures.Future()
+        wrapped = timer.track(fut, 4096)
+        ready = fake.Event(enable_timing=True)
+        ready.record()
+        nccl.wait_event(ready)  # NCCL's stream waits for the compute stream...
+        fake.launch(0.020, nccl)  # ...and runs the all-reduce
+        done = fake.Event(enable_timing=True)
+        done.record(nccl)
+        fake.current_stream().wait_event(done)  # the callback's current stream waits for it
+        fut.set_result([torch.zeros(1)])  # done at enqueue
+        assert wrapped.done()
+        step = timer.take_step()
+        cpu_seconds += [c.seconds for c in step.collectives]
+        device += [c.seconds for c in step.device_collectives]
+        fake.run(1.0)
+    device += [c.seconds for c in timer.take_step().device_collectives]
+    assert min(cpu_seconds) < 0.005  # the CPU saw the launch only (min: a loaded host)
+    assert device == [pytest.approx(0.020), pytest.approx(0.020)]  # steps 0 and 2 sampled
+
+
 def test_no_sync_steps_and_a_second_model_timer(one_rank_group):
     fake = FakeCuda()
     first, second = CommTimer(device_sample_every=0), CommTimer(device_sample_every=0)
