@@ -243,7 +243,11 @@ def _window(rng: np.random.Generator, step: int, slow_rank: int | None,
     columns = {"compute_seconds": compute, "data_seconds": np.full(ranks, 0.001),
                "collective_wait_seconds": wait, "transfer_seconds": np.full(ranks, np.nan),
                "step_seconds": np.full(ranks, compute.max() + 0.003),
-               "collective_seconds": wait + 0.002, "comm_bytes": np.full(ranks, 1e6)}
+               "collective_seconds": wait + 0.002, "comm_bytes": np.full(ranks, 1e6),
+               # the device clock's columns, as a monitor on the wall clock fills them
+               "compute_device_seconds": np.full(ranks, np.nan), "compute_cpu_seconds": compute,
+               "collective_wait_device_seconds": np.full(ranks, np.nan),
+               "device_pending_count": np.zeros(ranks)}
     return WindowRecord(step=step, columns=columns, ranks=np.arange(ranks), world_size=ranks,
                         nodes=["node07"] * ranks)
 
