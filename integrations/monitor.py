@@ -61,6 +61,7 @@ from laggard.detectors.window import (
     WindowRecord,
     summarize_window,
 )
+from laggard.integrations.agent_socket import AgentSocket, check_intake_target
 from laggard.integrations.participants import (
     MonitorContext,
     Participant,
@@ -69,14 +70,14 @@ from laggard.integrations.participants import (
     WindowOutcome,
 )
 from laggard.integrations.phases import step_times
+from laggard.integrations.run_identity import agree_run, device_identity, resolve_run
 from laggard.wire import (
-    DEFAULT_INTAKE_ADDRESS,
+    DEFAULT_INTAKE_SOCKET,
     MAX_REPORT_FINDINGS,
     MAX_REPORT_RANKS,
     CollectiveTiming,
     StepRecord,
     WindowReport,
-    parse_address,
 )
 
 if TYPE_CHECKING:
@@ -189,8 +190,17 @@ class TrainingMonitor:
     class Config:
         """Configuration of :class:`TrainingMonitor`."""
 
-        agent_address: str = DEFAULT_INTAKE_ADDRESS
-        """``host:port`` of the node agent's UDP intake; empty string sends nothing."""
+        agent_address: str = DEFAULT_INTAKE_SOCKET
+        """Where the node agent takes step records: its Unix socket (a path, or ``unix:PATH``;
+        the default, falling back to UDP on ``127.0.0.1:9478`` when the socket is not there) or
+        a UDP ``host:port``. ``$LAGGARD_INTAKE`` overrides it; an empty string sends nothing
+        (``laggard.integrations.agent_socket``)."""
+
+        run: str = ""
+        """The training run's id on every StepRecord and WindowReport (the ``run`` label of the
+        agent's series). Empty: ``$TORCHELASTIC_RUN_ID``, else ``$SLURM_JOB_ID`` (with
+        ``.$SLURM_STEP_ID``), else one rank 0 makes; rank 0's is broadcast so every rank agrees
+        (``laggard.integrations.run_identity``)."""
 
         window_steps: int = 20
         """K: steps per detection window (one ``all_gather`` every K steps)."""
@@ -249,7 +259,7 @@ class TrainingMonitor:
             if not 2 <= self.device_pool_events <= 1 << 20:
                 raise ValueError("device_pool_events must be in [2, 2**20]")
             if self.agent_address:
-                parse_address(self.agent_address)
+                check_intake_target(self.agent_address)
             if not 2 <= self.window_steps <= 10_000:
                 raise ValueError(f"window_steps {self.window_steps} outside [2, 10000]")
             if self.history_windows < 0:
@@ -305,9 +315,11 @@ class TrainingMonitor:
         if self._detect and group is None and dist_mod.get_backend() != "gloo":
             self._group = dist_mod.new_group(backend="gloo")
             self._own_group = True
+        self.run = self._agree_run(dist_mod)
         self.device_clock: Any = None
         self._fsdp_markers: Any = None
         self.phase_clock = self._resolve_clock(device, model, dist_mod)
+        self._device_id = _rank_device(model)
         self._clock = _PHASE_CLOCKS[self.phase_clock]
         self._identities: list[tuple[str, int | None]] | None = None
         self._notes: dict[str, list[float]] = {}
@@ -515,6 +527,8 @@ class TrainingMonitor:
                 step_seconds=times.step_seconds,
                 collectives=_capped(comm.collectives) if comm is not None else [],
                 comm=comm.summary() if comm is not None else {},
+                run=self.run, uuid=self._device_id.uuid if self._device_id else None,
+                pci_bus_id=self._device_id.pci_bus_id if self._device_id else None,
             )
             self._send(record.encode())
 
@@ -530,18 +544,24 @@ class TrainingMonitor:
             self._log_once("send", "laggard: cannot send to agent %s: %s (counting, not "
                            "retrying)", self.config.agent_address, exc)
 
-    def _open_socket(self) -> socket.socket | None:
+    def _agree_run(self, dist_mod: Any) -> str:
+        """The run id every rank uses: rank 0's, broadcast over the gather group (a
+        collective: every rank builds its monitor at the same point); without detection or a
+        process group, what this rank's config and environment say ("" if nothing)."""
+        resolved = resolve_run(self.config.run or None, os.environ)
+        if dist_mod is None or self.world_size <= 1 or not self._detect:
+            return resolved or ""
+        try:
+            return agree_run(resolved, dist_mod, self._group)
+        except Exception as exc:  # noqa: BLE001 - a failed broadcast loses the id, not the job
+            self._internal_error("run", exc)
+            return resolved or ""
+
+    def _open_socket(self) -> Any:
         if not self.config.agent_address:
             return None
         try:
-            host, port = parse_address(self.config.agent_address)
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_DGRAM)
-            sock.setblocking(False)
-            # connect() on UDP only fixes the peer (no handshake); it lets send() report an
-            # agent that is down (ECONNREFUSED) so it can be counted.
-            sock.connect((host, port))
-            return sock
+            return AgentSocket(self.config.agent_address)
         except OSError as exc:
             self.stats.send_errors += 1
             self._log_once("socket", "laggard: no agent socket for %s: %s; step records off",
@@ -646,7 +666,7 @@ class TrainingMonitor:
         del self.findings[:-256], self.cleared[:-256]
         self.windows.append(record.scalars())
         if self._sock is not None:
-            for report in _window_reports(record, outcome):
+            for report in _window_reports(record, outcome, self.run):
                 self._send(report.encode())
         if self.config.windows_path:
             self._save_window(record, outcome)
@@ -778,6 +798,25 @@ def _cuda_initialized() -> bool:
         return False
 
 
+def _rank_device(model: Any) -> Any:
+    """This rank's CUDA device identity (UUID, PCI bus id) for the agent's
+    ``laggard_rank_info``: the model's device, else the current CUDA device; None on CPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        if model is not None:
+            param = next(iter(model.parameters()), None)
+            if param is not None and param.device.type == "cuda":
+                return device_identity(param.device)
+        return device_identity(torch.cuda.current_device())
+    except Exception:  # noqa: BLE001 - identity is optional, never a failure
+        return None
+
+
 def _initialized_dist() -> Any:
     """``torch.distributed`` when a default process group exists, else None."""
     try:
@@ -799,7 +838,8 @@ def _capped(collectives: list[CollectiveTiming]) -> list[CollectiveTiming]:
     return list(merged.values())
 
 
-def _window_reports(record: WindowRecord, outcome: WindowOutcome) -> list[WindowReport]:
+def _window_reports(record: WindowRecord, outcome: WindowOutcome,
+                    run: str = "") -> list[WindowReport]:
     """The WindowReport datagrams of one window: the scores (the highest
     :data:`MAX_REPORT_RANKS`), the job's collective means and the detector's counters in the
     first, the findings :data:`MAX_REPORT_FINDINGS` at a time (none is left out)."""
@@ -816,9 +856,9 @@ def _window_reports(record: WindowRecord, outcome: WindowOutcome) -> list[Window
     world = record.world_size or int(record.ranks.size)
     reports = [WindowReport(step=record.step, world_size=world, scores=scores,
                             findings=docs[:MAX_REPORT_FINDINGS], comm=comm,
-                            detector_stats=outcome.detector_stats)]
+                            detector_stats=outcome.detector_stats, run=run)]
     for start in range(MAX_REPORT_FINDINGS, len(docs), MAX_REPORT_FINDINGS):
-        reports.append(WindowReport(step=record.step, world_size=world,
+        reports.append(WindowReport(step=record.step, world_size=world, run=run,
                                     findings=docs[start:start + MAX_REPORT_FINDINGS]))
     return reports
 
