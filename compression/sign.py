@@ -95,10 +95,10 @@ class SignCompression(ServerFeedbackState):
         host = on_host(buffer)
         finite: bool | torch.Tensor
         if not host:  # the same work whatever the flag; where() picks (module docstring)
-            finite = finite_flag(buffer)
-            self._nonfinite.add(~finite)
-            work[:n].add_(torch.where(finite, buffer, -0.0))  # x + -0.0 is x, bit for bit
-            payload = torch.where(finite, compress_rows(work.view(w, c), lengths, keep=finite),
+            flag = finite = finite_flag(buffer)
+            self._nonfinite.add(~flag)
+            work[:n].add_(torch.where(flag, buffer, -0.0))  # x + -0.0 is x, bit for bit
+            payload = torch.where(flag, compress_rows(work.view(w, c), lengths, keep=flag),
                                   nan_row(c, work.device))
             work[n:].zero_()
         elif finite := all_finite(buffer):

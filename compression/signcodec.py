@@ -103,7 +103,8 @@ def encode_rows(rows: torch.Tensor,
             should be zero (it is then decoded as ``+-scale`` and must be ignored by the caller).
             Overwritten with ``rows - C(rows)``, except rows that are not finite (left as they
             were).
-        lengths: float32 ``(R,)``, real elements per row (the ``d`` of ``|p|_1 / d``), >= 1.
+        lengths: float32 ``(R,)``, real elements per row (the ``d`` of ``|p|_1 / d``), >= 1, on
+            ``rows``' device (:func:`chunk_lengths` with ``device=``: no copy here).
 
     Returns:
         ``(payload, finite)``: uint8 ``(R, c/8 + 8)`` (packed signs, then the float64 scale) and
@@ -138,7 +139,7 @@ def encode_rows_torch(rows: torch.Tensor,
     """:func:`encode_rows` in torch operations, for any device (the reference on CPU)."""
     r, c = rows.shape
     magnitude = rows.abs()
-    scale = magnitude.sum(1) / lengths.to(rows.device)
+    scale = magnitude.sum(1) / lengths  # on rows' device (chunk_lengths(device=))
     finite = torch.isfinite(scale)
     scale = torch.where(finite, scale, torch.full_like(scale, float("nan")))
     payload = torch.empty(r, row_bytes(c), dtype=torch.uint8, device=rows.device)
@@ -183,7 +184,7 @@ def compress_rows(rows: torch.Tensor, lengths: torch.Tensor,
     # |row|_1 / d as the dot product with the signs; torch.dot per row runs at memory speed,
     # where vecdot over (R, c) and abs().sum() make a temporary or take a slower path
     l1 = torch.stack([torch.dot(rows[i], signs[i]) for i in range(r)])
-    scale = l1 / lengths.to(rows.device)
+    scale = l1 / lengths
     payload[:, c // 8 :] = scale.to(torch.float64).view(torch.uint8).view(r, SCALE_BYTES)
     if keep is not None:
         scale = torch.where(keep, scale, 0.0)  # rows - 0 * sign = rows, exactly
