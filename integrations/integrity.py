@@ -50,10 +50,10 @@ NaN/Inf counts stay device tensors, are copied ``non_blocking`` into pinned memo
 event when the record is complete, and are read at the next :meth:`GradientIntegrity.window_vector`
 after the one that closed their window (**one window late**, as the monitor's device clock),
 only if that event has completed (``query()``, never ``synchronize()``); a record still pending
-then is left out and counted (``pending_records``, and in the window header). The exceptions are
-the ``skip_step`` policy, whose verdict the optimizer step needs (:meth:`end_step` waits for the
-step's events: one host wait per step, after ``backward()``), and the replica check's parameter
-hashes at :meth:`end_step`. CPU tensors take the host path, unchanged.
+then is left out and counted (``pending_records``, and in the window header). The replica
+check's hashes are combined on the device too. The one exception is the ``skip_step`` policy,
+whose verdict the optimizer step needs: :meth:`end_step` waits for that step's events (one host
+wait per step, after ``backward()``). CPU tensors take the host path, unchanged.
 
 Why one module of ~680 lines: the fingerprints, :class:`GradientIntegrity` which records them and
 the hooks which call it share one record layout with :mod:`laggard.detectors.integrity`.
@@ -96,7 +96,7 @@ from laggard.detectors.integrity import (
 )
 from laggard.detectors.window import WindowColumn, WindowRecord
 from laggard.integrations.comm_timing import first_tensor
-from laggard.integrations.device_reads import Readback, on_host
+from laggard.integrations.device_reads import Readback, on_host, to_device
 from laggard.integrations.participants import StopJob, WindowOutcome, WindowParticipant
 
 if TYPE_CHECKING:
@@ -139,8 +139,9 @@ def _block_weights(count: int, device: torch.device) -> torch.Tensor:
         if w is None or w.numel() < count:
             size = max(count, 2 * (w.numel() if w is not None else 1024))
             g = torch.Generator().manual_seed(0x1A66A2D)
-            w = (torch.randint(-(1 << 62), 1 << 62, (size,), dtype=torch.int64, generator=g)
-                 * 2 + 1).to(device)
+            # through pinned memory, non-blocking: a plain copy to a GPU would block the hook
+            w = to_device(torch.randint(-(1 << 62), 1 << 62, (size,), dtype=torch.int64,
+                                        generator=g) * 2 + 1, device)
             _weights[device] = w
         return w[:count]
 
