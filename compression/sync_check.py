@@ -284,18 +284,31 @@ def run_sync_check(device: torch.device | str = "cuda", mode: str = "warn",
         names: scenarios to run (default: all of :func:`scenarios`).
 
     Returns:
-        ``{"device": str, "mode": mode, "results": {name: {"syncs": [str, ...],
-        "error": str | None}}}``; the ``*.optimizer_step`` scenarios are expected to show one
-        sync each (their step's verdict), every other scenario none. Never raises for a
-        scenario's failure: it is reported under ``error``.
+        ``{"device": str, "mode": mode, "synced": [str, ...], "expected": [str, ...],
+        "results": {name: {"syncs": [str, ...], "error": str | None}}}``. ``synced`` lists
+        ``"<scenario>: <where>"`` for every synchronising call (or error) of the hot-path
+        scenarios: empty is the pass. ``expected`` lists those of the ``*.optimizer_step``
+        scenarios, which read their step's verdict once by design. When nothing could be
+        checked: ``{"skipped": reason, "synced": ["not checked: " + reason]}`` (so a caller
+        testing ``not report["synced"]`` does not pass by accident). Never raises for a
+        scenario's failure: it is reported under ``error`` and in ``synced``.
+
+    Raises:
+        ValueError: ``mode`` is neither ``"warn"`` nor ``"error"``.
     """
-    device = torch.device(device)
-    if device.type != "cuda":
-        return {"skipped": f"device {device} is not CUDA: the sync check needs a GPU"}
-    if not torch.cuda.is_available():
-        return {"skipped": "torch.cuda.is_available() is False: no GPU here"}
     if mode not in ("warn", "error"):
         raise ValueError(f"mode must be 'warn' or 'error', got {mode!r}")
+    device = torch.device(device)
+    reason = None
+    if device.type != "cuda":
+        reason = f"device {device} is not CUDA: the sync check needs a GPU"
+    elif not torch.cuda.is_available():
+        reason = "torch.cuda.is_available() is False: no GPU here"
+    elif dist.is_initialized() and dist.get_world_size() != 1:
+        reason = ("a process group of several ranks exists in this process: the scenarios "
+                  "need a one-rank group (run the check in a process of its own)")
+    if reason is not None:
+        return {"skipped": reason, "synced": [f"not checked: {reason}"]}
     ensure_group(device)
     torch.cuda.set_device(device)
     results: dict[str, Any] = {}
@@ -327,7 +340,14 @@ def run_sync_check(device: torch.device | str = "cuda", mode: str = "warn",
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize()
                 close()
-    return {"device": str(device), "mode": mode, "results": results}
+    synced: list[str] = []
+    expected: list[str] = []
+    for name, entry in results.items():
+        found = [*entry["syncs"], *([entry["error"]] if entry["error"] else [])]
+        (expected if name.endswith(".optimizer_step") else synced).extend(
+            f"{name}: {where}" for where in found)
+    return {"device": str(device), "mode": mode, "synced": synced, "expected": expected,
+            "results": results}
 
 
 __all__ = ["HOST_READS", "HostRead", "HostReadRecorder", "ensure_group", "run_sync_check",

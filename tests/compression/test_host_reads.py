@@ -250,7 +250,43 @@ def test_pending_device_records_are_left_out_counted_and_explained(
 
 
 # --------------------------------------------------------------------- the GPU check
-def test_sync_check_skips_without_a_gpu() -> None:
-    assert "not CUDA" in run_sync_check("cpu")["skipped"]
+def test_sync_check_skips_without_a_gpu_and_says_nothing_was_checked() -> None:
+    report = run_sync_check("cpu")
+    assert "not CUDA" in report["skipped"] and report["synced"][0].startswith("not checked")
     if not torch.cuda.is_available():
         assert "no GPU" in run_sync_check("cuda")["skipped"]
+    with pytest.raises(ValueError, match="mode must be"):
+        run_sync_check("cuda", mode="loud")
+
+
+def test_sync_check_reports_every_synchronising_call_it_sees(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU path's bookkeeping, on fakes: a scenario whose step warns as torch's sync debug
+    mode does, one that raises, one clean, one optimizer step (expected)."""
+    import warnings
+
+    from laggard.compression import sync_check
+
+    modes: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    monkeypatch.setattr(sync_check, "ensure_group", lambda device: None)
+
+    def syncing() -> None:
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+
+    def failing() -> None:
+        raise RuntimeError("called a synchronizing CUDA operation")
+
+    def scenario(step):  # type: ignore[no-untyped-def]
+        return lambda: (step, lambda: None)
+
+    monkeypatch.setattr(sync_check, "scenarios", lambda device: {
+        "clean": scenario(lambda: None), "syncing": scenario(syncing),
+        "failing": scenario(failing), "x.optimizer_step": scenario(syncing)})
+    report = sync_check.run_sync_check("cuda", mode="warn")
+    assert [s.split(":")[0] for s in report["synced"]] == ["syncing", "failing"]
+    assert len(report["expected"]) == 1 and report["results"]["clean"]["syncs"] == []
+    assert modes.count("warn") == 4 and modes[-1] == "default"
