@@ -547,7 +547,8 @@ def _train(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path, sl
     result = json.loads(result_path.read_text())
     report.job = {"seconds": round(time.monotonic() - started, 1), "steps": result["steps"],
                   "world_size": result["world_size"], "loss": result["loss"]}
-    report.findings = [f for f in result["findings"] if f.get("detector") == "straggler"]
+    report.findings = [f for f in result["findings"]
+                       if f.get("detector") in ("straggler", "link")]
 
 
 def _collect_alerts(prometheus: PrometheusServer, report: Report, deadline: float,
