@@ -13,7 +13,9 @@ rank's local momentum ``beta1 m + (1 - beta1) g`` into the bucket in place of th
 lets the wrapped compressor (its own error feedback, collectives, bytes and integrity
 fingerprints unchanged) average it; :class:`.onebit_adam.OneBitAdam` takes the result as its
 momentum. A result that is not finite (the wrapped compressor's NaN
-flag) makes the optimizer skip that step on every rank.
+flag) makes the optimizer skip that step on every rank. Off the CPU that decision is a 0-d device
+flag handed to :meth:`OneBitAdam.flag_nonfinite`, read once per step by the optimizer, so the
+hook's callback reads nothing to the host.
 
 With ``preconditioned=True`` (the default) the compressor sees the update the optimizer will
 apply, ``u_i = m_i / (sqrt(v_hat) + eps)``, not the raw momentum: the frozen denominator is the
@@ -38,6 +40,7 @@ from laggard.compression.base import CompressionState, all_finite
 from laggard.compression.onebit_adam import OneBitAdam
 from laggard.compression.residuals import BucketLayout
 from laggard.integrations.comm_timing import first_tensor
+from laggard.integrations.device_reads import finite_flag, on_host
 
 
 class MomentumCompression(CompressionState):
@@ -97,6 +100,14 @@ class MomentumCompression(CompressionState):
 
         def checked(fut: torch.futures.Future) -> torch.Tensor:
             result = first_tensor(fut)
+            if not on_host(result):  # the same, decided on the device
+                finite = finite_flag(result)
+                optimizer.flag_nonfinite(~finite)
+                if self.preconditioned:
+                    for p, start, end in slices:
+                        if "exp_avg_sq" in optimizer.state[p]:
+                            result[start:end].mul_(torch.where(finite, scales(p), 1.0))
+                return result
             if not all_finite(result):  # the compressor's NaN flag: skip the step everywhere
                 optimizer.skip_next = True
             elif self.preconditioned:  # back from the update to the momentum
@@ -122,7 +133,7 @@ class MomentumCompression(CompressionState):
         scale = self._finite.get(id(p))
         if scale is None:
             scale = self.optimizer.frozen_denominator(p).view(-1).clone()
-            scale[scale.isinf()] = 0
+            scale.masked_fill_(scale.isinf(), 0)  # no boolean-mask indexing (a host wait)
             self._finite[id(p)] = scale
         return scale
 

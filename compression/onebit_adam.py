@@ -34,6 +34,13 @@ rank's worker and server errors go back to what they were before the step. Durin
 the optimizer skips a step whose (all-reduced, hence shared) gradients are not finite. A
 checkpoint only loads into a job of the same world size and rank (the server error is one chunk
 of W): anything else is a ``ValueError``.
+
+Off the CPU the hook reads nothing back to the host (:mod:`laggard.integrations.device_reads`):
+flagged chunks keep their worker error through ``torch.where``, the server's error is copied in
+(not swapped) only where its chunk was finite, and a flagged step restores both errors from their
+copies on every rank alike; the skip decision travels to :class:`OneBitAdam` as a 0-d device flag,
+which :meth:`OneBitAdam.step` reads once per step, after ``backward()`` (the decision to leave
+the parameters alone is a host branch, as torch's ``GradScaler`` reads its ``found_inf``).
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from laggard.integrations.collective_bytes import (
     allgather_bytes,
     ring_allreduce_bytes,
 )
+from laggard.integrations.device_reads import finite_flag, on_host
 
 
 class OneBitAdam(torch.optim.AdamW):
@@ -93,8 +101,14 @@ class OneBitAdam(torch.optim.AdamW):
         for group in self.param_groups:
             group["freeze_step"] = freeze_step
         self.skip_next = False
+        self._skip_flag: torch.Tensor | None = None
         self.nonfinite_steps = 0
         self._denominators: dict[int, torch.Tensor] = {}
+
+    def flag_nonfinite(self, flag: torch.Tensor) -> None:
+        """Skip the next step if the 0-d bool device tensor ``flag`` holds (OR-ed over calls);
+        read by :meth:`step`, so the hook that raises it reads nothing to the host."""
+        self._skip_flag = flag if self._skip_flag is None else self._skip_flag | flag
 
     @property
     def steps(self) -> int:
@@ -140,13 +154,20 @@ class OneBitAdam(torch.optim.AdamW):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._skip_flag is not None:
+            flag, self._skip_flag = self._skip_flag, None
+            if bool(flag):  # the step's one host read of the shared verdict (module docstring)
+                self.skip_next = True
         if self.skip_next:
             self.skip_next = False
             self.nonfinite_steps += 1
             return loss
         if not self.frozen:
-            if not all(all_finite(p.grad) for group in self.param_groups
-                       for p in group["params"] if p.grad is not None):
+            grads = [p.grad for group in self.param_groups for p in group["params"]
+                     if p.grad is not None]
+            finite = bool(torch.stack([finite_flag(g) for g in grads]).all()) \
+                if grads and not on_host(grads[0]) else all(all_finite(g) for g in grads)
+            if not finite:
                 self.nonfinite_steps += 1  # the shared gradients: every rank skips alike
                 return loss
             super().step()
@@ -208,12 +229,13 @@ class OneBitAdamCompression(CompressionState):
         self.numel = total
         w = self.world_size
         self.chunk = chunk_elements(total, w)
-        self._lengths = chunk_lengths(total, w)
         device = params[0].device if params else None
+        self._lengths = chunk_lengths(total, w, device)
         zeros = [torch.zeros(w * self.chunk, device=device) for _ in range(3)]
         self._error, self._work, self._momentum = zeros
         self._server = torch.zeros(self.chunk, device=device)
         self._server_work = torch.zeros_like(self._server)
+        self._server_before = self._server  # the device path's copy of the last server error
         self._server_swapped = False
         kernels.warm_up()
         self._pending: list[tuple[torch.Tensor, BucketLayout, torch.futures.Future]] = []
@@ -274,7 +296,10 @@ class OneBitAdamCompression(CompressionState):
         work = self._work
         work[n:].zero_()
         payload, finite = encode_rows(work.view(w, c), self._lengths)
-        if not bool(finite.all()):  # keep the previous worker error for flagged chunks
+        if not on_host(work):  # the same, chosen on the device
+            work.view(w, c).copy_(torch.where(finite.unsqueeze(1), work.view(w, c),
+                                              self._error.view(w, c)))
+        elif not bool(finite.all()):  # keep the previous worker error for flagged chunks
             work.view(w, c)[~finite] = self._error.view(w, c)[~finite]
         work[n:].zero_()
         self._error, self._work = work, self._error
@@ -304,7 +329,13 @@ class OneBitAdamCompression(CompressionState):
         rows = gathered.view(w, -1)
         if self.integrity is not None:
             self.integrity.allgather_received(index, rows, stage=1)
-        if not bool(torch.isfinite(scales(rows)).all()):
+        if not on_host(rows):
+            bad = ~torch.isfinite(scales(rows)).all()
+            self.optimizer.flag_nonfinite(bad)
+            # back to the errors the step started from, where flagged (every rank alike)
+            self._error.copy_(torch.where(bad, self._work, self._error))
+            self._server.copy_(torch.where(bad, self._server_before, self._server))
+        elif not bool(torch.isfinite(scales(rows)).all()):
             self.optimizer.skip_next = True
             # the step is dropped everywhere: back to the errors it started from (the previous
             # buffers are still the spare ones), on every rank alike
@@ -324,6 +355,8 @@ class OneBitAdamCompression(CompressionState):
         """Average the W chunks received, add the server error, re-compress; one payload row."""
         w, c = self.world_size, self.chunk
         self._server_swapped = False
+        if not on_host(received):
+            return self._server_stage_on_device(received)
         if not bool(torch.isfinite(scales(received)).all()):
             return nan_row(c).to(received.device).view(-1)  # pass the flag on, keep the error
         server = self._server_work
@@ -338,6 +371,23 @@ class OneBitAdamCompression(CompressionState):
             self._server, self._server_work = server, self._server
             self._server_swapped = True
         return reply.view(-1)
+
+    def _server_stage_on_device(self, received: torch.Tensor) -> torch.Tensor:
+        """:meth:`_server_stage` without a host read: the new server error is copied into
+        ``_server`` where every scale was finite, and ``_server_before`` keeps the old one for
+        a flagged step."""
+        w, c = self.world_size, self.chunk
+        ok = torch.isfinite(scales(received)).all()
+        self._server_before = self._server.clone()
+        server = self._server_work
+        server.copy_(self._server)
+        accumulate_rows(received, server, 1.0 / w)
+        real = max(0, min(c, self.numel - self.rank * c))
+        server[real:].zero_()
+        reply, finite = encode_rows(server.view(1, c), self._lengths[self.rank : self.rank + 1])
+        server[real:].zero_()
+        self._server.copy_(torch.where(ok & finite.all(), server, self._server))
+        return torch.where(ok, reply.view(-1), nan_row(c, received.device).view(-1))
 
     def state_dict(self) -> dict[str, Any]:
         """Both error buffers and the optimizer's state: all a resume needs for the same step.

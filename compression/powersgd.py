@@ -29,6 +29,12 @@ collectives stay paired) and returns NaN for the bucket, as an fp32 all-reduce w
 built in the bucket buffer, so no rank's residuals or warm-start Q change that step, and the next
 finite step gives what it would have given had the bad one never happened. (A stage 1 or 2 that
 overflows from finite gradients is handled the same way, uncounted.)
+
+Off the CPU the hook reads nothing back to the host (:mod:`laggard.integrations.device_reads`):
+skipping stage 2 would need every rank to read its stage-1 flag, so instead every rank runs
+stage 2 on every bucket (the same collectives everywhere, paired as before) and the flags, 0-d
+device tensors, choose with ``torch.where`` what the residuals, the warm-start Q and the result
+become: the values of the CPU path's branches, without its skipped work.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from laggard.compression.base import CompressionState, all_finite
 from laggard.compression.residuals import BucketLayout, ErrorFeedback
 from laggard.compression.two_stage import StageTwoWorker
 from laggard.integrations.collective_bytes import ring_allreduce_bytes
+from laggard.integrations.device_reads import DeviceCount, finite_flag, on_host, to_device
 
 #: Compress a matrix only when that sends at most half its elements (torch's default).
 MIN_COMPRESSION_RATE = 2
@@ -85,7 +92,8 @@ class PowerSGDCompression(CompressionState):
     Attributes:
         nonfinite_buckets: buckets whose gradients held NaN/Inf on this rank (sent as a NaN flag;
             every rank's result for the bucket is NaN and every rank's residuals and Q matrices
-            were left as they were).
+            were left as they were). Off the CPU it is counted on the device and reading it
+            waits for the stream (exact; a stats read, not for inside backward).
 
     Creating it is collective (it makes a second process group); call :meth:`close` on every rank
     after the last step.
@@ -103,8 +111,13 @@ class PowerSGDCompression(CompressionState):
         self.residuals = ErrorFeedback()
         self._q: dict[int, torch.Tensor] = {}  # id(param) -> Q, (cols, r), warm start
         self._plans: dict[int, BucketPlan] = {}
-        self.nonfinite_buckets = 0
+        self._nonfinite = DeviceCount()
         self._worker = StageTwoWorker(process_group)
+
+    @property
+    def nonfinite_buckets(self) -> int:
+        """Buckets flagged for NaN/Inf on this rank (see the class docstring)."""
+        return self._nonfinite.value()
 
     def plan(self, index: int, layout: BucketLayout) -> BucketPlan:
         """Where each parameter of the bucket goes: dense in stage 1, or a matrix with its P (stage
@@ -138,7 +151,7 @@ class PowerSGDCompression(CompressionState):
         if q is None or q.shape != (mat.cols, self.approximation_rank):
             generator = torch.Generator().manual_seed(self.seed)
             q = torch.randn(mat.cols, self.approximation_rank, generator=generator)
-            q = q.to(mat.param.device)
+            q = to_device(q, mat.param.device)  # the CPU generator's draw; no blocking copy
             self._q[id(mat.param)] = q
         return q
 
@@ -152,7 +165,9 @@ class PowerSGDCompression(CompressionState):
         residual = self.residuals.flat(index, layout)
         stage1 = torch.empty(plan.stage1, dtype=torch.float32, device=residual.device)
         qs = [self._warm_q(mat) for mat in plan.matrices]  # created on every rank alike
-        if all_finite(buffer):
+        host = on_host(buffer)
+        finite: bool | torch.Tensor = finite_flag(buffer) if not host else all_finite(buffer)
+        if not host or finite:
             # M = grad + e, held in the bucket: e changes only once stage 1 came back finite
             buffer.add_(residual)
             for start, end, at in plan.dense:
@@ -161,8 +176,12 @@ class PowerSGDCompression(CompressionState):
             for mat, q in zip(plan.matrices, qs, strict=True):
                 p = stage1[mat.p_start : mat.p_start + mat.rows * r].view(mat.rows, r)
                 torch.mm(buffer[mat.start : mat.end].view(mat.rows, mat.cols), q, out=p)  # P = M Q
+            if not host:  # the NaN flag, on the device (the buffer is not read back)
+                assert isinstance(finite, torch.Tensor)
+                self._nonfinite.add(~finite)
+                stage1.masked_fill_(~finite, math.nan)
         else:  # the NaN flag: the sum makes stage 1 NaN on every rank
-            self.nonfinite_buckets += 1
+            self._nonfinite.add(1)
             stage1.fill_(math.nan)
         if self.integrity is not None:
             self.integrity.allreduce_sent(index, stage1)
@@ -170,8 +189,9 @@ class PowerSGDCompression(CompressionState):
         first = self.timer.track(first, ring_allreduce_bytes(stage1.numel() * 4, self.world_size),
                                  "allreduce", raw_bytes=self.raw_bytes(buffer),
                                  bucket_ready=False)
-        return self._worker.submit(first, lambda: self._finish(index, plan, buffer, residual,
-                                                               stage1), buffer.device)
+        finish = self._finish if host else self._finish_on_device
+        return self._worker.submit(first, lambda: finish(index, plan, buffer, residual, stage1),
+                                   buffer.device)
 
     def _finish(self, index: int, plan: BucketPlan, buffer: torch.Tensor, residual: torch.Tensor,
                 stage1: torch.Tensor) -> torch.Tensor:
@@ -218,6 +238,47 @@ class PowerSGDCompression(CompressionState):
             torch.mm(p, q.t(), out=m)  # the approximation, in the bucket
             e.sub_(m)  # e = M - approx
         return buffer
+
+    def _finish_on_device(self, index: int, plan: BucketPlan, buffer: torch.Tensor,
+                          residual: torch.Tensor, stage1: torch.Tensor) -> torch.Tensor:
+        """:meth:`_finish` without a host read (module docstring): stage 2 runs on every rank
+        for every bucket, and the flags choose the residuals', Q's and the result's values."""
+        if self.integrity is not None:
+            self.integrity.allreduce_received(index, stage1)
+        w, r = self.world_size, self.approximation_rank
+        ok = finite_flag(stage1)
+        stage1.div_(w)
+        stage2 = torch.empty(plan.stage2, dtype=torch.float32, device=stage1.device)
+        ms = [buffer[mat.start : mat.end].view(mat.rows, mat.cols) for mat in plan.matrices]
+        ps = [stage1[mat.p_start : mat.p_start + mat.rows * r].view(mat.rows, r)
+              for mat in plan.matrices]
+        qs = [stage2[mat.q_start : mat.q_start + mat.cols * r].view(mat.cols, r)
+              for mat in plan.matrices]
+        for m, p, q in zip(ms, ps, qs, strict=True):
+            # a flagged P is orthogonalised as zeros (QR of NaN is the solver's business)
+            p.copy_(torch.linalg.qr(torch.where(ok, p, 0.0)).Q)
+            torch.mm(m.t(), p, out=q)
+        if plan.stage2:
+            if self.integrity is not None:
+                self.integrity.allreduce_sent(index, stage2, stage=1)
+            second = dist.all_reduce(stage2, group=self._worker.group, async_op=True)
+            self.timer.track(second.get_future(), ring_allreduce_bytes(stage2.numel() * 4, w),
+                             "allreduce", raw_bytes=0, bucket_ready=False).wait()
+            if self.integrity is not None:
+                self.integrity.allreduce_received(index, stage2, stage=1)
+            ok = ok & finite_flag(stage2)
+            stage2.div_(w)
+        for start, end, at in plan.dense:
+            buffer[start:end].copy_(stage1[at : at + end - start])
+            residual[start:end].masked_fill_(ok, 0.0)  # sent exactly: no residual
+        for mat, m, p, q in zip(plan.matrices, ms, ps, qs, strict=True):
+            old = self._q[id(mat.param)]
+            self._q[id(mat.param)] = torch.where(ok, q, old)
+            e = residual[mat.start : mat.end].view(mat.rows, mat.cols)
+            e.copy_(torch.where(ok, m, e))
+            torch.mm(p, q.t(), out=m)  # the approximation, in the bucket
+            e.sub_(torch.where(ok, m, 0.0))  # e = M - approx (x - 0.0 is x)
+        return buffer.masked_fill_(~ok, math.nan)
 
     def state_dict(self) -> dict[str, Any]:
         """Residuals and warm-start Q matrices per parameter name."""

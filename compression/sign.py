@@ -20,6 +20,11 @@ all-gather of every rank's packed signs (``(W-1) N/8``) saves only ``64/W``-fold
 Payload of one chunk, the layout of :mod:`.signcodec` (its :func:`~.signcodec.compress_rows`):
 ``c/8`` bytes of packed signs, then the scale as a float64 (8 bytes). A chunk whose input held
 NaN or Inf goes out as a NaN scale: the codec's flag.
+
+Off the CPU the hook reads nothing back to the host (:mod:`laggard.integrations.device_reads`):
+the NaN decisions are 0-d device flags applied with ``torch.where`` (a flagged bucket's residual
+is updated by ``0 * sign``, i.e. left as it was; the server keeps ``before``), so the same work
+is done whatever the flags say and the bytes sent are those of the CPU path's branches.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from laggard.compression.signcodec import (
 )
 from laggard.compression.two_stage import StageTwoWorker
 from laggard.integrations.collective_bytes import allgather_bytes
+from laggard.integrations.device_reads import DeviceCount, finite_flag, on_host
 
 
 class SignCompression(ServerFeedbackState):
@@ -55,7 +61,8 @@ class SignCompression(ServerFeedbackState):
         nonfinite_buckets: buckets whose gradients held NaN/Inf on this rank (sent as a NaN
             flag, the residual left as it was; every rank's result for the bucket is NaN, the
             servers keep their residuals and the other ranks owe what they sent to the next
-            step).
+            step). Off the CPU it is counted on the device and reading it waits for the stream
+            (exact; a stats read, not for inside backward).
 
     Creating it is collective (it makes a second process group); call :meth:`close` on every rank
     after the last step.
@@ -65,9 +72,14 @@ class SignCompression(ServerFeedbackState):
 
     def __init__(self, process_group: dist.ProcessGroup, **kwargs: Any) -> None:
         super().__init__(process_group, **kwargs)
-        self.nonfinite_buckets = 0
+        self._nonfinite = DeviceCount()
         self._worker = StageTwoWorker(process_group)
         kernels.warm_up()  # the decode runs on the codec's kernels (CPU)
+
+    @property
+    def nonfinite_buckets(self) -> int:
+        """Buckets flagged for NaN/Inf on this rank (see the class docstring)."""
+        return self._nonfinite.value()
 
     def communicate(self, bucket) -> torch.futures.Future:  # type: ignore[no-untyped-def]
         """Compress the bucket in W chunks with worker error feedback and start the all-to-all;
@@ -78,15 +90,23 @@ class SignCompression(ServerFeedbackState):
         layout = BucketLayout.of(bucket)
         n = layout.numel
         c = chunk_elements(n, w)
-        lengths = chunk_lengths(n, w)
         work = self.residuals.flat(index, layout, padded_numel=w * c)
-        finite = all_finite(buffer)
-        if finite:
+        lengths = chunk_lengths(n, w, work.device)
+        host = on_host(buffer)
+        finite: bool | torch.Tensor
+        if not host:  # the same work whatever the flag; where() picks (module docstring)
+            flag = finite = finite_flag(buffer)
+            self._nonfinite.add(~flag)
+            work[:n].add_(torch.where(flag, buffer, -0.0))  # x + -0.0 is x, bit for bit
+            payload = torch.where(flag, compress_rows(work.view(w, c), lengths, keep=flag),
+                                  nan_row(c, work.device))
+            work[n:].zero_()
+        elif finite := all_finite(buffer):
             work[:n].add_(buffer)
             payload = compress_rows(work.view(w, c), lengths)
             work[n:].zero_()  # padding carries no residual
         else:  # the NaN flag in every chunk; the residual keeps its value
-            self.nonfinite_buckets += 1
+            self._nonfinite.add(1)
             payload = nan_row(c).to(buffer.device).expand(w, -1).contiguous()
         received, first = self.start_alltoall(index, payload, self.raw_bytes(buffer))
         server = self.server.get(index, layout, c)
@@ -98,7 +118,9 @@ class SignCompression(ServerFeedbackState):
             if self.integrity is not None:
                 self.integrity.alltoall_received(index, received)
             before = server.clone()  # 1/W of the bucket: restored if the step is flagged
-            if bool(torch.isfinite(scales(received)).all()):
+            if not host:
+                reply = self._server_on_device(received, server, c, real, my_length)
+            elif bool(torch.isfinite(scales(received)).all()):
                 server.add_(decompress_rows(received).mean(0))
                 server[real:].zero_()  # padding: what the workers sent there is sign(0)
                 reply = compress_rows(server.view(1, c), my_length).view(-1)
@@ -115,6 +137,14 @@ class SignCompression(ServerFeedbackState):
             if self.integrity is not None:
                 self.integrity.allgather_received(index, gathered.view(w, -1), stage=1)
             rows = gathered.view(w, -1)
+            if not host:
+                bad = ~torch.isfinite(scales(rows)).all()
+                server.copy_(torch.where(bad, before, server))
+                owed = decompress_rows(payload).view(-1)  # what was sent, when it was finite
+                work.add_(torch.where(bad & finite, owed, -0.0))
+                work[n:].zero_()
+                return buffer.copy_(torch.where(bad, float("nan"),
+                                                decompress_rows(rows).view(-1)[:n]))
             if not bool(torch.isfinite(scales(rows)).all()):  # some rank's NaN
                 server.copy_(before)
                 if finite:  # owe what was sent to the next step (to rounding)
@@ -125,6 +155,17 @@ class SignCompression(ServerFeedbackState):
             return buffer
 
         return self._worker.submit(first, finish, buffer.device)
+
+    @staticmethod
+    def _server_on_device(received: torch.Tensor, server: torch.Tensor, c: int, real: int,
+                          length: torch.Tensor) -> torch.Tensor:
+        """The server stage without a host read: the mean of the W chunks is added only where
+        every scale is finite, and the reply is the flag otherwise (one payload row, uint8)."""
+        ok = torch.isfinite(scales(received)).all()
+        server.add_(torch.where(ok, decompress_rows(received).mean(0), -0.0))
+        server[real:].zero_()
+        reply = compress_rows(server.view(1, c), length, keep=ok).view(-1)
+        return torch.where(ok, reply, nan_row(c, server.device).view(-1))
 
     def close(self) -> None:
         """Stop the stage-two thread and destroy its group: collective, every rank, after the

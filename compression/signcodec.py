@@ -39,6 +39,7 @@ import torch
 
 from laggard.compression import kernels
 from laggard.compression.bits import pack_bits
+from laggard.integrations.device_reads import on_host
 
 SCALE_BYTES = 8
 
@@ -54,6 +55,22 @@ def _table() -> np.ndarray:
 SIGN_TABLE = _table()
 # The same table for the sign hook's convention (set bit: +1): its negation, exact, as a tensor.
 _NONNEGATIVE_SIGNS = torch.from_numpy(-SIGN_TABLE)
+_device_tables: dict[tuple[torch.device, bool], torch.Tensor] = {}
+
+
+def sign_table(device: torch.device, nonnegative: bool = False) -> torch.Tensor:
+    """:data:`SIGN_TABLE` (or its negation, the ``sign`` hook's convention) as a float32
+    ``(256, 8)`` tensor on ``device``. Off the CPU it is computed there, once per device, from
+    ``arange`` (exact small integers): a copy from host memory would be a blocking transfer."""
+    if device.type == "cpu":
+        return _NONNEGATIVE_SIGNS if nonnegative else torch.from_numpy(SIGN_TABLE)
+    table = _device_tables.get((device, nonnegative))
+    if table is None:
+        bits = (torch.arange(256, device=device).unsqueeze(1)
+                >> torch.arange(8, device=device)) & 1
+        table = (1 - 2 * bits).to(torch.float32)
+        table = _device_tables[(device, nonnegative)] = -table if nonnegative else table
+    return table
 
 
 def chunk_elements(numel: int, world_size: int) -> int:
@@ -62,11 +79,13 @@ def chunk_elements(numel: int, world_size: int) -> int:
     return 8 * math.ceil(numel / (8 * world_size)) if numel else 8
 
 
-def chunk_lengths(numel: int, world_size: int) -> torch.Tensor:
-    """Real (unpadded) elements of each row, float32 of shape ``(world_size,)``, at least 1 (a
-    row of padding only divides its zero norm by 1)."""
+def chunk_lengths(numel: int, world_size: int,
+                  device: torch.device | None = None) -> torch.Tensor:
+    """Real (unpadded) elements of each row, float32 of shape ``(world_size,)`` on ``device``
+    (default CPU), at least 1 (a row of padding only divides its zero norm by 1). Made on the
+    device itself: the codecs divide by it there, and a host copy would block."""
     c = chunk_elements(numel, world_size)
-    starts = torch.arange(world_size) * c
+    starts = torch.arange(world_size, device=device) * c
     return (numel - starts).clamp(0, c).clamp(min=1).to(torch.float32)
 
 
@@ -84,7 +103,8 @@ def encode_rows(rows: torch.Tensor,
             should be zero (it is then decoded as ``+-scale`` and must be ignored by the caller).
             Overwritten with ``rows - C(rows)``, except rows that are not finite (left as they
             were).
-        lengths: float32 ``(R,)``, real elements per row (the ``d`` of ``|p|_1 / d``), >= 1.
+        lengths: float32 ``(R,)``, real elements per row (the ``d`` of ``|p|_1 / d``), >= 1, on
+            ``rows``' device (:func:`chunk_lengths` with ``device=``: no copy here).
 
     Returns:
         ``(payload, finite)``: uint8 ``(R, c/8 + 8)`` (packed signs, then the float64 scale) and
@@ -97,7 +117,7 @@ def encode_rows(rows: torch.Tensor,
             or rows.shape[1] % 8:
         raise ValueError(f"need contiguous float32 (R, c) rows with c % 8 == 0, got "
                          f"{rows.dtype} {tuple(rows.shape)}")
-    if rows.device.type != "cpu":
+    if not on_host(rows):
         return encode_rows_torch(rows, lengths)
     r, c = rows.shape
     a = rows.numpy()
@@ -119,19 +139,21 @@ def encode_rows_torch(rows: torch.Tensor,
     """:func:`encode_rows` in torch operations, for any device (the reference on CPU)."""
     r, c = rows.shape
     magnitude = rows.abs()
-    scale = magnitude.sum(1) / lengths.to(rows.device)
+    scale = magnitude.sum(1) / lengths  # on rows' device (chunk_lengths(device=))
     finite = torch.isfinite(scale)
     scale = torch.where(finite, scale, torch.full_like(scale, float("nan")))
     payload = torch.empty(r, row_bytes(c), dtype=torch.uint8, device=rows.device)
     payload[:, : c // 8] = pack_bits(torch.signbit(rows))
     payload[:, c // 8 :] = scale.to(torch.float64).view(torch.uint8).view(r, SCALE_BYTES)
-    payload[~finite, : c // 8] = 0
+    payload[:, : c // 8].masked_fill_(~finite.unsqueeze(1), 0)  # no boolean-mask indexing:
+    # it takes a data-dependent nonzero(), a host wait on a device
     negative = torch.signbit(rows)
     rows.copy_((magnitude - scale.unsqueeze(1)) * (1 - 2 * negative.to(rows.dtype)))
     return payload, finite
 
 
-def compress_rows(rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def compress_rows(rows: torch.Tensor, lengths: torch.Tensor,
+                  keep: torch.Tensor | None = None) -> torch.Tensor:
     """The ``sign`` hook's encoding: bit set where ``p >= 0``; the error is left in ``rows``.
 
     Torch operations on any device; the caller has checked that ``rows`` are finite (the sign
@@ -140,7 +162,11 @@ def compress_rows(rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     Args:
         rows: float32 ``(R, c)``, ``c`` a multiple of 8, zero-padded past each row's length;
             overwritten with ``rows - C(rows)`` (the new error-feedback residual).
-        lengths: float32 ``(R,)``, real elements per row (the ``d`` of the scale), >= 1.
+        lengths: float32 ``(R,)``, real elements per row (the ``d`` of the scale), >= 1, on
+            ``rows``' device.
+        keep: optional 0-d bool tensor on ``rows``' device: where False, ``rows`` are left as
+            they were (the update is scaled by 0 on the device: the sign hook's NaN decision,
+            taken without a host read; the payload is then the caller's to replace).
 
     Returns:
         uint8 ``(R, c/8 + 8)``: packed signs, then the scale ``|row|_1 / length`` as float64.
@@ -153,13 +179,15 @@ def compress_rows(rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     packed = pack_bits(rows >= 0)
     payload[:, : c // 8] = packed
     # the signs as +-1, exactly as the receiver will expand them (sign(0) = +1)
-    signs = torch.index_select(_NONNEGATIVE_SIGNS.to(rows.device), 0,
+    signs = torch.index_select(sign_table(rows.device, nonnegative=True), 0,
                                packed.view(-1).long()).view(r, c)
     # |row|_1 / d as the dot product with the signs; torch.dot per row runs at memory speed,
     # where vecdot over (R, c) and abs().sum() make a temporary or take a slower path
     l1 = torch.stack([torch.dot(rows[i], signs[i]) for i in range(r)])
-    scale = l1 / lengths.to(rows.device)
+    scale = l1 / lengths
     payload[:, c // 8 :] = scale.to(torch.float64).view(torch.uint8).view(r, SCALE_BYTES)
+    if keep is not None:
+        scale = torch.where(keep, scale, 0.0)  # rows - 0 * sign = rows, exactly
     rows.addcmul_(signs, scale.unsqueeze(1), value=-1)
     return payload
 
@@ -199,8 +227,8 @@ def decode_rows(payload: torch.Tensor, out: torch.Tensor | None = None,
         out = torch.zeros(r, c, device=payload.device) if accumulate \
             else torch.empty(r, c, device=payload.device)
     row_scales = scales(payload).to(torch.float32) * weight
-    if payload.device.type != "cpu":
-        table = torch.from_numpy(SIGN_TABLE).to(payload.device)
+    if not on_host(payload):
+        table = sign_table(payload.device)
         values = table[payload[:, : c // 8].long()].view(r, c) * row_scales.view(r, 1)
         return out.add_(values) if accumulate else out.copy_(values)
     signs, target = payload.numpy()[:, : c // 8], out.numpy()
@@ -224,7 +252,7 @@ def accumulate_rows(payload: torch.Tensor, out: torch.Tensor, weight: float) -> 
     Returns:
         ``out``.
     """
-    if payload.device.type != "cpu":
+    if not on_host(payload):
         return out.add_(decode_rows(payload, weight=weight).sum(0))
     r, width = payload.shape
     signs, target = payload.numpy()[:, : width - SCALE_BYTES], out.numpy()
@@ -233,8 +261,10 @@ def accumulate_rows(payload: torch.Tensor, out: torch.Tensor, weight: float) -> 
     return out
 
 
-def nan_row(c: int) -> torch.Tensor:
-    """A one-row payload flagged as not finite (NaN scale, no signs): ``(1, c/8 + 8)`` uint8."""
-    payload = torch.zeros(1, row_bytes(c), dtype=torch.uint8)
-    payload[0, c // 8 :] = torch.tensor([float("nan")], dtype=torch.float64).view(torch.uint8)
+def nan_row(c: int, device: torch.device | None = None) -> torch.Tensor:
+    """A one-row payload flagged as not finite (NaN scale, no signs): ``(1, c/8 + 8)`` uint8,
+    made on ``device`` (default CPU) without a host copy."""
+    payload = torch.zeros(1, row_bytes(c), dtype=torch.uint8, device=device)
+    payload[0, c // 8 :] = torch.full((1,), float("nan"), dtype=torch.float64,
+                                      device=device).view(torch.uint8)
     return payload

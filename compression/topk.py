@@ -35,6 +35,12 @@ are left as they were; every rank's result for it is NaN (counted in ``nonfinite
 rank that held it). The other ranks put back into their residuals what they had selected to send
 (error feedback then owes it, with this step's gradient, to the next step) and the servers of the
 sparse reduce-scatter restore theirs: nothing a residual held is lost anywhere.
+
+Off the CPU nothing is read back to the host (:mod:`laggard.integrations.device_reads`): the
+selection is ``torch.topk`` (exact; the sampled threshold needs a host read of the threshold and
+a data-dependent ``nonzero``), and every NaN decision is a 0-d device flag applied with
+``torch.where``: a flagged bucket's payload is the NaN flag and its residual is written back
+with the values it had (:func:`select_on_device`); ``put_back`` and the NaN result likewise.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from laggard.compression.base import ServerFeedbackState, all_finite
 from laggard.compression.residuals import BucketLayout
 from laggard.compression.two_stage import StageTwoWorker
 from laggard.integrations.collective_bytes import allgather_bytes
+from laggard.integrations.device_reads import DeviceCount, finite_flag, on_host
 
 #: The exchanges :class:`TopKCompression` can use (``auto`` picks by world size).
 ALGORITHMS = ("auto", "allgather", "scatter")
@@ -200,7 +207,9 @@ class TopKCompression(ServerFeedbackState):
 
     Attributes:
         nonfinite_buckets: buckets whose gradients held NaN/Inf on this rank (sent as a NaN flag;
-            the residual was left as it was; every rank's result for the bucket is NaN).
+            the residual was left as it was; every rank's result for the bucket is NaN). Off the
+            CPU it is counted on the device and reading it waits for the stream (exact; a stats
+            read, not for inside backward).
     """
 
     name = "topk"
@@ -219,9 +228,14 @@ class TopKCompression(ServerFeedbackState):
         self._generator = torch.Generator().manual_seed(seed)
         # bucket index -> magnitudes and mask buffers
         self._workspace: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.nonfinite_buckets = 0
+        self._nonfinite = DeviceCount()
         self._worker = StageTwoWorker(process_group) if algorithm == "scatter" else None
         kernels.warm_up()
+
+    @property
+    def nonfinite_buckets(self) -> int:
+        """Buckets flagged for NaN/Inf on this rank (see the class docstring)."""
+        return self._nonfinite.value()
 
     def k(self, numel: int) -> int:
         """Entries a bucket of ``numel`` elements sends in the all-gather variant."""
@@ -253,10 +267,15 @@ class TopKCompression(ServerFeedbackState):
         layout = BucketLayout.of(bucket)
         k = self.k(layout.numel)
         p = self.residuals.flat(index, layout)
-        if all_finite(buffer):
+        host = on_host(buffer)
+        if not host:  # the NaN decision on the device (module docstring)
+            finite = finite_flag(buffer)
+            self._nonfinite.add(~finite)
+            payload = select_on_device(p, buffer, k, finite, self.workspace(index, p)[0])
+        elif all_finite(buffer):
             payload = self.select(p, buffer, k, lambda: self.workspace(index, p))
         else:  # the NaN flag; the residual keeps its value
-            self.nonfinite_buckets += 1
+            self._nonfinite.add(1)
             payload = nan_flag(k, p.device)
         if self.integrity is not None:
             self.integrity.allgather_sent(index, payload)
@@ -270,7 +289,9 @@ class TopKCompression(ServerFeedbackState):
             rows = gathered.view(w, 2 * k)
             if self.integrity is not None:
                 self.integrity.allgather_received(index, rows)
-            if flagged(rows):  # another rank's NaN: keep what this rank selected to send
+            if not host:
+                put_back(p, payload.view(1, -1), 0, when=flagged_on_device(rows))
+            elif flagged(rows):  # another rank's NaN: keep what this rank selected to send
                 put_back(p, payload.view(1, -1), 0)
             return scatter_rows(buffer, rows, 0, 1 / w)
 
@@ -312,12 +333,19 @@ class TopKCompression(ServerFeedbackState):
         c = -(-n // w)  # region (chunk) length
         kr = min(c, -(-self.k(n) // w))  # entries per region
         p = self.residuals.flat(index, layout, padded_numel=w * c)
-        if all_finite(buffer):
+        host = on_host(buffer)
+        if not host:
+            finite = finite_flag(buffer)
+            self._nonfinite.add(~finite)
+            rows = [select_on_device(p[j * c : (j + 1) * c], buffer[j * c : (j + 1) * c], kr,
+                                     finite, self._region_workspace(index, p, j, c)[0])
+                    for j in range(w)]
+        elif all_finite(buffer):
             rows = [self.select(p[j * c : (j + 1) * c], buffer[j * c : (j + 1) * c], kr,
                                  partial(self._region_workspace, index, p, j, c))
                     for j in range(w)]
         else:  # every region flagged; the residual is left as it was
-            self.nonfinite_buckets += 1
+            self._nonfinite.add(1)
             rows = [nan_flag(kr, p.device)] * w
         payload = torch.stack(rows)
         received, first = self.start_alltoall(index, payload, self.raw_bytes(buffer))
@@ -331,7 +359,14 @@ class TopKCompression(ServerFeedbackState):
                 self.integrity.alltoall_received(index, received)
             values = received[:, :kr].contiguous().view(torch.float32).reshape(-1)
             before = server.clone()  # 1/W of the bucket: restored if another region is flagged
-            if bool(torch.isfinite(values).all()):
+            if not host:
+                ok = torch.isfinite(values).all()
+                server.index_add_(0, received[:, kr:].reshape(-1).long(),
+                                  torch.where(ok, values, -0.0), alpha=1 / w)
+                server[real:].zero_()
+                reply = select_on_device(server, None, kr, ok,
+                                         self.workspace(-1 - index, server)[0])
+            elif bool(torch.isfinite(values).all()):
                 server.index_add_(0, received[:, kr:].reshape(-1).long(), values, alpha=1 / w)
                 server[real:].zero_()
                 reply = self.select(server, None, kr,
@@ -348,7 +383,11 @@ class TopKCompression(ServerFeedbackState):
             rows = gathered.view(w, 2 * kr)
             if self.integrity is not None:
                 self.integrity.allgather_received(index, rows, stage=1)
-            if flagged(rows):  # some rank's NaN: nothing of this step is applied anywhere
+            if not host:
+                bad = flagged_on_device(rows)
+                server.copy_(torch.where(bad, before, server))
+                put_back(p, payload, c, when=bad)
+            elif flagged(rows):  # some rank's NaN: nothing of this step is applied anywhere
                 server.copy_(before)
                 put_back(p, payload, c)
             return scatter_rows(buffer, rows, c, 1.0)
@@ -372,20 +411,65 @@ def nan_flag(k: int, device: torch.device) -> torch.Tensor:
 
 
 def flagged(rows: torch.Tensor) -> bool:
-    """Whether any of the sparse rows (int32 ``(R, 2k)``) is a NaN flag."""
+    """Whether any of the sparse rows (int32 ``(R, 2k)``) is a NaN flag (a host read)."""
+    return bool(flagged_on_device(rows))
+
+
+def flagged_on_device(rows: torch.Tensor) -> torch.Tensor:
+    """:func:`flagged` as a 0-d bool tensor on ``rows``' device (no host read)."""
     k = rows.shape[1] // 2
-    return not bool(torch.isfinite(rows[:, :k].contiguous().view(torch.float32)).all())
+    return ~torch.isfinite(rows[:, :k].contiguous().view(torch.float32)).all()
 
 
-def put_back(p: torch.Tensor, rows: torch.Tensor, region: int) -> None:
+def select_on_device(p: torch.Tensor, gradient: torch.Tensor | None, k: int,
+                     finite: torch.Tensor, magnitudes: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+    """The selection of :meth:`TopKCompression.select` without a host read, for any device.
+
+    ``p[:G] += gradient`` where ``finite``, then the exact top k of ``|p|`` (``torch.topk``,
+    unordered), zeroed in ``p``. Where ``finite`` is False the same work runs but the gradient
+    added is ``-0.0`` (``x + -0.0`` is ``x`` bit for bit) and the chosen entries are written back
+    with their values, so ``p`` is left exactly as it was, and the payload is :func:`nan_flag`'s.
+
+    Args:
+        p: float32 ``(N,)`` residual, updated in place.
+        gradient: float ``(G,)``, ``G <= N``, or None.
+        k: 1 <= k <= N.
+        finite: 0-d bool tensor on ``p``'s device.
+        magnitudes: optional float32 ``(N,)`` scratch for ``|p|``.
+
+    Returns:
+        int32 ``(2k,)``: the values' bits, then the indices.
+    """
+    if gradient is not None:
+        p[: gradient.numel()].add_(torch.where(finite, gradient, -0.0))
+    magnitude = torch.abs(p, out=magnitudes) if magnitudes is not None else p.abs()
+    chosen = torch.topk(magnitude, k, sorted=False).indices
+    values = p[chosen]
+    payload = torch.empty(2 * k, dtype=torch.int32, device=p.device)
+    payload[:k] = torch.where(finite, values, float("nan")).view(torch.int32)
+    payload[k:] = torch.where(finite, chosen, torch.arange(k, device=p.device))
+    p[chosen] = torch.where(finite, 0.0, values)
+    return payload
+
+
+def put_back(p: torch.Tensor, rows: torch.Tensor, region: int,
+             when: torch.Tensor | None = None) -> None:
     """Undo a selection: write this rank's sent values (int32 ``(R, 2k)`` rows, row ``r`` at
     offset ``r region``) back into the residual ``p`` they were zeroed in. Flag rows (NaN) are
-    skipped: their residual was never touched."""
+    skipped: their residual was never touched.
+
+    ``when``: a 0-d bool device tensor; given, nothing is read to the host: every row's entries
+    are written, with the new values only where ``when`` holds and the row is finite.
+    """
     k = rows.shape[1] // 2
     for r, row in enumerate(rows):
         values = row[:k].contiguous().view(torch.float32)
-        if bool(torch.isfinite(values).all()):
-            p[row[k:].long() + r * region] = values
+        where = row[k:].long() + r * region
+        if when is not None:
+            p[where] = torch.where(when & torch.isfinite(values), values, p[where])
+        elif bool(torch.isfinite(values).all()):
+            p[where] = values
 
 
 def scatter_rows(buffer: torch.Tensor, rows: torch.Tensor, region: int,
@@ -403,8 +487,7 @@ def scatter_rows(buffer: torch.Tensor, rows: torch.Tensor, region: int,
     r, width = rows.shape
     k = width // 2
     buffer.zero_()
-    if buffer.device.type == "cpu" and buffer.dtype == torch.float32 \
-            and buffer.is_contiguous():
+    if on_host(buffer) and buffer.dtype == torch.float32 and buffer.is_contiguous():
         entries = rows.numpy()
         if not kernels.scatter_add(buffer.numpy(), entries[:, :k].view(np.float32),
                                    entries[:, k:], region, np.float32(weight)):
@@ -412,11 +495,13 @@ def scatter_rows(buffer: torch.Tensor, rows: torch.Tensor, region: int,
         return buffer
     values = rows[:, :k].contiguous().view(torch.float32)
     indices = rows[:, k:].to(torch.int64)
-    if not bool(torch.isfinite(values).all()):
+    if on_host(buffer) and not bool(torch.isfinite(values).all()):
         return buffer.fill_(float("nan"))
+    finite = torch.isfinite(values).all()  # 0-d, on the device: no host read
     if region:
         indices += torch.arange(r, device=rows.device).unsqueeze(1) * region
+        # padding regions: added as -0.0 at 0 (x + -0.0 is x), no data-dependent shape
         keep = indices < buffer.numel()
-        indices, values = indices[keep], values[keep]
+        indices, values = torch.where(keep, indices, 0), torch.where(keep, values, -0.0)
     buffer.index_add_(0, indices.reshape(-1), values.reshape(-1).to(buffer.dtype), alpha=weight)
-    return buffer
+    return buffer.masked_fill_(~finite, float("nan"))

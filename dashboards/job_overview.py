@@ -122,7 +122,7 @@ def build() -> Dashboard:
             "Mean forward + backward seconds per step. The straggler is the rank above the "
             "others: the work before the gradient all-reduce is where a slow GPU shows.",
         ),
-        Query(_mean_phase_seconds("forward|backward"), _LEGEND),
+        Query(_mean_phase_seconds("forward|backward|forward_backward"), _LEGEND),
     )
     board.add(
         series_panel(

@@ -52,7 +52,8 @@ DETECTOR = "integrity"
 MAGIC = int.from_bytes(b"LGINTEGR", "big")
 #: Wire version of the window vector; bump on any layout change.
 VERSION = 1
-#: Header words: magic, version, rank, world_size, records, capacity, dropped, reserved.
+#: Header words: magic, version, rank, world_size, records, capacity, dropped, pending (records
+#: whose device values had not reached the host at the gather; 0 from senders that predate it).
 HEADER_WORDS = 8
 #: Field names of one record, in order (each an int64).
 RECORD_FIELDS = (
@@ -106,6 +107,7 @@ class WindowMessage:
     capacity: int
     dropped: int
     records: tuple[Record, ...]
+    pending: int = 0
 
 
 def window_words(capacity: int) -> int:
@@ -114,7 +116,7 @@ def window_words(capacity: int) -> int:
 
 
 def encode_window(rank: int, world_size: int, records: Sequence[Sequence[int]], capacity: int,
-                  dropped: int = 0) -> list[int]:
+                  dropped: int = 0, pending: int = 0) -> list[int]:
     """Build one rank's fixed-size window vector.
 
     Args:
@@ -122,6 +124,8 @@ def encode_window(rank: int, world_size: int, records: Sequence[Sequence[int]], 
         records: at most ``capacity`` rows of :data:`RECORD_WORDS` ints (int64 range).
         capacity: records the vector has room for (its length is :func:`window_words`).
         dropped: records of this window that did not fit (reported, not compared).
+        pending: records left out because their device values were still being copied to the
+            host at the gather (reported, not compared; ``laggard.integrations.integrity``).
 
     Returns:
         ``window_words(capacity)`` Python ints (to become an int64 tensor); unused slots are 0.
@@ -131,7 +135,7 @@ def encode_window(rank: int, world_size: int, records: Sequence[Sequence[int]], 
     """
     if len(records) > capacity:
         raise ValueError(f"{len(records)} records > capacity {capacity}")
-    out = [MAGIC, VERSION, rank, world_size, len(records), capacity, dropped, 0]
+    out = [MAGIC, VERSION, rank, world_size, len(records), capacity, dropped, pending]
     for row in records:
         if len(row) != RECORD_WORDS:
             raise ValueError(f"record of {len(row)} words, expected {RECORD_WORDS}")
@@ -149,7 +153,8 @@ def decode_window(row: Sequence[int]) -> WindowMessage:
     """
     if len(row) < HEADER_WORDS:
         raise WindowFormatError(f"{len(row)} words, shorter than the {HEADER_WORDS}-word header")
-    magic, version, rank, world, count, capacity, dropped, _ = (int(v) for v in row[:HEADER_WORDS])
+    magic, version, rank, world, count, capacity, dropped, pending = (
+        int(v) for v in row[:HEADER_WORDS])
     if magic != MAGIC:
         raise WindowFormatError(f"bad magic {magic:#x}")
     if version != VERSION:
@@ -157,13 +162,14 @@ def decode_window(row: Sequence[int]) -> WindowMessage:
     if capacity < 0 or len(row) != window_words(capacity):
         raise WindowFormatError(f"{len(row)} words for capacity {capacity}, expected "
                                 f"{window_words(max(capacity, 0))}")
-    if not 0 <= count <= capacity or world < 1 or not 0 <= rank < world or dropped < 0:
+    if not 0 <= count <= capacity or world < 1 or not 0 <= rank < world or dropped < 0 \
+            or pending < 0:
         raise WindowFormatError(f"bad header: rank {rank} world {world} records {count}")
     records = tuple(
         Record(tuple(int(v) for v in row[HEADER_WORDS + i * RECORD_WORDS:
                                           HEADER_WORDS + (i + 1) * RECORD_WORDS]))
         for i in range(count))
-    return WindowMessage(rank, world, capacity, dropped, records)
+    return WindowMessage(rank, world, capacity, dropped, records, pending)
 
 
 def gamma(k: int, u: float) -> float:
@@ -293,6 +299,7 @@ class IntegrityDetector:
         findings: list[Finding] = []
         by_key: dict[tuple[int, int, int, int], dict[int, Record]] = {}
         decoded: set[int] = set()
+        pending: Counter[int] = Counter()
         for r, row in enumerate(rows):
             try:
                 message = decode_window(row)
@@ -309,6 +316,12 @@ class IntegrityDetector:
                 findings.append(_fault(r, f"rank {r} dropped {message.dropped} fingerprint "
                                        "records (raise max_records)",
                                        {"dropped": message.dropped}, Severity.INFO))
+            if message.pending:
+                pending[r] = message.pending
+                findings.append(_fault(r, f"rank {r} left out {message.pending} fingerprint "
+                                       "records still on their way from the device at the "
+                                       "gather (read one window late; not compared)",
+                                       {"pending": message.pending}, Severity.INFO))
             for record in message.records:
                 by_key.setdefault(record.key, {})[r] = record
         missing: Counter[int] = Counter()
@@ -319,6 +332,8 @@ class IntegrityDetector:
             self.stats.records += 1
             findings.extend(self._check(key, records, world))
         for r, count in sorted(missing.items()):
+            if count <= pending[r]:
+                continue  # the rank said why: its records were still on the device
             self.stats.faults += 1
             findings.append(_fault(r, f"{count} fingerprint records missing from rank {r}",
                                    {"missing_records": count}))

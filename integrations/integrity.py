@@ -45,6 +45,16 @@ counts of the local gradients (for any hook)::
 To carry the fingerprints in the training monitor's window gather instead of gathering them
 here, pass ``TrainingMonitor.Config(integrity=integrity)`` and keep ``gather_every=0``.
 
+On a device (CUDA) the hooks read nothing back to the host: a record's hashes, float64 sums and
+NaN/Inf counts stay device tensors, are copied ``non_blocking`` into pinned memory behind an
+event when the record is complete, and are read at the next :meth:`GradientIntegrity.window_vector`
+after the one that closed their window (**one window late**, as the monitor's device clock),
+only if that event has completed (``query()``, never ``synchronize()``); a record still pending
+then is left out and counted (``pending_records``, and in the window header). The replica
+check's hashes are combined on the device too. The one exception is the ``skip_step`` policy,
+whose verdict the optimizer step needs: :meth:`end_step` waits for that step's events (one host
+wait per step, after ``backward()``). CPU tensors take the host path, unchanged.
+
 Why one module of ~680 lines: the fingerprints, :class:`GradientIntegrity` which records them and
 the hooks which call it share one record layout with :mod:`laggard.detectors.integrity`.
 """
@@ -86,6 +96,7 @@ from laggard.detectors.integrity import (
 )
 from laggard.detectors.window import WindowColumn, WindowRecord
 from laggard.integrations.comm_timing import first_tensor
+from laggard.integrations.device_reads import Readback, on_host, to_device
 from laggard.integrations.participants import StopJob, WindowOutcome, WindowParticipant
 
 if TYPE_CHECKING:
@@ -128,8 +139,9 @@ def _block_weights(count: int, device: torch.device) -> torch.Tensor:
         if w is None or w.numel() < count:
             size = max(count, 2 * (w.numel() if w is not None else 1024))
             g = torch.Generator().manual_seed(0x1A66A2D)
-            w = (torch.randint(-(1 << 62), 1 << 62, (size,), dtype=torch.int64, generator=g)
-                 * 2 + 1).to(device)
+            # through pinned memory, non-blocking: a plain copy to a GPU would block the hook
+            w = to_device(torch.randint(-(1 << 62), 1 << 62, (size,), dtype=torch.int64,
+                                        generator=g) * 2 + 1, device)
             _weights[device] = w
         return w[:count]
 
@@ -182,7 +194,13 @@ def fingerprint(tensor: torch.Tensor) -> int:
     """Hash of ``tensor``'s bytes as a Python int in int64 range: the same value as
     ``row_fingerprints(tensor.reshape(1, -1))[0]`` (the sender's hash of a payload must equal
     the receivers' hash of its chunk), with fewer tensor ops for the common one-row case: a
-    bucket is hashed on the hook's critical path, where each op's fixed cost matters."""
+    bucket is hashed on the hook's critical path, where each op's fixed cost matters. A host
+    read: on a device, use :func:`fingerprint_tensor`."""
+    return int(fingerprint_tensor(tensor))
+
+
+def fingerprint_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """:func:`fingerprint` as a 0-d int64 tensor on ``tensor``'s device (no host read)."""
     flat = tensor.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
@@ -192,7 +210,7 @@ def fingerprint(tensor: torch.Tensor) -> int:
     try:
         words = raw[:aligned].view(torch.int64)
     except RuntimeError:  # not 8-byte aligned in memory
-        return int(row_fingerprints(flat.reshape(1, -1))[0])
+        return row_fingerprints(flat.reshape(1, -1))[0]
     m = aligned // 8
     full = m - m % BLOCK_WORDS
     blocks = full // BLOCK_WORDS
@@ -203,7 +221,8 @@ def fingerprint(tensor: torch.Tensor) -> int:
         if nbytes > aligned:
             tail = tail + raw[aligned:].sum(dtype=torch.int64)
         h = h + tail * weights[blocks]
-    return int(h)
+    assert isinstance(h, torch.Tensor)  # full, or the tail was added
+    return h
 
 
 def float64_sums(tensor: torch.Tensor, magnitude: bool = True) -> tuple[float, float]:
@@ -215,11 +234,19 @@ def float64_sums(tensor: torch.Tensor, magnitude: bool = True) -> tuple[float, f
     rounding error of each sum is at most ``gamma_{n-1}(2**-53) * sum |x|`` (Higham, 2nd ed.,
     §4.2), which :func:`laggard.detectors.integrity.sum_tolerance` accounts for.
     """
+    total, magnitudes = float64_sum_tensors(tensor, magnitude)
+    return float(total), float(magnitudes) if magnitudes is not None else 0.0
+
+
+def float64_sum_tensors(tensor: torch.Tensor,
+                        magnitude: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`float64_sums` as 0-d float64 tensors on ``tensor``'s device (no host read); the
+    magnitude sum is None when ``magnitude`` is False."""
     flat = tensor.reshape(-1)
     scratch = _scratch(flat.device)
     if flat.numel() <= SUM_CHUNK:
         wide = scratch[: flat.numel()].copy_(flat)
-        return float(wide.sum()), float(wide.abs_().sum()) if magnitude else 0.0
+        return wide.sum(), wide.abs_().sum() if magnitude else None
     sums, magnitudes = [], []
     for chunk in flat.split(SUM_CHUNK):
         wide = scratch[: chunk.numel()]
@@ -227,8 +254,8 @@ def float64_sums(tensor: torch.Tensor, magnitude: bool = True) -> tuple[float, f
         sums.append(wide.sum())
         if magnitude:
             magnitudes.append(wide.abs_().sum())
-    return (float(torch.stack(sums).sum()),
-            float(torch.stack(magnitudes).sum()) if magnitude else 0.0)
+    return (torch.stack(sums).sum(),
+            torch.stack(magnitudes).sum() if magnitude else None)
 
 
 _local = threading.local()
@@ -255,6 +282,72 @@ def nonfinite_counts(tensor: torch.Tensor) -> tuple[int, int]:
     if bool(torch.isfinite(tensor.sum())):
         return 0, 0
     return int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+
+
+def nonfinite_count_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """:func:`nonfinite_counts` as an int64 ``(2,)`` tensor on ``tensor``'s device, no host
+    read: both counts are always taken (two passes; the host path's shortcut is a host read)."""
+    if not tensor.is_floating_point():
+        return torch.zeros(2, dtype=torch.int64, device=tensor.device)
+    return torch.stack([torch.isnan(tensor).sum(), torch.isinf(tensor).sum()])
+
+
+def _device_pair(values: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 ``(2,)`` tensor made on ``device`` by fills (no host copy)."""
+    pair = torch.zeros(2, dtype=torch.int64, device=device)
+    pair[0], pair[1] = values
+    return pair
+
+
+def _bits_tensor(value: torch.Tensor) -> torch.Tensor:
+    """The int64 bit pattern of a 0-d float64 tensor, as :func:`bits_of` of its value."""
+    return value.reshape(1).view(torch.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class _ChunkHashes:
+    """Per-chunk hashes (int64 ``(W,)`` device tensor) whose :func:`chunk_sums` (wrap, plain,
+    weighted) go into ``fields``, taken on the host when the record is read."""
+
+    hashes: torch.Tensor
+    fields: tuple[int, int, int]
+
+
+class _DeviceRecord:
+    """A record whose device-computed fields are on their way to the host.
+
+    The host-known words (step, bucket, op, dtype, numel, ...) are in ``row``; the device ones
+    are concatenated into one int64 vector, copied ``non_blocking`` into pinned memory behind an
+    event (:class:`~laggard.integrations.device_reads.Readback`); :meth:`decode` fills the row
+    from that copy once the event has completed.
+    """
+
+    __slots__ = ("row", "layout", "readback")
+
+    def __init__(self, row: list[int], deferred: list[tuple[Any, Any]]) -> None:
+        self.row = row
+        parts, self.layout = [], []
+        for key, value in deferred:
+            words = (value.hashes if isinstance(value, _ChunkHashes) else value)
+            words = words.reshape(-1).to(torch.int64)
+            parts.append(words)
+            self.layout.append((key, value, words.numel()))
+        self.readback = Readback(torch.cat(parts) if len(parts) > 1 else parts[0])
+
+    def decode(self, words: list[int]) -> list[int]:
+        """The full record row from the host copy's words."""
+        row, at = list(self.row), 0
+        for key, value, n in self.layout:
+            chunk, at = words[at : at + n], at + n
+            if isinstance(value, _ChunkHashes):
+                for field, word in zip(value.fields, chunk_sums(chunk), strict=True):
+                    row[field] = word
+            elif isinstance(key, tuple):
+                for field, word in zip(key, chunk, strict=True):
+                    row[field] = word
+            else:
+                row[key] = chunk[0]
+        return row
 
 
 # ---------------------------------------------------------------------------- the recorder
@@ -329,11 +422,15 @@ class GradientIntegrity:
         self.errors = 0
         self.detector = IntegrityDetector()
         self.findings: collections.deque[Finding] = collections.deque(maxlen=256)
-        self._records: list[list[int]] = []
+        self._records: list[list[int] | _DeviceRecord] = []
         # sent-side fields wait here, keyed (step, bucket, stage, op), until the receive side
         # completes the record: one row per collective
-        self._sent: dict[tuple[int, int, int, str], dict[int, int]] = {}
+        self._sent: dict[tuple[int, int, int, str], dict[Any, Any]] = {}
         self._dropped = 0
+        # device records of the last window, read at the next window_vector (one window late)
+        self._held: list[_DeviceRecord] = []
+        #: records left out because their device copy had not completed by their gather
+        self.pending_records = 0
         self._lock = threading.Lock()
         self._logged: set[str] = set()
 
@@ -375,9 +472,10 @@ class GradientIntegrity:
         self._guard(self._alltoall_received, bucket, received, stage)
 
     def result(self, bucket: int, result: torch.Tensor,
-               local_nonfinite: tuple[int, int] = (0, 0)) -> None:
+               local_nonfinite: tuple[int, int] | torch.Tensor = (0, 0)) -> None:
         """Record the hook's final averaged bucket: its hash and NaN/Inf counts, with the
-        ``(NaN, Inf)`` counts of this rank's gradients taken before the hook ran."""
+        ``(NaN, Inf)`` counts of this rank's gradients taken before the hook ran (ints, or
+        :func:`nonfinite_count_tensor`'s int64 ``(2,)`` on a device)."""
         self._guard(self._result, bucket, result, local_nonfinite)
 
     def inject(self, where: str, bucket: int, tensor: torch.Tensor, stage: int = 0) -> None:
@@ -434,15 +532,43 @@ class GradientIntegrity:
                 return
             element -= p.numel()
 
-    def window_vector(self) -> torch.Tensor:
+    def window_vector(self, wait: bool = False) -> torch.Tensor:
         """This window's records as the fixed-size int64 vector of
         :func:`laggard.detectors.integrity.encode_window` (``window_words(max_records)``
-        words), and forget them. For the training monitor's per-window gather."""
+        words), and forget them. For the training monitor's per-window gather.
+
+        Records of device tensors are one window late: those of the previous window are read
+        now if their copy's event has completed (``query()``), else left out and counted in
+        :attr:`pending_records` and the header's ``pending``; this window's are held for the
+        next call. Never blocks, unless ``wait`` (the ``skip_step`` policy's per-step verdict):
+        then every held and current device record is read, waiting for its event.
+
+        Returns:
+            int64 ``(vector_words(),)`` CPU tensor.
+        """
         with self._lock:
             records, self._records = self._records, []
             dropped, self._dropped = self._dropped, 0
-        words = encode_window(self.rank, self.world_size, records, self.config.max_records,
-                              dropped)
+        rows = [r for r in records if not isinstance(r, _DeviceRecord)]
+        current = [r for r in records if isinstance(r, _DeviceRecord)]
+        due, self._held = (self._held + current, []) if wait else (self._held, current)
+        pending = 0
+        for record in due:
+            try:
+                host = record.readback.wait() if wait else record.readback.result()
+            except Exception as exc:  # noqa: BLE001 - a failed event query drops one record
+                self._error("readback", exc)
+                host = None
+            if host is None:
+                pending += 1
+            else:
+                rows.append(record.decode(host.tolist()))  # a CPU tensor: no device read
+        self.pending_records += pending
+        capacity = self.config.max_records
+        if len(rows) > capacity:
+            dropped += len(rows) - capacity
+            rows = rows[:capacity]
+        words = encode_window(self.rank, self.world_size, rows, capacity, dropped, pending)
         return torch.tensor(words, dtype=torch.int64)
 
     def vector_words(self) -> int:
@@ -484,7 +610,7 @@ class GradientIntegrity:
     def _gather_and_check(self) -> bool:
         """All-gather the records so far and check them; True when corruption was found."""
         try:
-            local = self.window_vector()
+            local = self.window_vector(wait=self.config.policy == "skip_step")
             # gloo's all-gather wants a flat output
             gathered = torch.empty(self.world_size * local.numel(), dtype=torch.int64)
             dist.all_gather_single(gathered, local, group=self.process_group)
@@ -501,20 +627,36 @@ class GradientIntegrity:
         return corrupt
 
     def _add(self, bucket: int, stage: int, op: str, tensor: torch.Tensor,
-             fields: dict[int, int]) -> None:
+             fields: dict[Any, Any]) -> None:
+        """Close a record. ``fields``: field -> int (host), or, off the CPU, field -> 0-d
+        tensor, ``(field, field)`` -> ``(2,)`` tensor, key -> :class:`_ChunkHashes`."""
         row = [0] * RECORD_WORDS
         row[0], row[1], row[2], row[3] = self.step, bucket, stage, OPS[op]
         row[4] = _DTYPE_CODES.get(tensor.dtype, 0 if tensor.is_floating_point() else 5)
         row[F_NUMEL] = tensor.numel()
+        deferred = []
         for index, value in fields.items():
-            row[index] = value
+            if isinstance(value, (torch.Tensor, _ChunkHashes)):
+                deferred.append((index, value))
+            else:
+                row[index] = value
+        record: list[int] | _DeviceRecord = _DeviceRecord(row, deferred) if deferred else row
         with self._lock:
             if len(self._records) < self.config.max_records:
-                self._records.append(row)
+                self._records.append(record)
             else:
                 self._dropped += 1
 
     def _allreduce_sent(self, bucket: int, payload: torch.Tensor, stage: int) -> None:
+        if not on_host(payload):
+            fields: dict[Any, Any] = {(F_NAN_SENT, F_INF_SENT): nonfinite_count_tensor(payload)}
+            if self.config.sum_check and payload.is_floating_point():
+                total_t, magnitude_t = float64_sum_tensors(payload)
+                assert magnitude_t is not None
+                fields[F_SENT_A], fields[F_SENT_B] = _bits_tensor(total_t), \
+                    _bits_tensor(magnitude_t)
+            self._pending(bucket, stage, "allreduce", fields)
+            return
         fields = {}
         total = magnitude = 0.0
         if self.config.sum_check and payload.is_floating_point():
@@ -528,6 +670,13 @@ class GradientIntegrity:
 
     def _allreduce_received(self, bucket: int, result: torch.Tensor, stage: int) -> None:
         fields = self._take_pending(bucket, stage, "allreduce")
+        if not on_host(result):
+            fields[F_RECV_A] = fingerprint_tensor(result)
+            if self.config.sum_check and result.is_floating_point():
+                fields[F_RECV_B] = _bits_tensor(float64_sum_tensors(result, magnitude=False)[0])
+            fields[(F_NAN_RECV, F_INF_RECV)] = nonfinite_count_tensor(result)
+            self._add(bucket, stage, "allreduce", result, fields)
+            return
         fields[F_RECV_A] = fingerprint(result)
         total = math.nan
         if self.config.sum_check and result.is_floating_point():
@@ -538,6 +687,11 @@ class GradientIntegrity:
         self._add(bucket, stage, "allreduce", result, fields)
 
     def _gather_sent(self, bucket: int, payload: torch.Tensor, stage: int) -> None:
+        if not on_host(payload):
+            self._pending(bucket, stage, "allgather", {
+                F_SENT_A: fingerprint_tensor(payload),
+                (F_NAN_SENT, F_INF_SENT): nonfinite_count_tensor(payload)})
+            return
         nan, inf = nonfinite_counts(payload)
         self._pending(bucket, stage, "allgather",
                       {F_SENT_A: fingerprint(payload), F_NAN_SENT: nan, F_INF_SENT: inf})
@@ -545,12 +699,22 @@ class GradientIntegrity:
     def _gather_received(self, bucket: int, gathered: Any, stage: int) -> None:
         rows = torch.stack(list(gathered)) if not isinstance(gathered, torch.Tensor) else gathered
         fields = self._take_pending(bucket, stage, "allgather")
+        if not on_host(rows):
+            fields["recv"] = _ChunkHashes(row_fingerprints(rows), (F_RECV_A, F_RECV_B, F_RECV_C))
+            fields[(F_NAN_RECV, F_INF_RECV)] = nonfinite_count_tensor(rows)
+            self._add(bucket, stage, "allgather", rows[0], fields)
+            return
         fields[F_RECV_A], fields[F_RECV_B], fields[F_RECV_C] = chunk_sums(
             row_fingerprints(rows).tolist())
         fields[F_NAN_RECV], fields[F_INF_RECV] = nonfinite_counts(rows)
         self._add(bucket, stage, "allgather", rows[0], fields)
 
     def _alltoall_sent(self, bucket: int, payload: torch.Tensor, stage: int) -> None:
+        if not on_host(payload):  # chunk_sums order: wrap, plain, weighted
+            self._pending(bucket, stage, "alltoall", {
+                "sent": _ChunkHashes(row_fingerprints(payload), (F_SENT_A, F_SENT_C, F_SENT_B)),
+                (F_NAN_SENT, F_INF_SENT): nonfinite_count_tensor(payload)})
+            return
         hashes = row_fingerprints(payload).tolist()
         wrap, plain, weighted = chunk_sums(hashes)
         nan, inf = nonfinite_counts(payload)
@@ -560,28 +724,51 @@ class GradientIntegrity:
 
     def _alltoall_received(self, bucket: int, received: torch.Tensor, stage: int) -> None:
         fields = self._take_pending(bucket, stage, "alltoall")
+        if not on_host(received):
+            fields["recv"] = _ChunkHashes(row_fingerprints(received),
+                                          (F_RECV_A, F_RECV_B, F_RECV_C))
+            fields[(F_NAN_RECV, F_INF_RECV)] = nonfinite_count_tensor(received)
+            self._add(bucket, stage, "alltoall", received[0], fields)
+            return
         fields[F_RECV_A], fields[F_RECV_B], fields[F_RECV_C] = chunk_sums(
             row_fingerprints(received).tolist())
         fields[F_NAN_RECV], fields[F_INF_RECV] = nonfinite_counts(received)
         self._add(bucket, stage, "alltoall", received[0], fields)
 
-    def _result(self, bucket: int, result: torch.Tensor, local: tuple[int, int]) -> None:
+    def _result(self, bucket: int, result: torch.Tensor,
+                local: tuple[int, int] | torch.Tensor) -> None:
+        if not on_host(result):
+            self._add(bucket, 0, "result", result, {
+                F_RECV_A: fingerprint_tensor(result),
+                (F_NAN_SENT, F_INF_SENT): local if isinstance(local, torch.Tensor)
+                else _device_pair(local, result.device),
+                (F_NAN_RECV, F_INF_RECV): nonfinite_count_tensor(result)})
+            return
+        assert not isinstance(local, torch.Tensor)
         fields = {F_RECV_A: fingerprint(result), F_NAN_SENT: local[0], F_INF_SENT: local[1]}
         fields[F_NAN_RECV], fields[F_INF_RECV] = nonfinite_counts(result)
         self._add(bucket, 0, "result", result, fields)
 
     def _replica(self, params: Sequence[torch.Tensor]) -> None:
+        if params and not on_host(params[0]):
+            # the same combination in wrapping int64 arithmetic, on the device: (2i+1) h mod
+            # 2**64 has the same bits whether h is read as signed or unsigned
+            hashes_t = torch.stack([fingerprint_tensor(p.detach()) for p in params])
+            odd = torch.arange(1, 2 * len(params), 2, dtype=torch.int64, device=hashes_t.device)
+            self._add(0, 0, "replica", torch.empty(0), {
+                F_RECV_A: (hashes_t * odd).sum(), F_NUMEL: sum(p.numel() for p in params)})
+            return
         hashes = [fingerprint(p.detach()) for p in params]
         # position-weighted like the blocks of one hash, so swapped parameters differ too
         combined = to_int64(sum((2 * i + 1) * (h & ((1 << 64) - 1)) for i, h in enumerate(hashes)))
         numel = sum(p.numel() for p in params)
         self._add(0, 0, "replica", torch.empty(0), {F_RECV_A: combined, F_NUMEL: numel})
 
-    def _pending(self, bucket: int, stage: int, op: str, fields: dict[int, int]) -> None:
+    def _pending(self, bucket: int, stage: int, op: str, fields: dict[Any, Any]) -> None:
         with self._lock:
             self._sent[(self.step, bucket, stage, op)] = fields
 
-    def _take_pending(self, bucket: int, stage: int, op: str) -> dict[int, int]:
+    def _take_pending(self, bucket: int, stage: int, op: str) -> dict[Any, Any]:
         with self._lock:
             return self._sent.pop((self.step, bucket, stage, op), {})
 
@@ -695,7 +882,8 @@ def with_integrity(hook: Callable[[Any, Any], torch.futures.Future]) -> Callable
 
     def integrity_hook(state: IntegrityHookState, bucket):  # type: ignore[no-untyped-def]
         integrity, index = state.integrity, bucket.index()
-        local = nonfinite_counts(bucket.buffer())
+        buffer = bucket.buffer()
+        local = nonfinite_counts(buffer) if on_host(buffer) else nonfinite_count_tensor(buffer)
         fut = hook(state.inner, bucket)
 
         def finished(done: torch.futures.Future) -> torch.Tensor:
@@ -712,6 +900,7 @@ def with_integrity(hook: Callable[[Any, Any], torch.futures.Future]) -> Callable
 
 __all__ = [
     "BLOCK_WORDS", "POLICIES", "GradientIntegrity", "IntegrityError", "IntegrityHookState",
-    "fingerprint", "float64_sums", "integrity_allreduce_hook", "nonfinite_counts",
+    "fingerprint", "fingerprint_tensor", "float64_sum_tensors", "float64_sums",
+    "integrity_allreduce_hook", "nonfinite_count_tensor", "nonfinite_counts",
     "row_fingerprints", "with_integrity",
 ]

@@ -243,7 +243,11 @@ def _window(rng: np.random.Generator, step: int, slow_rank: int | None,
     columns = {"compute_seconds": compute, "data_seconds": np.full(ranks, 0.001),
                "collective_wait_seconds": wait, "transfer_seconds": np.full(ranks, np.nan),
                "step_seconds": np.full(ranks, compute.max() + 0.003),
-               "collective_seconds": wait + 0.002, "comm_bytes": np.full(ranks, 1e6)}
+               "collective_seconds": wait + 0.002, "comm_bytes": np.full(ranks, 1e6),
+               # the device clock's columns, as a monitor on the wall clock fills them
+               "compute_device_seconds": np.full(ranks, np.nan), "compute_cpu_seconds": compute,
+               "collective_wait_device_seconds": np.full(ranks, np.nan),
+               "device_pending_count": np.zeros(ranks)}
     return WindowRecord(step=step, columns=columns, ranks=np.arange(ranks), world_size=ranks,
                         nodes=["node07"] * ranks)
 
@@ -406,4 +410,34 @@ def test_more_findings_than_one_report_holds_go_out_in_several_reports(receiver)
     reports = [decode_datagram(receiver.recv(65536)) for _ in range(3)]
     assert [len(r.findings) for r in reports] == [16, 16, 8]
     assert set(reports[0].scores) == {0, 1, 2, 3} and not reports[1].scores
+    monitor.close()
+
+
+def test_step_records_and_window_reports_carry_the_run(receiver, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "elastic-7")
+    port = receiver.getsockname()[1]
+    from_env = _monitor(port, rank=0)
+    assert from_env.run == "elastic-7"
+    from_env.close()
+    config = TrainingMonitor.Config(agent_address=f"127.0.0.1:{port}", detect=False,
+                                    run="job 42/step\x07")  # sanitised on the wire
+    monitor = TrainingMonitor(config, rank=0, world_size=4)
+    with monitor.step():
+        pass
+    record = decode_datagram(receiver.recv(65536))
+    assert isinstance(record, StepRecord) and record.run == monitor.run
+    assert monitor.run and "\x07" not in monitor.run and " " not in monitor.run
+    monitor.analyse(_window(np.random.default_rng(5), 19, None))
+    report = decode_datagram(receiver.recv(65536))
+    assert isinstance(report, WindowReport) and report.run == monitor.run
+    monitor.close()
+
+
+def test_the_default_target_is_the_agents_socket_falling_back_to_udp(monkeypatch):
+    monkeypatch.delenv("LAGGARD_INTAKE", raising=False)
+    monitor = TrainingMonitor(TrainingMonitor.Config(detect=False), rank=0, world_size=1)
+    assert monitor.config.agent_address == "/run/laggard/intake.sock"
+    with monitor.step():
+        pass
+    assert monitor.stats.records_sent + monitor.stats.send_errors == 1  # sent or counted
     monitor.close()
