@@ -181,7 +181,7 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
          "--compression", args.compression, "--inject-bitflip", args.inject_bitflip,
          "--windows", str(windows_path),
          "--parallel", args.parallel, *([] if args.prefetch else ["--no-prefetch"]),
-         *(["--run", args.run] if args.run else []),
+         *(["--run-id", args.run] if args.run else []),
          *(["--gpu-state"] if scenario else [])],
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
              # the demo/test hook of laggard.integrations.gpu_state: the ranks' NVML is the

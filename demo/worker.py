@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--windows", default="", help="rank 0 saves every window here (JSON lines)")
     p.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp")
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false")
-    p.add_argument("--run", default="", help="run id (TrainingMonitor.Config.run)")
+    p.add_argument("--run-id", default="", help="run id (TrainingMonitor.Config.run)")
     p.add_argument("--gpu-state", action="store_true",
                    help="add the GPU-state participant (the demo sets LAGGARD_FAKE_NVML)")
     return p.parse_args(argv)
@@ -181,7 +181,7 @@ def build_job(args: argparse.Namespace, rank: int) -> Job:
         TrainingMonitor.Config(agent_address=args.intake_address, window_steps=args.window,
                                integrity=integrity, phase_clock="thread_cpu",
                                windows_path=args.windows,
-                               straggler=detector_config(), run=args.run),
+                               straggler=detector_config(), run=args.run_id),
         comm_timer=timer, tracer=tracer, participants=gpu_state_participants(args),
     )
     optimizer = make_optimizer(state, model)
