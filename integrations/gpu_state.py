@@ -38,6 +38,7 @@ as torchrun jobs use them). ``laggard demo --throttle-slow-gpu`` sets it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -93,7 +94,7 @@ class GpuStateParticipant(WindowParticipant):
     Attributes:
         stats: counters: ``samples``, ``nvml_unavailable``, ``unknown_device``, ``gpu_lost``,
             ``sample_errors``, ``fake_nvml_invalid``, ``windows``.
-        source: where the state comes from (``gpu_state_source`` code), once resolved.
+        source: where the state comes from (``gpu_state_source`` code); NaN until resolved.
         gpu_index: NVML index of the rank's GPU, once resolved (None: unknown).
     """
 
@@ -124,7 +125,7 @@ class GpuStateParticipant(WindowParticipant):
         super().__init__()
         self.config = config if config is not None else GpuStateParticipant.Config()
         self.stats: Counter[str] = Counter()
-        self.source = SOURCE_NONE
+        self.source = math.nan  # not resolved yet (the sampler thread's first act)
         self.gpu_index: int | None = None
         self._library: NvmlLibrary | None = None
         self._cuda: Any = None
@@ -247,7 +248,8 @@ class GpuStateParticipant(WindowParticipant):
             self._device, self._uuid, self._pci = _cuda_identity(cuda)
             self._cuda = cuda
         elif not fake_env and self.config.nvml is None:
-            return  # a CPU job (SOURCE_NONE)
+            self._set_source(SOURCE_NONE)  # a CPU job
+            return
         module = self.config.nvml
         if fake_env:
             try:

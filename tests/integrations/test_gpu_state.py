@@ -211,3 +211,9 @@ def test_other_findings_and_records_without_gpu_state_are_untouched() -> None:
     bare = WindowRecord(step=0, columns={}, ranks=np.arange(2))
     finding = _compute_finding(1)
     assert with_gpu_cause(finding, bare) is finding
+
+
+def test_a_window_before_the_sampler_resolved_the_gpu_is_not_called_a_cpu_job() -> None:
+    p = GpuStateParticipant(GpuStateParticipant.Config(sample_interval_seconds=0.05))
+    values = dict(p.contribute(0))  # not attached: nothing resolved yet
+    assert math.isnan(values["gpu_state_source"])
