@@ -353,23 +353,14 @@ class GpuStateParticipant(WindowParticipant):
 
 def _cuda_identity(cuda: Any) -> tuple[int | None, str | None, str | None]:
     """(CUDA device index, UUID as NVML prints it, PCI bus id) of the current device."""
+    from laggard.integrations.run_identity import identity_from_properties
+
     try:
         device = int(cuda.current_device())
-        props = cuda.get_device_properties(device)
+        identity = identity_from_properties(cuda.get_device_properties(device))
     except Exception:  # noqa: BLE001 - identity unknown: matched by nothing, counted later
         return None, None, None
-    raw = getattr(props, "uuid", None)
-    uuid = None
-    if raw is not None:
-        text = str(raw)
-        uuid = text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
-    pci = None
-    try:
-        pci = (f"{int(props.pci_domain_id):04x}:{int(props.pci_bus_id):02x}:"
-               f"{int(props.pci_device_id):02x}")
-    except (AttributeError, TypeError, ValueError):
-        pass
-    return device, uuid, pci
+    return device, identity.uuid, identity.pci_bus_id
 
 
 def _reasons(nvml: Any, mask: int) -> list[str]:
