@@ -28,9 +28,9 @@ test: venv
 	$(PY) -m pytest -q $(ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check laggard_pkg agent collectors parsers detectors analyze dashboards \
+	$(VENV)/bin/ruff check laggard_pkg agent collectors parsers detectors analyze dashboards nvml \
 		integrations compression demo tests benchmarks scripts
-	$(VENV)/bin/mypy laggard_pkg agent collectors parsers detectors compression \
+	$(VENV)/bin/mypy laggard_pkg agent collectors parsers detectors compression nvml \
 		integrations/collective_bytes.py integrations/compression
 	scripts/lint-imports.sh
 

@@ -108,6 +108,10 @@ class AgentConfig:
     fake_gpus: int = 0
     """When > 0, use a fake NVML module with this many GPUs instead of the real library."""
 
+    fake_gpus_scenario: str = "default"
+    """What the fake GPUs play (``laggard.nvml.fake.parse_scenario``): ``default``, ``steady``
+    or ``throttle:G[:REASON]``."""
+
     max_ranks: int = 4096
     """Most ranks the intake tracks; records of further ranks are rejected and counted."""
 
@@ -135,6 +139,11 @@ class AgentConfig:
             raise ValueError(f"rank TTL {self.rank_ttl_seconds} s outside [1, 86400]")
         if self.fake_gpus < 0:
             raise ValueError("fake GPUs must be >= 0")
+        from laggard.nvml.fake import parse_scenario
+
+        scenario = parse_scenario(self.fake_gpus_scenario)
+        if self.fake_gpus and scenario.gpu is not None and scenario.gpu >= self.fake_gpus:
+            raise ValueError(f"fake GPU scenario {scenario}: only {self.fake_gpus} fake GPUs")
         for address in (self.listen_address, self.intake_address):
             if address:
                 parse_address(address)

@@ -39,7 +39,7 @@ from laggard.agent.supervisor import RestartableThread, Supervisor
 from laggard.agent.unix_intake import UnixIntake, parse_id_list, queue_limit
 from laggard.agent.web import make_app, make_http_server
 from laggard.agent.workload import WorkloadLabels
-from laggard.collectors.nvml_library import shared_library
+from laggard.nvml.library import shared_library
 
 log = logging.getLogger("laggard.agent")
 
@@ -104,6 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "prefix of PyTorch flight-recorder dumps for the flight_recorder collector")
     parser.add_argument("--fake-gpus", type=int, default=0, metavar="N",
                         help="serve N fake GPUs playing a scenario instead of real NVML")
+    parser.add_argument("--fake-gpus-scenario", default="default", metavar="SCENARIO",
+                        help="what the fake GPUs play: default (a short story of throttles, "
+                        "XIDs and a lost GPU), steady (nothing happens) or throttle:G[:REASON] "
+                        "(GPU G held at 1.41 GHz by REASON, default sw_thermal)")
     parser.add_argument("--node", default="", help="node label (default: the host name)")
     parser.add_argument("--max-ranks", type=int, default=4096,
                         help="most training ranks tracked (default %(default)s)")
@@ -178,6 +182,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         sysfs_root=args.sysfs_root,
         kmsg_path=args.kmsg_path,
         fake_gpus=args.fake_gpus,
+        fake_gpus_scenario=args.fake_gpus_scenario,
         max_ranks=args.max_ranks,
         max_series=args.max_series,
         rank_ttl_seconds=args.rank_ttl,
@@ -192,7 +197,7 @@ def _gpu_resolver(config: AgentConfig) -> GpuIndex | None:
     ``--fake-gpus``); None without the nvml collector: ``gpu`` stays empty, uncounted."""
     if "nvml" not in config.collectors:
         return None
-    return GpuIndex(shared_library(config.fake_gpus))
+    return GpuIndex(shared_library(config.fake_gpus, config.fake_gpus_scenario))
 
 
 class _UnbuildableCollector:

@@ -2,7 +2,7 @@
 
 The training side knows its device's UUID and PCI bus id (``torch.cuda``); the agent's GPU series
 are labelled with NVML's index (``gpu``). This maps one to the other through the NVML wrapper the
-``nvml`` collector uses (:func:`laggard.collectors.nvml_library.shared_library`), so that
+``nvml`` collector uses (:func:`laggard.nvml.library.shared_library`), so that
 ``laggard_rank_info{run, rank, gpu}`` joins a rank with ``laggard_gpu_*{gpu}`` in PromQL.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from laggard.collectors.base import NoDataError
-from laggard.collectors.nvml_library import NvmlLibrary, normalise_bus_id
+from laggard.nvml.library import NvmlLibrary, normalise_bus_id
 
 #: Seconds a map read from NVML is used before it is read again (GPUs do not move; a reset or
 #: a driver that came up late does change the answer).

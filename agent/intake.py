@@ -38,8 +38,8 @@ from laggard.agent.datagram_intake import DatagramIntake
 from laggard.agent.sender import SenderIdentity
 from laggard.agent.socket_drops import socket_drops
 from laggard.collectors.histogram import DURATION_BUCKETS_SECONDS, Histogram
-from laggard.collectors.nvml_library import normalise_bus_id
 from laggard.detectors.finding import JOB_FINDING_KINDS, Severity
+from laggard.nvml.library import normalise_bus_id
 from laggard.wire import (
     RecordError,
     StepRecord,

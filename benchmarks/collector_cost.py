@@ -30,11 +30,11 @@ import time
 import urllib.request
 from typing import Any
 
-from laggard.collectors.fake_nvml import FakeNvml
 from laggard.collectors.nvml import NvmlCollector
-from laggard.collectors.nvml_library import NvmlLibrary
 from laggard.collectors.xid import KernelLogSource, XidCollector
 from laggard.demo.harness import free_port
+from laggard.nvml.fake import FakeNvml
+from laggard.nvml.library import NvmlLibrary
 
 GPUS = 8
 

@@ -11,12 +11,12 @@ from typing import Protocol, runtime_checkable
 
 from prometheus_client.metrics_core import Metric
 
+# NoDataError: the source this collector reads does not exist on this machine (no GPU, no
+# InfiniBand). Defined beside the NVML wrapper, the lowest layer that raises it, so the training
+# side's GPU-state sampler and the collectors catch one class.
+from laggard.nvml.library import NoDataError
 
-class NoDataError(Exception):
-    """The source this collector reads does not exist on this machine (no GPU, no InfiniBand).
-
-    The exporter sets ``laggard_collector_success{collector}`` to 0, logs it once, and goes on.
-    """
+__all__ = ["Collector", "NoDataError"]
 
 
 @runtime_checkable

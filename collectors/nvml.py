@@ -45,34 +45,19 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from laggard.collectors.nvml_library import (
+from laggard.detectors.finding import Finding, Severity
+from laggard.detectors.throttle import ClockSample, ThrottleDetector
+from laggard.nvml.library import (
+    CLOCK_EVENT_REASONS,
     GpuLostError,
     NvmlLibrary,
+    first_constant,
     normalise_bus_id,
     shared_library,
 )
-from laggard.detectors.finding import Finding, Severity
-from laggard.detectors.throttle import ClockSample, ThrottleDetector
 
 log = logging.getLogger(__name__)
 
-#: label value -> (current constant name, pre-530 "throttle reasons" name), NVML nvml.h.
-CLOCK_EVENT_REASONS: dict[str, tuple[str, str]] = {
-    "gpu_idle": ("nvmlClocksEventReasonGpuIdle", "nvmlClocksThrottleReasonGpuIdle"),
-    "applications_clocks_setting": ("nvmlClocksEventReasonApplicationsClocksSetting",
-                                    "nvmlClocksThrottleReasonApplicationsClocksSetting"),
-    "sw_power_cap": ("nvmlClocksEventReasonSwPowerCap", "nvmlClocksThrottleReasonSwPowerCap"),
-    "hw_slowdown": ("nvmlClocksEventReasonHwSlowdown", "nvmlClocksThrottleReasonHwSlowdown"),
-    "sync_boost": ("nvmlClocksEventReasonSyncBoost", "nvmlClocksThrottleReasonSyncBoost"),
-    "sw_thermal": ("nvmlClocksEventReasonSwThermalSlowdown",
-                   "nvmlClocksThrottleReasonSwThermalSlowdown"),
-    "hw_thermal": ("nvmlClocksEventReasonHwThermalSlowdown",
-                   "nvmlClocksThrottleReasonHwThermalSlowdown"),
-    "hw_power_brake": ("nvmlClocksEventReasonHwPowerBrakeSlowdown",
-                       "nvmlClocksThrottleReasonHwPowerBrakeSlowdown"),
-    "display_clock": ("nvmlClocksEventReasonDisplayClockSetting",
-                      "nvmlClocksThrottleReasonDisplayClockSetting"),
-}
 
 #: label value -> NVML perf policy constant of nvmlDeviceGetViolationStatus.
 VIOLATION_POLICIES: dict[str, str] = {
@@ -230,7 +215,7 @@ class NvmlCollector:
         active: set[str] = set()
         if mask is not None:
             for reason, names in CLOCK_EVENT_REASONS.items():
-                bit = _constant(nvml, *names)
+                bit = first_constant(nvml, *names)
                 if bit is None:
                     continue
                 on = bool(mask & bit)
@@ -335,13 +320,6 @@ def _field_value(nvml: Any, value: Any) -> float | None:
     return float(getattr(value.value, member))
 
 
-def _constant(nvml: Any, *names: str) -> int | None:
-    for name in names:
-        value = getattr(nvml, name, None)
-        if value is not None:
-            return int(value)
-    return None
-
 
 def _text(value: Any) -> str:
     if value is None:
@@ -351,5 +329,6 @@ def _text(value: Any) -> str:
 
 def from_config(config: Any, context: Any) -> NvmlCollector:
     """Registry factory: the real NVML, or the fake one when ``config.fake_gpus > 0``."""
-    return NvmlCollector(shared_library(config.fake_gpus), findings=context.findings,
+    scenario = getattr(config, "fake_gpus_scenario", "default")
+    return NvmlCollector(shared_library(config.fake_gpus, scenario), findings=context.findings,
                          node=context.node)

@@ -39,9 +39,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from laggard.collectors.base import NoDataError
-from laggard.collectors.nvml_library import NvmlLibrary, shared_library
 from laggard.collectors.tailer import FileTailer
 from laggard.detectors.xid_catalog import sxid_finding, xid_finding
+from laggard.nvml.library import NvmlLibrary, shared_library
 from laggard.parsers.kernel_log import KernelLogParser, SXidEvent, XidEvent
 
 log = logging.getLogger(__name__)
@@ -394,5 +394,9 @@ class XidCollector:
 def from_config(config: Any, context: Any) -> XidCollector:
     """Registry factory: kernel log at ``config.kmsg_path`` plus NVML events (real or fake)."""
     return XidCollector(kernel_log=KernelLogSource(config.kmsg_path) if config.kmsg_path else None,
-                        library=shared_library(config.fake_gpus), findings=context.findings,
-                        node=context.node)
+                        library=shared_library(config.fake_gpus, _scenario(config)),
+                        findings=context.findings, node=context.node)
+
+
+def _scenario(config: Any) -> str:
+    return getattr(config, "fake_gpus_scenario", "default")

@@ -78,6 +78,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(FSDP2 fully_shard per block, ZeRO-3)")
     parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                         help="fsdp: issue each all-gather when its block needs it, not before")
+    parser.add_argument("--run", default="", metavar="ID",
+                        help="the job's run id (TrainingMonitor.Config(run=...)); default: "
+                             "the launcher's (TORCHELASTIC_RUN_ID)")
+    parser.add_argument("--use-agent", default="", metavar="HOST:PORT",
+                        help="report to the laggard agent already serving /metrics at "
+                             "HOST:PORT (give its --intake-address too) instead of starting "
+                             "one: two demos at once on one agent")
+    parser.add_argument("--fake-gpus", action="store_true",
+                        help="give every rank a fake GPU (the agent runs --fake-gpus W, the "
+                             "ranks read the same fake NVML through LAGGARD_FAKE_NVML) whose "
+                             "state the straggler finding reports: here, no clock event")
+    parser.add_argument("--throttle-slow-gpu", nargs="?", const="sw_thermal", default="",
+                        metavar="REASON",
+                        help="--fake-gpus, with the slowed rank's GPU held at 1.41 of 1.98 GHz "
+                             "by REASON (default sw_thermal; or sw_power_cap, hw_slowdown, "
+                             "hw_thermal, hw_power_brake): the finding names it")
     parser.add_argument("--inject-bitflip", default="", metavar="SPEC",
                         help="flip one bit and watch the gradient-integrity checks name the rank: "
                              "rank=R,step=S,bucket=B,element=E,bit=N,where=W with W in "
@@ -96,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if args.slow_rank is None:
         args.slow_rank = args.world_size // 2
     try:
-        metrics_address = _with_free_port(args.metrics_address, socket.SOCK_STREAM)
+        metrics_address = args.use_agent or _with_free_port(args.metrics_address,
+                                                            socket.SOCK_STREAM)
         intake_address = _with_free_port(args.intake_address, socket.SOCK_DGRAM)
     except (OSError, ValueError) as exc:
         print(f"laggard demo: {exc}", file=sys.stderr)
@@ -119,19 +136,31 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(s, handler)
 
 
+def fake_gpu_scenario(args: argparse.Namespace) -> str:
+    """The fake GPUs' scenario for ``--fake-gpus`` / ``--throttle-slow-gpu`` ("" for none):
+    one fake GPU per rank, rank r on GPU r (torchrun's local rank on this one node)."""
+    if args.throttle_slow_gpu:
+        return f"throttle:{args.slow_rank}:{args.throttle_slow_gpu}"
+    return "steady" if args.fake_gpus else ""
+
+
 def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tmp: Path,
          children: _Children) -> int:
     metrics_url = f"http://{metrics_address}/metrics"
     agent_log = tmp / "agent.log"
-    agent = children.start(
+    scenario = fake_gpu_scenario(args)
+    fake_gpus = (["--fake-gpus", str(args.world_size), "--fake-gpus-scenario", scenario]
+                 if scenario else [])
+    agent = None if args.use_agent else children.start(
         [sys.executable, "-m", "laggard.cli", "agent",
          "--web.listen-address", metrics_address, "--intake-address", intake_address,
-         "--collect-interval", "0.5"],
+         "--collect-interval", "0.5", *fake_gpus],
         stdout=agent_log.open("w"), stderr=subprocess.STDOUT,
     )
     if not _wait_for_agent(metrics_url, agent):
-        print(f"laggard demo: the agent did not start:\n{agent_log.read_text()[-2000:]}",
-              file=sys.stderr)
+        log = agent_log.read_text()[-2000:] if agent is not None else ""
+        print(f"laggard demo: the agent did not start:\n{log}" if agent is not None else
+              f"laggard demo: no agent answers at {metrics_url}", file=sys.stderr)
         return 1
     injected = (f"rank {args.slow_rank} slowed {percent(args.slowdown - 1)} (--slowdown "
                 f"{args.slowdown:g}) from step {args.slow_from}"
@@ -151,8 +180,13 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
          "--intake-address", intake_address, "--result", str(result_path),
          "--compression", args.compression, "--inject-bitflip", args.inject_bitflip,
          "--windows", str(windows_path),
-         "--parallel", args.parallel, *([] if args.prefetch else ["--no-prefetch"])],
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+         "--parallel", args.parallel, *([] if args.prefetch else ["--no-prefetch"]),
+         *(["--run-id", args.run] if args.run else []),
+         *(["--gpu-state"] if scenario else [])],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+             # the demo/test hook of laggard.integrations.gpu_state: the ranks' NVML is the
+             # same fake the agent plays
+             **({"LAGGARD_FAKE_NVML": f"{args.world_size}:{scenario}"} if scenario else {})},
         stderr=subprocess.PIPE,
     )
     stderr_pump = children.forward_stderr(launcher)
@@ -176,7 +210,7 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
             _wait_for_user(metrics_url)
         except _Stop:
             pass  # the awaited way to end a kept agent: the run itself succeeded
-    else:
+    elif not args.use_agent:
         print("the agent stopped with the demo (--keep-agent keeps /metrics up)")
     return status
 
@@ -321,6 +355,10 @@ def _check_args(args: argparse.Namespace) -> str | None:
             return f"--inject-bitflip: {exc}"
         if flip.rank >= args.world_size or flip.step >= args.steps:
             return "--inject-bitflip: rank and step must lie inside the run"
+    if args.use_agent and args.intake_address.endswith(":0"):
+        return "--use-agent: give the running agent's --intake-address HOST:PORT too"
+    if args.use_agent and (args.fake_gpus or args.throttle_slow_gpu):
+        return "--fake-gpus and --throttle-slow-gpu start their own agent: drop --use-agent"
     if args.parallel == "fsdp" and (args.compression != "none" or args.inject_bitflip):
         return "--compression and --inject-bitflip are DDP communication hooks: use --parallel ddp"
     if args.world_size < 3:
@@ -339,11 +377,12 @@ def _with_free_port(address: str, kind: int) -> str:
     return f"{host}:{port}"
 
 
-def _wait_for_agent(url: str, agent: subprocess.Popen[bytes]) -> bool:
+def _wait_for_agent(url: str, agent: subprocess.Popen[bytes] | None) -> bool:
     from laggard.demo.harness import NotReadyError, wait_until_ready
 
     try:
-        wait_until_ready(url, timeout=AGENT_START_TIMEOUT, what="agent", procs=[agent])
+        wait_until_ready(url, timeout=AGENT_START_TIMEOUT, what="agent",
+                         procs=[agent] if agent is not None else [])
     except NotReadyError:
         return False
     return True

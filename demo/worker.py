@@ -79,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--windows", default="", help="rank 0 saves every window here (JSON lines)")
     p.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp")
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false")
+    p.add_argument("--run-id", default="", help="run id (TrainingMonitor.Config.run)")
+    p.add_argument("--gpu-state", action="store_true",
+                   help="add the GPU-state participant (the demo sets LAGGARD_FAKE_NVML)")
     return p.parse_args(argv)
 
 
@@ -178,12 +181,22 @@ def build_job(args: argparse.Namespace, rank: int) -> Job:
         TrainingMonitor.Config(agent_address=args.intake_address, window_steps=args.window,
                                integrity=integrity, phase_clock="thread_cpu",
                                windows_path=args.windows,
-                               straggler=detector_config()),
-        comm_timer=timer, tracer=tracer,
+                               straggler=detector_config(), run=args.run_id),
+        comm_timer=timer, tracer=tracer, participants=gpu_state_participants(args),
     )
     optimizer = make_optimizer(state, model)
     return Job(model=model, ddp=ddp, batches=batches, optimizer=optimizer, monitor=monitor,
                hook_state=state, integrity=integrity, tracer=tracer, per_step=[])
+
+
+def gpu_state_participants(args: argparse.Namespace) -> list[Any]:
+    """With ``--gpu-state``, the GPU-state participant: each rank's (fake) GPU's clock-event
+    reasons and SM clock in the window record, named in a compute finding."""
+    if not args.gpu_state:
+        return []
+    from laggard.integrations.gpu_state import GpuStateParticipant
+
+    return [GpuStateParticipant(GpuStateParticipant.Config(sample_interval_seconds=0.05))]
 
 
 def parallelize(model: ByteLM, args: argparse.Namespace,

@@ -24,6 +24,7 @@ _EXPORTS = {
     "COMPRESSORS": "laggard.integrations.compression",
     "GradientIntegrity": "laggard.integrations.integrity",
     "BitFlipInjector": "laggard.integrations.faults",
+    "GpuStateParticipant": "laggard.integrations.gpu_state",
 }
 
 __all__ = sorted(_EXPORTS)

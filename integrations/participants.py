@@ -25,6 +25,7 @@ and the link detector (:mod:`laggard.integrations.trace_window`), the link probe
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -151,7 +152,9 @@ class StragglerParticipant(WindowParticipant):
     Adds no column (it reads the monitor's own ``compute_seconds``, ``data_seconds``,
     ``collective_wait_seconds`` and ``transfer_seconds``); on rank 0 runs
     :class:`~laggard.detectors.straggler.StragglerDetector` and returns its findings and
-    per-rank scores.
+    per-rank scores. When the record has the GPU-state columns
+    (:class:`~laggard.integrations.gpu_state.GpuStateParticipant`), a compute finding names
+    the cause from the straggler's GPU (:func:`with_gpu_cause`).
 
     Args:
         config: ``StragglerDetector.Config``; None for its defaults.
@@ -187,7 +190,8 @@ class StragglerParticipant(WindowParticipant):
             return None
         from laggard.detectors.straggler import RankWindow
 
-        findings = self.detector.update(RankWindow.from_record(record))
+        findings = [with_gpu_cause(f, record)
+                    for f in self.detector.update(RankWindow.from_record(record))]
         return WindowOutcome(
             findings=findings,
             scores={int(r): float(v) for r, v in self.detector.scores.items()},
@@ -195,5 +199,26 @@ class StragglerParticipant(WindowParticipant):
         )
 
 
+def with_gpu_cause(finding: Finding, record: WindowRecord) -> Finding:
+    """A raised compute straggler finding with its GPU's cause, from the record's GPU-state
+    columns (:func:`laggard.detectors.gpu_state.describe_cause`): the message gains
+    ``"; compute: GPU 3 (node07) sw_thermal active in 100% of the window, SM clock 1.41 of 1.98
+    GHz"`` (or ``"; compute: no clock event on its GPU ..."``, ``"; compute: no GPU state: CPU
+    job"``), the evidence a ``gpu_state`` entry, ``gpu`` the NVML index. Any other finding, or
+    a record without those columns, is returned as it is.
+    """
+    if finding.kind != "compute" or finding.cleared or finding.rank is None:
+        return finding
+    from laggard.detectors.gpu_state import describe_cause
+
+    cause = describe_cause(record, finding.rank)
+    if cause is None:
+        return finding
+    return dataclasses.replace(
+        finding, message=f"{finding.message}; compute: {cause.text}",
+        gpu=cause.gpu if cause.gpu is not None else finding.gpu,
+        evidence={**finding.evidence, "gpu_state": cause.evidence})
+
+
 __all__ = ["MonitorContext", "Participant", "StopJob", "StragglerParticipant", "WindowOutcome",
-           "WindowParticipant"]
+           "WindowParticipant", "with_gpu_cause"]

@@ -127,6 +127,13 @@ def device_identity(device: Any) -> DeviceIdentity | None:
         props = torch.cuda.get_device_properties(index)
     except Exception:  # noqa: BLE001 - an identity is a nicety; training goes on without it
         return None
+    return identity_from_properties(props)
+
+
+def identity_from_properties(props: Any) -> DeviceIdentity:
+    """The identity in one ``torch.cuda.get_device_properties`` answer (or a stand-in with its
+    ``uuid``, ``pci_domain_id``, ``pci_bus_id``, ``pci_device_id``); fields torch lacks are
+    None."""
     return DeviceIdentity(uuid=_nvml_uuid(getattr(props, "uuid", None)),
                           pci_bus_id=_pci_bus_id(props))
 

@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from laggard.agent.context import FindingLog
 from laggard.collectors.base import NoDataError
 from laggard.collectors.nvml import NvmlCollector
-from laggard.collectors.nvml_library import NvmlLibrary
 from laggard.collectors.xid import KernelLogSource, XidCollector
+from laggard.nvml.library import NvmlLibrary
 
 
 class _Adapter:

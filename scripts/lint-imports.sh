@@ -13,7 +13,7 @@ tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
 mkdir "$tree/laggard"
 cp "$SRC"/laggard_pkg/*.py "$tree/laggard/"
-for sub in agent analyze collectors compression dashboards demo detectors integrations parsers; do
+for sub in agent analyze collectors compression dashboards demo detectors integrations nvml parsers; do
   mkdir "$tree/laggard/$sub"
   (cd "$SRC/$sub" && find . -name '*.py' -exec cp --parents {} "$tree/laggard/$sub/" \;)
 done

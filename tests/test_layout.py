@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "lint-imports.sh"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 PACKAGES = ("laggard_pkg", "agent", "analyze", "collectors", "compression", "dashboards", "demo",
-            "detectors", "integrations", "parsers")
+            "detectors", "integrations", "nvml", "parsers")
 
 needs_import_linter = pytest.mark.skipif(not LINT_IMPORTS.exists(),
                                          reason="import-linter is not installed (the dev extra)")
@@ -25,7 +25,8 @@ MIRROR_EXCEPTIONS = {
     # the Collector protocol and NoDataError: no behaviour of their own; every collector test
     # raises or checks NoDataError
     "collectors/base.py": "tests/collectors/test_infiniband.py",
-    # the two halves of the NVML seam: NvmlCollector is tested through NvmlLibrary(FakeNvml)
+    # re-exports of laggard.nvml.library and laggard.nvml.fake (their old paths), checked to be
+    # the same objects there
     "collectors/nvml_library.py": "tests/collectors/test_nvml.py",
     "collectors/fake_nvml.py": "tests/collectors/test_nvml.py",
 }
@@ -52,6 +53,10 @@ def test_contracts_kept() -> None:
     ("agent/intake.py", "import torch", "No torch outside the job"),
     ("compression/sign.py", "from laggard.agent import intake", "Training side apart"),
     ("integrations/comm_timing.py", "from laggard.compression import base", "Layers"),
+    ("integrations/gpu_state.py", "import pynvml", "pynvml only in the NVML wrapper"),
+    ("collectors/nvml.py", "import pynvml", "pynvml only in the NVML wrapper"),
+    ("nvml/library.py", "from laggard.collectors import host", "Layers"),
+    ("nvml/fake.py", "import torch", "No torch outside the job"),
 ])
 def test_a_broken_layer_is_reported(tmp_path: Path, module: str, line: str,
                                     contract: str) -> None:

@@ -6,8 +6,8 @@ from laggard.agent.context import FindingLog
 from laggard.agent.gpu_index import GpuIndex
 from laggard.agent.intake import RANK_SAMPLES, RankTable
 from laggard.agent.sender import SenderIdentity
-from laggard.collectors.fake_nvml import FakeNvml
-from laggard.collectors.nvml_library import NvmlLibrary
+from laggard.nvml.fake import FakeNvml
+from laggard.nvml.library import NvmlLibrary
 from laggard.wire import StepRecord, WindowReport
 
 

@@ -12,9 +12,9 @@ from support import stop_agent
 
 from laggard.agent.context import FindingLog
 from laggard.collectors.base import NoDataError
-from laggard.collectors.fake_nvml import FakeNvml
 from laggard.collectors.nvml import NvmlCollector, from_config
-from laggard.collectors.nvml_library import NvmlLibrary, normalise_bus_id
+from laggard.nvml.fake import FakeNvml
+from laggard.nvml.library import NvmlLibrary, normalise_bus_id
 
 
 def collector_for(fake: FakeNvml) -> tuple[NvmlCollector, FindingLog]:
@@ -270,3 +270,41 @@ def test_gpu_lost_before_init_costs_only_that_gpu(expose, value) -> None:
     assert value(text, 'laggard_gpu_lost{gpu="1"}') == 1.0
     assert value(text, 'laggard_gpu_temperature_celsius{gpu="0"}') == 41.0
     assert [f["kind"] for f in findings.recent()] == ["gpu_lost"]
+
+
+def test_old_paths_re_export_the_nvml_package() -> None:
+    import laggard.collectors.fake_nvml as old_fake
+    import laggard.collectors.nvml_library as old_library
+    import laggard.nvml.fake as fake
+    import laggard.nvml.library as library
+
+    assert old_library.NvmlLibrary is library.NvmlLibrary
+    assert old_library.shared_library is library.shared_library
+    assert old_fake.FakeNvml is fake.FakeNvml
+    assert NoDataError is library.NoDataError  # one class for the collectors and the job
+
+
+def test_throttle_scenario_holds_one_gpu_and_steady_holds_none(expose, value) -> None:
+    text = expose(collector_for(FakeNvml(4, scenario="throttle:1:sw_thermal"))[0])
+    def active(gpu: str, reason: str) -> float | None:
+        return value(text, f'laggard_gpu_clock_event_active{{gpu="{gpu}",reason="{reason}"}}')
+
+    assert active("1", "sw_thermal") == 1
+    assert value(text, 'laggard_gpu_sm_clock_hertz{gpu="1"}') == 1410e6
+    assert value(text, 'laggard_gpu_temperature_celsius{gpu="1"}') == 88
+    for gpu in ("0", "2", "3"):
+        assert active(gpu, "sw_thermal") == 0 and active(gpu, "gpu_idle") == 0
+    steady = FakeNvml(4, scenario="steady")
+    steady.advance(55)  # past every event of the default story: nothing lost, nothing raised
+    text = expose(collector_for(steady)[0])
+    assert "laggard_gpu_lost{gpu=\"3\"} 0.0" in text
+    assert 'reason="sw_thermal"} 1.0' not in text and 'reason="sw_power_cap"} 1.0' not in text
+
+
+@pytest.mark.parametrize("spec", ["nope", "steady:1", "throttle", "throttle:x",
+                                  "throttle:1:cold"])
+def test_bad_scenarios_are_refused(spec: str) -> None:
+    with pytest.raises(ValueError):
+        FakeNvml(2, scenario=spec)
+    with pytest.raises(ValueError):
+        FakeNvml(2, scenario="throttle:2")  # only GPUs 0 and 1

@@ -12,9 +12,9 @@ from support import FIXTURES
 
 from laggard.agent.context import FindingLog
 from laggard.collectors.base import NoDataError
-from laggard.collectors.fake_nvml import FakeNvml
-from laggard.collectors.nvml_library import NvmlLibrary
 from laggard.collectors.xid import KernelLogSource, XidCollector
+from laggard.nvml.fake import FakeNvml
+from laggard.nvml.library import NvmlLibrary
 
 LINE = "[ 12.5] NVRM: Xid (PCI:0000:18:00): 13, pid=7, name=python, Graphics SM Warp Exception\n"
 SERIES = 'laggard_gpu_xid_errors_total{gpu="",pci_bus_id="0000:18:00",xid="13"}'

@@ -229,3 +229,36 @@ def test_a_finding_is_explained_in_one_sentence_with_two_numbers():
     assert "transfer_slowdown" not in text and "evidence:" not in text
     assert text.endswith("injected: rank 2 25% slower compute from step 200; measured 25%; "
                          "found at step 259, after 60 slowed steps")
+
+
+def test_fake_gpu_flags_tie_the_throttle_to_the_slowed_rank() -> None:
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+
+    def scenario(*flags: str) -> str:
+        args = parser.parse_args(["--slow-rank", "2", *flags])
+        return demo.fake_gpu_scenario(args)
+
+    assert scenario() == ""
+    assert scenario("--fake-gpus") == "steady"
+    assert scenario("--throttle-slow-gpu") == "throttle:2:sw_thermal"
+    assert scenario("--throttle-slow-gpu", "sw_power_cap") == "throttle:2:sw_power_cap"
+    args = parser.parse_args(["--use-agent", "127.0.0.1:9477"])
+    args.slow_from = 0
+    assert "--intake-address" in demo._check_args(args)
+
+
+@pytest.mark.slow
+def test_throttle_slow_gpu_names_the_reason_in_the_finding(tmp_path):
+    report_path = tmp_path / "report.json"
+    proc = _start(*SHORT, "--steps", "160", "--slowdown", "2.0", "--slow-from", "20",
+                  "--throttle-slow-gpu", "--report", str(report_path))
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-3000:]
+    report = json.loads(report_path.read_text())
+    named = [f for f in report["findings"] if f["rank"] is not None]
+    assert named and {f["rank"] for f in named} == {1}
+    assert "; compute: GPU 1 (" in named[0]["message"]
+    assert "sw_thermal active in 100% of the window, SM clock 1.41 of 1.98 GHz" in \
+        named[0]["message"]
+    assert named[0]["evidence"]["gpu_state"]["cause"] == ["sw_thermal"]
