@@ -191,8 +191,18 @@ class DeviceWork:
         return self._value
 
     def item(self, timeout: float | None = None) -> Any:
-        """``result().item()``: the host read that synchronises a real training loop."""
-        return self.result(timeout).item()
+        """``result().item()`` read as CUDA reads it: the copy to the host is queued behind
+        everything launched on the stream so far (a backward, an optimizer step), so this waits
+        for all of it, as ``loss.item()`` after ``optimizer.step()`` does.
+
+        Raises:
+            TimeoutError: not run within ``timeout`` seconds.
+            What the launched function raised, or the first error of the stream's later work.
+        """
+        stream = self._stream
+        if stream is None or stream.on_stream_thread():
+            return self.result(timeout).item()
+        return stream.launch(stream._read, self).result(timeout)
 
     def _finish(self, value: Any, exception: BaseException | None) -> None:
         self._value, self._exception = value, exception
@@ -221,6 +231,7 @@ class EmulatedStream:
         self._clock = _StreamClock(device.clock)
         self._pending: list[Any] = []  # launched, not yet handed to the thread (see flush)
         self._waiters: list[tuple[int, threading.Event]] = []
+        self._error: BaseException | None = None  # the first error of launched work (sticky)
         self._submitted = 0  # items queued (sequence numbers 1..)
         self._completed = 0  # items run
         self._thread: threading.Thread | None = None
@@ -316,10 +327,23 @@ class EmulatedStream:
         return self._completed >= self._submitted
 
     def synchronize(self) -> None:
-        """Wait until everything queued so far has run."""
-        if self.on_stream_thread():
-            return  # the stream thread is, by definition, at the tail of its own past work
-        self._wait_for(self._submitted)
+        """Wait until everything queued so far has run.
+
+        Raises:
+            RuntimeError: launched work raised (the first such error, from then on: as CUDA's
+                asynchronous errors are sticky and surface at a synchronisation).
+        """
+        if not self.on_stream_thread():
+            self._wait_for(self._submitted)
+        if self._error is not None:
+            raise RuntimeError(f"emulated stream: launched work failed: {self._error!r}") from (
+                self._error)
+
+    def _read(self, work: DeviceWork) -> Any:
+        """On the stream thread: the host read of ``work``'s result (see ``DeviceWork.item``)."""
+        if self._error is not None:
+            raise self._error
+        return work.result().item()
 
     def _wait_for(self, seq: int, timeout: float | None = None) -> bool:
         """Wait until item ``seq`` has run (woken once, by that item: no wake-up per item)."""
@@ -374,6 +398,8 @@ class EmulatedStream:
                         value, error = fn(*args, **kwargs), None
                     except BaseException as exc:  # noqa: BLE001 - reported at the sync
                         value, error = None, exc
+                        if self._error is None:
+                            self._error = exc
                     finally:
                         self._clock.end()
                     work._finish(value, error)

@@ -78,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(FSDP2 fully_shard per block, ZeRO-3)")
     parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                         help="fsdp: issue each all-gather when its block needs it, not before")
+    parser.add_argument("--device", choices=["cpu", "emulated-async"], default="cpu",
+                        help="cpu (default): the model runs on the training thread, phases "
+                             "timed in its CPU time; emulated-async: an emulated asynchronous "
+                             "accelerator, each rank's model work on a stream thread of its own "
+                             "that the loop only launches and synchronises, timed by the "
+                             "monitor's device clock beside the CPU clock (see docs/demo.md)")
     parser.add_argument("--inject-bitflip", default="", metavar="SPEC",
                         help="flip one bit and watch the gradient-integrity checks name the rank: "
                              "rank=R,step=S,bucket=B,element=E,bit=N,where=W with W in "
@@ -151,7 +157,8 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
          "--intake-address", intake_address, "--result", str(result_path),
          "--compression", args.compression, "--inject-bitflip", args.inject_bitflip,
          "--windows", str(windows_path),
-         "--parallel", args.parallel, *([] if args.prefetch else ["--no-prefetch"])],
+         "--parallel", args.parallel, *([] if args.prefetch else ["--no-prefetch"]),
+         "--device", getattr(args, "device", "cpu")],
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
         stderr=subprocess.PIPE,
     )
@@ -323,6 +330,10 @@ def _check_args(args: argparse.Namespace) -> str | None:
             return "--inject-bitflip: rank and step must lie inside the run"
     if args.parallel == "fsdp" and (args.compression != "none" or args.inject_bitflip):
         return "--compression and --inject-bitflip are DDP communication hooks: use --parallel ddp"
+    emulated = getattr(args, "device", "cpu") == "emulated-async"
+    if emulated and (args.compression != "none" or args.inject_bitflip):
+        return ("--device emulated-async runs the plain timed all-reduce only: drop "
+                "--compression and --inject-bitflip")
     if args.world_size < 3:
         print("laggard demo: note: naming a straggler needs at least 3 ranks", file=sys.stderr)
     return None
