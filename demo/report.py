@@ -30,14 +30,14 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
     late = args.window if result.get("phase_clock") == "device" else 0
     after = [w for w in windows if w["step"] - args.window - late + 1 >= args.slow_from]
     chosen = after or windows
-    names = result.get("stat_names", list(STEP_COLUMN_NAMES))
-    records = [WindowRecord.from_saved({**w, "stat_names": names}) for w in chosen]
+    stat_names = result.get("stat_names", list(STEP_COLUMN_NAMES))
+    records = [WindowRecord.from_saved({**w, "stat_names": stat_names}) for w in chosen]
     names = ("compute_seconds", "collective_wait_seconds", "data_seconds", "step_seconds",
              "collective_seconds", "comm_bytes", *CLOCK_COLUMNS)
     ranks = []
     for rank in range(result["world_size"]):
         def median(name: str, rank: int = rank) -> float | None:
-            if name not in names:
+            if name not in stat_names:  # a column this monitor does not have
                 return None
             return _median([float(r[name][rank]) for r in records])
 
@@ -92,9 +92,13 @@ def _clocks(ranks: list[dict[str, Any]], phase_clock: str | None) -> dict[str, A
         values = [r.get(f"{name}_median") for r in ranks]
         for i, own in enumerate(values):
             others = _median([v for j, v in enumerate(values) if j != i])
-            out[clock].append({
-                "seconds": own,
-                "excess": None if own is None or not others else own / others - 1})
+            if own is None or others is None:
+                excess = None
+            elif not others:  # every rank 0 (the loop only launched): no rank stands out
+                excess = 0.0 if not own else None
+            else:
+                excess = own / others - 1
+            out[clock].append({"seconds": own, "excess": excess})
     return out
 
 
@@ -163,9 +167,12 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
 
 def _table_lines(report: dict[str, Any]) -> list[str]:
     """The per-rank table: median compute, compute over the others', wait, data, step."""
+    clock = ("on the device clock (max of device and CPU time per phase, waits for peers "
+             "out), collective wait on the device timeline" if report.get("phase_clock") ==
+             "device" else "in each rank's thread CPU time")
     lines = ["", f"per-rank medians from step {report['table_from_step']} (ms; compute and data "
-                 "in each rank's thread CPU time, the rest wall time; 'vs others': compute over "
-                 "the other ranks' median)",
+                 f"{clock}, the rest wall time; 'vs others': compute over the other ranks' "
+                 "median)",
              f"{'rank':>4}  {'compute':>8}  {'vs others':>9}  {'collective wait':>15}  "
              f"{'data':>6}  {'step':>7}"]
     for r in report["ranks"]:

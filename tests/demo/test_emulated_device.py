@@ -3,6 +3,7 @@ CUDA stream and its timing events do, on threads, with a clock that other work c
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -137,6 +138,18 @@ def test_errors_surface_at_the_synchronisation(device: EmulatedDevice) -> None:
     assert after.result(timeout=5) == 7  # the stream goes on
     with pytest.raises(ZeroDivisionError):
         failed.result()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        device.synchronize()  # sticky, as a CUDA error
+
+
+def test_item_waits_for_everything_launched_before_it(device: EmulatedDevice) -> None:
+    torch = pytest.importorskip("torch")
+    order: list[str] = []
+    loss = device.launch(lambda: (order.append("forward"), torch.tensor(2.5))[1])
+    device.launch(lambda: (_spin(0.02), order.append("backward")))
+    device.launch(order.append, "optimizer")
+    assert loss.item(timeout=5) == 2.5
+    assert order == ["forward", "backward", "optimizer"]
 
 
 def test_stream_wait_event(device: EmulatedDevice) -> None:
@@ -310,3 +323,31 @@ def test_closed_stream_refuses() -> None:
 def test_unknown_clock() -> None:
     with pytest.raises(ValueError, match="clock"):
         EmulatedDevice(clock="wall")
+
+
+@pytest.mark.slow
+def test_demo_on_the_emulated_device(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A short real ``laggard demo --device emulated-async`` (3 gloo ranks, DDP): the CPU clock
+    misses the slowed rank's extra backward work, which runs on its stream thread, and the
+    device clock sees it (where this laggard's monitor has the device clock)."""
+    pytest.importorskip("torch")
+    from laggard.demo.worker import device_clock_available
+
+    report_path = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "laggard.cli", "demo", "--device", "emulated-async",
+         "--world-size", "3", "--steps", "60", "--window", "10", "--slow-rank", "1",
+         "--slowdown", "1.5", "--report", str(report_path)],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "compute on each clock" in proc.stdout
+    report = json.loads(report_path.read_text())
+    assert report["device"] == "emulated-async"
+    cpu = report["clocks"]["cpu"][1]["excess"]
+    assert cpu is not None and abs(cpu) < 0.15  # the loop only launched: nothing to see
+    if not device_clock_available():
+        return
+    assert report["phase_clock"] == "device"
+    device = report["clocks"]["device"][1]["excess"]
+    assert device is not None and device > 0.25  # 50% injected
