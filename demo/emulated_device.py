@@ -138,7 +138,14 @@ class _StreamClock:
     def _raw(self) -> float:
         if self._fd is None:
             return time.thread_time()
-        run_delay_ns = int(os.pread(self._fd, 96, 0).split()[1])
+        try:
+            run_delay_ns = int(os.pread(self._fd, 96, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            # never seen; the stream thread must not die: the thread's CPU time from here on
+            self.close()
+            self.kind = "thread_cpu"
+            self._started = None if self._started is None else time.thread_time()
+            return time.thread_time()
         return time.monotonic() - run_delay_ns * 1e-9
 
     def begin(self) -> None:
@@ -412,6 +419,18 @@ class EmulatedStream:
             with self._lock:
                 self._closed = True
                 self._wake(self._submitted)
+            self._drain()
+
+    def _drain(self) -> None:
+        """After the stop: launched work that will never run fails instead of hanging its
+        reader (markers stay pending)."""
+        while True:
+            try:
+                _, kind, payload = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "work":
+                payload[3]._finish(None, RuntimeError(f"{self!r} closed before this work ran"))
 
     def _wake(self, seq: int) -> None:
         """Set the waiters' events up to ``seq`` (under ``_lock``)."""

@@ -351,3 +351,42 @@ def test_demo_on_the_emulated_device(tmp_path) -> None:  # type: ignore[no-untyp
     assert report["phase_clock"] == "device"
     device = report["clocks"]["device"][1]["excess"]
     assert device is not None and device > 0.25  # 50% injected
+
+
+def test_the_monitors_device_clock_on_the_emulated_device(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What the demo relies on, in one process: phase events recorded from the loop are
+    markers, so a device-only delay launched in the backward shows on the device clock and not
+    on the CPU clock (skipped where this laggard's monitor has no device clock)."""
+    torch = pytest.importorskip("torch")
+    from laggard.demo.worker import device_clock_available
+
+    if not device_clock_available():
+        pytest.skip("this TrainingMonitor has no phase_clock='device'")
+    import torch.distributed as dist
+
+    from laggard.integrations.monitor import TrainingMonitor
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    dev = EmulatedDevice("monitor")
+    model = torch.nn.Linear(8, 8)
+    monitor = TrainingMonitor(TrainingMonitor.Config(phase_clock="device", window_steps=4),
+                              device=dev, model=model)
+    try:
+        for _ in range(8):
+            with monitor.step():
+                with monitor.phase("forward"):
+                    loss = dev.launch(lambda: model(torch.ones(4, 8)).sum())
+                with monitor.phase("backward"):
+                    dev.launch(lambda loss=loss: (loss.result().backward(), _spin(0.01)))
+                loss.item(timeout=10)
+        # one rank gathers nothing: read what the monitor would gather at step 8 (steps 4-7,
+        # one window late)
+        dev.synchronize()
+        values = monitor.device_clock.window_values(8)
+        assert values["compute_device_seconds"] >= 0.009
+        assert values["compute_cpu_seconds"] < 0.005
+        assert values["device_pending_count"] == 0
+    finally:
+        monitor.close()
+        dev.close()
+        dist.destroy_process_group()
