@@ -198,15 +198,20 @@ def _clock_lines(report: dict[str, Any]) -> list[str]:
         note = (f"device clock: the emulated stream's {report.get('device_clock') or 'busy'} "
                 "clock, waits for peers out; CPU clock: the training thread's wall time in the "
                 "same phases")
-    lines = ["", f"compute on each clock (emulated asynchronous device; {note}; excess over the "
-                 "other ranks' median)",
+    lines = ["", f"compute on each clock (ms; emulated asynchronous device; {note}; excess over "
+                 "the other ranks' median)",
              f"{'rank':>4}  {'CPU clock':>9}  {'excess':>7}  {'device clock':>12}  {'excess':>7}"]
     for rank in range(len(report["ranks"])):
         c = cpu[rank] if rank < len(cpu) else {}
         d = dev[rank] if rank < len(dev) else {}
-        lines.append(f"{rank:>4}  {_ms(c.get('seconds')):>9}  {_pct(c.get('excess')):>7}  "
-                     f"{_ms(d.get('seconds')):>12}  {_pct(d.get('excess')):>7}")
+        lines.append(f"{rank:>4}  {_ms3(c.get('seconds')):>9}  {_pct(c.get('excess')):>7}  "
+                     f"{_ms3(d.get('seconds')):>12}  {_pct(d.get('excess')):>7}")
     return lines
+
+
+def _ms3(seconds: float | None) -> str:
+    """Milliseconds to the microsecond: the CPU clock of a loop that only launches is ~0.03."""
+    return "-" if seconds is None else f"{1e3 * seconds:.3f}"
 
 
 def _pct(fraction: float | None) -> str:

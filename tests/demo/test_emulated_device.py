@@ -390,3 +390,40 @@ def test_the_monitors_device_clock_on_the_emulated_device(tmp_path) -> None:  # 
         monitor.close()
         dev.close()
         dist.destroy_process_group()
+
+
+def test_report_shows_both_clocks() -> None:
+    """The demo report of an emulated run: each rank's compute on the CPU clock and on the
+    device clock, device columns read one window late."""
+    import argparse
+
+    from laggard.demo.report import build_report, format_report
+
+    args = argparse.Namespace(slow_rank=1, slowdown=1.25, slow_from=20, window=10,
+                              compression="none")
+    names = ["compute_seconds", "collective_wait_seconds", "compute_cpu_seconds",
+             "compute_device_seconds"]
+
+    def row(device: float, cpu: float = 3e-5) -> list[float]:
+        return [device, 0.01, cpu, device]
+
+    windows = [{"step": 9, "medians": [row(0.02)] * 3},
+               {"step": 19, "medians": [row(0.02)] * 3},
+               # describes steps 10-19 (one window late): not slowed yet
+               {"step": 29, "medians": [row(0.02), row(0.02), row(0.02)]},
+               {"step": 39, "medians": [row(0.02), row(0.025, 3.03e-5), row(0.02)]},
+               {"step": 49, "medians": [row(0.02), row(0.025, 2.97e-5), row(0.02)]}]
+    result = {"world_size": 3, "steps": 50, "loss": {"first": 5.0, "last": 2.0},
+              "stat_names": names, "windows": windows, "findings": [],
+              "device": "emulated-async", "phase_clock": "device", "device_clock": "busy"}
+    report = build_report(result, args, "http://127.0.0.1:1/metrics")
+    assert report["table_from_step"] == 30
+    assert report["clocks"]["device"][1]["excess"] == pytest.approx(0.25)
+    assert abs(report["clocks"]["cpu"][1]["excess"]) < 0.02
+    text = format_report(report)
+    assert "compute on each clock" in text and "+25.0%" in text
+    cpu_only = build_report({**result, "phase_clock": "thread_cpu", "stat_names": names[:2],
+                             "windows": [{**w, "medians": [r[:2] for r in w["medians"]]}
+                                         for w in windows]}, args, "http://x/metrics")
+    assert cpu_only["clocks"]["device"][1]["excess"] is None
+    assert "no device clock" in format_report(cpu_only)
