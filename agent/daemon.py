@@ -1,8 +1,8 @@
 """``laggard agent``: the node agent daemon.
 
-Builds the enabled collectors, samples each on its own thread, receives StepRecords on UDP, and
-serves ``/metrics`` (Prometheus text format) and ``/findings`` (JSON) over HTTP until SIGTERM or
-SIGINT.
+Builds the enabled collectors, samples each on its own thread, receives StepRecords on a Unix
+datagram socket (and UDP where asked), and serves ``/metrics`` (Prometheus text format) and
+``/findings`` (JSON) over HTTP until SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -20,19 +20,26 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from laggard.agent import registry
 from laggard.agent.config import (
-    DEFAULT_INTAKE_ADDRESS,
+    DEFAULT_INTAKE_SOCKET,
     DEFAULT_LISTEN_ADDRESS,
+    DEFAULT_MAX_RUNS,
     DEFAULT_MAX_SERIES,
     DEFAULT_RANK_TTL_SECONDS,
+    DEFAULT_SOCKET_MODE,
     AgentConfig,
+    is_loopback_host,
     parse_address,
 )
 from laggard.agent.context import AgentContext
 from laggard.agent.exporter import AgentExporter
+from laggard.agent.gpu_index import GpuIndex
 from laggard.agent.intake import RankTable, UdpIntake
 from laggard.agent.sampler import CollectorThread
 from laggard.agent.supervisor import RestartableThread, Supervisor
+from laggard.agent.unix_intake import UnixIntake, parse_id_list, queue_limit
 from laggard.agent.web import make_app, make_http_server
+from laggard.agent.workload import WorkloadLabels
+from laggard.collectors.nvml_library import shared_library
 
 log = logging.getLogger("laggard.agent")
 
@@ -44,9 +51,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=DEFAULT_LISTEN_ADDRESS,
                         help="host:port for /metrics, [v6]:port for IPv6 (default "
                              "%(default)s; 9400 is dcgm-exporter's, 9100 node_exporter's)")
-    parser.add_argument("--intake-address", default=DEFAULT_INTAKE_ADDRESS,
-                        help="host:port of the UDP intake for training ranks "
-                             "(default %(default)s; empty to disable)")
+    parser.add_argument("--intake.socket", dest="intake_socket", default=None, metavar="PATH",
+                        help="Unix datagram socket the training ranks send to, with their pid "
+                             f"and uid from the kernel (default {DEFAULT_INTAKE_SOCKET}, skipped "
+                             "with a warning if it cannot be made; empty to disable)")
+    parser.add_argument("--intake.socket-mode", dest="intake_socket_mode", type=_octal,
+                        default=DEFAULT_SOCKET_MODE, metavar="OCTAL",
+                        help=f"permission bits of the socket file (default "
+                             f"{DEFAULT_SOCKET_MODE:04o}: who may send is decided by the "
+                             "directory and the allow-lists)")
+    parser.add_argument("--intake.socket-group", dest="intake_socket_group", type=_group,
+                        default=None, metavar="GROUP",
+                        help="group (name or gid) of the socket file, for a mode such as 0660")
+    parser.add_argument("--intake.allow-uids", dest="intake_allow_uids", type=parse_id_list,
+                        default=frozenset(), metavar="UID,...",
+                        help="only these uids (or the gids below) may send on the socket; "
+                             "others are refused and counted (default: all)")
+    parser.add_argument("--intake.allow-gids", dest="intake_allow_gids", type=parse_id_list,
+                        default=frozenset(), metavar="GID,...",
+                        help="only these primary gids (or the uids above) may send")
+    parser.add_argument("--intake-address", default="",
+                        help="host:port of a UDP intake as well (no sender identity: any local "
+                             "process can send); loopback only unless --intake.udp-allow-remote "
+                             "(default: off)")
+    parser.add_argument("--intake.udp-allow-remote", dest="intake_udp_remote",
+                        action="store_true",
+                        help="allow --intake-address on a non-loopback address (any host or pod "
+                             "that reaches it can send records; logged as a warning)")
     parser.add_argument("--collect-interval", type=float, default=1.0, metavar="SECONDS",
                         help="seconds between sampling rounds, 0.1 to 3600 (default 1)")
     parser.epilog = ("Every --collector.NAME has a --no-collector.NAME that turns it off, "
@@ -85,8 +116,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=DEFAULT_RANK_TTL_SECONDS, metavar="SECONDS",
                         help="forget a rank, its series and straggler flags after this long "
                              "without a record (default %(default)s)")
+    parser.add_argument("--intake.max-runs", dest="max_runs", type=int,
+                        default=DEFAULT_MAX_RUNS, metavar="N",
+                        help="most training runs tracked at once, each with its share of "
+                             "--intake.max-series; records of further runs are rejected and "
+                             "counted until one expires (default %(default)s)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
+
+
+def _octal(text: str) -> int:
+    """``"0660"`` or ``"0o660"`` -> 0o660 (argparse type)."""
+    try:
+        return int(text.removeprefix("0o"), 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an octal mode") from None
+
+
+def _group(text: str) -> int:
+    """A group name or gid -> gid (argparse type)."""
+    if text.isdigit():
+        return int(text)
+    import grp
+
+    try:
+        return grp.getgrnam(text).gr_gid
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"no group {text!r}") from None
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
@@ -108,6 +164,13 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     return AgentConfig(
         listen_address=args.listen_address,
         intake_address=args.intake_address,
+        intake_udp_remote=args.intake_udp_remote,
+        intake_socket=DEFAULT_INTAKE_SOCKET if args.intake_socket is None else args.intake_socket,
+        intake_socket_optional=args.intake_socket is None,
+        intake_socket_mode=args.intake_socket_mode,
+        intake_socket_group=args.intake_socket_group,
+        intake_allow_uids=args.intake_allow_uids,
+        intake_allow_gids=args.intake_allow_gids,
         collect_interval=args.collect_interval,
         collectors=enabled,
         node=args.node or socket.gethostname(),
@@ -118,9 +181,18 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         max_ranks=args.max_ranks,
         max_series=args.max_series,
         rank_ttl_seconds=args.rank_ttl,
+        max_runs=args.max_runs,
         nccl_inspector_dir=args.nccl_inspector_dir,
         flight_recorder_path=args.flight_recorder_path,
     )
+
+
+def _gpu_resolver(config: AgentConfig) -> GpuIndex | None:
+    """Ranks' devices -> GPU index through the GPU collector's NVML (fake NVML with
+    ``--fake-gpus``); None without the nvml collector: ``gpu`` stays empty, uncounted."""
+    if "nvml" not in config.collectors:
+        return None
+    return GpuIndex(shared_library(config.fake_gpus))
 
 
 class _UnbuildableCollector:
@@ -141,7 +213,7 @@ class Agent:
         config: what to run.
 
     Raises:
-        OSError: the HTTP or UDP address cannot be bound.
+        OSError: the HTTP or UDP address, or a socket path asked for, cannot be bound.
     """
 
     def __init__(self, config: AgentConfig) -> None:
@@ -157,42 +229,83 @@ class Agent:
             self.threads.append(CollectorThread(collector, config.collect_interval))
         self.table: RankTable | None = None
         self.intake: UdpIntake | None = None
-        if config.intake_address:
+        self.unix_intake: UnixIntake | None = None
+        if config.intake_address or config.intake_socket:
             self.table = RankTable(config.max_ranks, self.context.findings, self.context.node,
                                    max_series=config.max_series,
-                                   rank_ttl_seconds=config.rank_ttl_seconds)
+                                   rank_ttl_seconds=config.rank_ttl_seconds,
+                                   max_runs=config.max_runs,
+                                   gpu_resolver=_gpu_resolver(config))
+        if config.intake_address and self.table is not None:
             try:
                 self.intake = UdpIntake(config.intake_address, self.table)
             except OSError as exc:
                 raise OSError(exc.errno, f"intake udp://{config.intake_address}: "
                                          f"{exc.strerror or exc}") from None
+        if config.intake_socket and self.table is not None:
+            self.unix_intake = self._open_unix_intake(config, self.table)
         self.supervisor = Supervisor()
         self.registry = CollectorRegistry()
         self.registry.register(
             AgentExporter(self.threads, self.table, self.context.findings, self.context.node,
                           intake=self.intake, supervisor=self.supervisor)
         )
+        if self.unix_intake is not None:
+            self.registry.register(self.unix_intake)
         ProcessCollector(namespace="laggard_agent", registry=self.registry)
         host, port = parse_address(config.listen_address)
         try:
             self.server = make_http_server(host, port,
                                            make_app(self.registry, self.context.findings))
         except OSError as exc:
-            if self.intake is not None:
-                self.intake.stop()
+            self._stop_intakes()
             raise OSError(exc.errno, f"--web.listen-address {config.listen_address}: "
                                      f"{exc.strerror or exc}") from None
         self.port: int = self.server.server_port
         self._server_thread = RestartableThread(self.server.serve_forever, "laggard-http")
+
+    def _open_unix_intake(self, config: AgentConfig, table: RankTable) -> UnixIntake | None:
+        """The Unix-socket intake; None if the default path cannot be bound (logged).
+
+        Raises:
+            OSError: a path asked for cannot be bound (the UDP intake is stopped first).
+        """
+        try:
+            intake = UnixIntake(config.intake_socket, table, mode=config.intake_socket_mode,
+                                group=config.intake_socket_group,
+                                allow_uids=config.intake_allow_uids,
+                                allow_gids=config.intake_allow_gids,
+                                workload=WorkloadLabels(config.proc_root))
+        except OSError as exc:
+            message = f"--intake.socket {config.intake_socket}: {exc.strerror or exc}"
+            if config.intake_socket_optional:
+                log.warning("%s; the Unix-socket intake is off (give --intake.socket PATH, or "
+                            "--intake.socket '' to silence this)", message)
+                return None
+            self._stop_intakes()
+            raise OSError(exc.errno, message) from None
+        qlen = queue_limit()
+        if qlen is not None and qlen < 64:
+            log.info("net.unix.max_dgram_qlen is %d: a burst of more datagrams than that while "
+                     "the intake is busy is refused to the senders (counted by them); raise it "
+                     "for nodes with many ranks (sysctl net.unix.max_dgram_qlen=512, then "
+                     "restart the agent)", qlen)
+        return intake
+
+    def _stop_intakes(self) -> None:
+        for intake in (self.intake, self.unix_intake):
+            if intake is not None:
+                intake.stop()
 
     def start(self) -> None:
         """Start sampling, the intake, the HTTP server and the supervisor watching them."""
         for thread in self.threads:
             thread.start()
             self.supervisor.watch(thread.thread)
-        if self.intake is not None:
-            self.intake.start()
-            self.supervisor.watch(self.intake.thread)
+        for intake in (self.intake, self.unix_intake):
+            if intake is not None:
+                intake.start()
+                self.supervisor.watch(intake.thread)
         self._server_thread.start()
         self.supervisor.watch(self._server_thread)
         self.supervisor.start()
@@ -203,8 +316,7 @@ class Agent:
         self.supervisor.stop()
         self.server.shutdown()
         self.server.server_close()
-        if self.intake is not None:
-            self.intake.stop()
+        self._stop_intakes()
         for thread in self.threads:
             thread.stop()
 
@@ -230,8 +342,19 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     agent.start()
-    intake = f", intake udp://{config.intake_address.rsplit(':', 1)[0]}:{agent.intake.port}" \
-        if agent.intake else ""
+    intakes = []
+    if agent.unix_intake is not None:
+        intakes.append(f"unix://{agent.unix_intake.path}")
+    if agent.intake is not None:
+        intakes.append(f"udp://{config.intake_address.rsplit(':', 1)[0]}:{agent.intake.port}")
+        if not is_loopback_host(parse_address(config.intake_address)[0]):
+            log.warning("UDP intake on %s (--intake.udp-allow-remote): any host or pod that "
+                        "reaches it can send step records and findings, with no sender "
+                        "identity", config.intake_address)
+        if config.intake_allow_uids or config.intake_allow_gids:
+            log.warning("the allow-lists apply to the Unix socket only: the UDP intake takes "
+                        "datagrams from any process that can reach it")
+    intake = f", intake {' and '.join(intakes)}" if intakes else ", no intake"
     host = parse_address(config.listen_address)[0]
     log.info("serving http://%s:%d/metrics%s; collectors: %s",
              f"[{host}]" if ":" in host else host, agent.port, intake,

@@ -1,7 +1,8 @@
 """The UDP intake: StepRecords and WindowReports from the training ranks of this node.
 
-Fire and forget on the sending side (``integrations/monitor.py``), bounded here: at most
-``max_ranks`` ranks and ``max_series`` exposition samples are kept, label values from the wire
+Fire and forget on the sending side (``integrations/monitor.py``), bounded here: each training
+run (``StepRecord.run``) has its own ranks, at most ``max_runs`` runs, ``max_ranks`` ranks and
+``max_series`` exposition samples (shared fairly between runs) are kept, label values from the wire
 are capped (phase and op names per rank) or drawn from a fixed vocabulary (finding detector, kind,
 severity), and ranks unheard of for ``rank_ttl_seconds`` are forgotten. Every datagram sent ends
 up in exactly one counter: accepted, rejected by reason, or dropped by the kernel before the agent
@@ -27,17 +28,19 @@ from prometheus_client.core import (
 from prometheus_client.metrics_core import Metric
 
 from laggard.agent.config import (
+    DEFAULT_MAX_RUNS,
     DEFAULT_MAX_SERIES,
     DEFAULT_RANK_TTL_SECONDS,
     MAX_NAMES_PER_RANK,
 )
 from laggard.agent.context import FindingLog
+from laggard.agent.datagram_intake import DatagramIntake
+from laggard.agent.sender import SenderIdentity
 from laggard.agent.socket_drops import socket_drops
-from laggard.agent.supervisor import RestartableThread
 from laggard.collectors.histogram import DURATION_BUCKETS_SECONDS, Histogram
+from laggard.collectors.nvml_library import normalise_bus_id
 from laggard.detectors.finding import JOB_FINDING_KINDS, Severity
 from laggard.wire import (
-    MAX_DATAGRAM_BYTES,
     RecordError,
     StepRecord,
     WindowReport,
@@ -68,11 +71,29 @@ _COMM_COUNTERS = {
 RANK_SAMPLES = 8 + len(DURATION_BUCKETS_SECONDS) + 3
 #: Samples of one duration histogram (buckets, +Inf, sum, count): one phase of one rank.
 HISTOGRAM_SAMPLES = len(DURATION_BUCKETS_SECONDS) + 3
+#: Samples a run's WindowReport state costs besides its scores and flags: the report timestamp,
+#: the job-slowdown gauge and up to 16 detector input counters (the wire's cap on their names).
+JOB_SAMPLES = 2 + 16
 #: What the intake counts in ``laggard_intake_rejected_total{reason}`` (whole datagrams).
 REJECT_REASONS = ("oversized", "too_deep", "not_json", "version", "schema", "range",
-                  "decoder_error", "rank_limit", "series_limit", "internal_error")
+                  "run_length", "run_charset", "decoder_error", "rank_limit", "run_limit",
+                  "series_limit", "internal_error", "sender_not_allowed")
 #: What ``laggard_intake_dropped_total{what}`` counts: parts of accepted datagrams not exported.
 DROP_WHATS = ("phase", "op", "score", "flag", "finding_label")
+#: Why a rank was forgotten (``laggard_intake_ranks_forgotten_total{reason}``): no record for the
+#: TTL, a restart of its run, its sender now reports for another run or rank, or its run was
+#: over its fair share of the series budget when another run needed room.
+FORGET_REASONS = ("stale", "restart", "moved", "budget")
+#: Why a run was forgotten (``laggard_intake_runs_forgotten_total{reason}``): nothing heard for
+#: the TTL, or its last rank moved to another run.
+RUN_FORGET_REASONS = ("stale", "empty")
+#: Why a rank's GPU could not be named (``laggard_intake_gpu_unresolved_total{reason}``): no
+#: NVML on this agent, or a UUID / PCI bus id NVML does not list.
+GPU_UNRESOLVED_REASONS = ("no_nvml", "unknown_device")
+
+#: ``(uuid, pci_bus_id)`` -> NVML index as a label value, ``""`` for a device NVML does not
+#: list, None when NVML is not available. See :class:`laggard.agent.gpu_index.GpuIndex`.
+GpuResolver = Callable[[str | None, str | None], str | None]
 
 
 @dataclass(slots=True)
@@ -92,11 +113,16 @@ class RankState:
     collective_seconds: dict[str, Histogram] = field(default_factory=dict)
     collective_bytes: Counter[str] = field(default_factory=Counter)
     comm: Counter[str] = field(default_factory=Counter)
+    uuid: str = ""
+    pci_bus_id: str = ""
+    gpu: str = ""
+    pid: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class JobState:
-    """What the WindowReports of the job reporting to this agent set (bounded like ranks)."""
+    """What the WindowReports of one run set (bounded like ranks)."""
 
     world_size: int
     last_step: int = -1
@@ -108,18 +134,44 @@ class JobState:
     detector_stats: dict[str, int] = field(default_factory=dict)
 
 
-class RankTable:
-    """Thread-safe per-rank statistics built from StepRecords and WindowReports.
+@dataclass(slots=True)
+class RunState:
+    """One training run's ranks and WindowReport state, apart from every other run's.
 
-    Everything a sender can create is bounded: ranks (``max_ranks``), names per rank
-    (``max_names`` phases and as many ops), finding labels (a fixed vocabulary) and, over all of
-    them, the exposition samples the intake serves (``max_series``). State expires: a rank not
-    heard from for ``rank_ttl_seconds`` is forgotten with its series, score and flags, and so is
-    the job state of WindowReports; a rank whose world size changes or whose step goes back is a
-    restarted job, and starts afresh (so does the job state).
+    Attributes:
+        ranks: rank -> state; rank 0 of this run is not rank 0 of another.
+        job: what this run's WindowReports set, None before the first (or after a reset).
+        series: exposition samples this run holds (its share of the budget in use).
+    """
+
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    job: JobState | None = None
+    series: int = 0
+
+
+class RankTable:
+    """Thread-safe per-run, per-rank statistics built from StepRecords and WindowReports.
+
+    Runs are kept apart: each record's ``run`` (``""`` from a sender that names none) selects
+    its own rank table and WindowReport state, so two jobs on one node never overwrite each
+    other, and a world size seen in one run is no restart of another.
+
+    Everything a sender can create is bounded: runs (``max_runs``), ranks over all runs
+    (``max_ranks``), names per rank (``max_names`` phases and as many ops), finding labels (a
+    fixed vocabulary) and, over all of them, the exposition samples the intake serves
+    (``max_series``). The budget is shared fairly: a run may hold at most
+    ``max_series // runs tracked`` samples; when the budget is full and a run under its share
+    needs room, ranks of the run furthest over its share are forgotten (``budget``), highest
+    rank first, so one run cannot starve another. State expires: a rank not heard from for
+    ``rank_ttl_seconds`` is forgotten with its series, score and flags, and so is a run's job
+    state; a run with nothing left is forgotten. Within a run, a rank whose world size changes
+    or whose step goes back is a restart and starts afresh (so does the run's job state). A
+    sender whose pid the kernel gave (:class:`SenderIdentity`) and that reports for another run
+    or rank moves: its old rank is forgotten (``moved``).
 
     Args:
-        max_ranks: most ranks tracked; records of further ranks are rejected (``rank_limit``).
+        max_ranks: most ranks tracked over all runs; records of further ranks are rejected
+            (``rank_limit``).
         findings: where findings carried by WindowReports go.
         default_node: node label for records that do not name one.
         max_series: most exposition samples the intake's per-rank families may hold; a new rank
@@ -127,6 +179,10 @@ class RankTable:
             dropped and counted.
         rank_ttl_seconds: seconds after its last record at which a rank is forgotten.
         max_names: most distinct phase names, and most op names, per rank.
+        max_runs: most runs tracked; records of a further run are rejected (``run_limit``)
+            until one expires.
+        gpu_resolver: names a rank's GPU (NVML index) from its device UUID and PCI bus id;
+            None: the ``gpu`` label stays empty.
         clock: monotonic clock in seconds (tests pass a fake one).
 
     Raises:
@@ -137,19 +193,25 @@ class RankTable:
                  max_series: int = DEFAULT_MAX_SERIES,
                  rank_ttl_seconds: float = DEFAULT_RANK_TTL_SECONDS,
                  max_names: int = MAX_NAMES_PER_RANK,
+                 max_runs: int = DEFAULT_MAX_RUNS,
+                 gpu_resolver: GpuResolver | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if min(max_ranks, max_series, max_names) < 1 or rank_ttl_seconds <= 0:
+        if min(max_ranks, max_series, max_names, max_runs) < 1 or rank_ttl_seconds <= 0:
             raise ValueError("intake limits must be positive")
         self._max_ranks = max_ranks
         self._max_series = max_series
+        self._max_runs = max_runs
         self._ttl = rank_ttl_seconds
         self._max_names = max_names
+        self._gpu_resolver = gpu_resolver
         self._clock = clock
         self._findings = findings
         self._default_node = default_node
         self._lock = threading.Lock()
-        self._ranks: dict[int, RankState] = {}
-        self._job: JobState | None = None
+        self._runs: dict[str, RunState] = {}
+        #: sender pid -> (run, rank) it last reported as; at most one entry per tracked rank.
+        self._senders: dict[int, tuple[str, int]] = {}
+        self._rank_count = 0
         self._series = 0
         self._logged_internal_error = False
         self.accepted = 0
@@ -157,6 +219,8 @@ class RankTable:
         self.dropped: Counter[str] = Counter()
         self.forgotten: Counter[str] = Counter()
         self.job_resets: Counter[str] = Counter()
+        self.runs_forgotten: Counter[str] = Counter()
+        self.gpu_unresolved: Counter[str] = Counter()
 
     @property
     def series(self) -> int:
@@ -164,18 +228,34 @@ class RankTable:
         with self._lock:
             return self._series
 
-    def ingest(self, payload: bytes) -> None:
+    def run_series(self) -> dict[str, int]:
+        """Run -> exposition samples it holds now (its use of the shared budget)."""
+        with self._lock:
+            return {run: state.series for run, state in self._runs.items()}
+
+    def ingest(self, payload: bytes, sender: SenderIdentity | None = None) -> None:
         """Decode one datagram and apply it; a bad one is counted in ``rejected`` and dropped.
+
+        Args:
+            payload: one datagram's bytes.
+            sender: who sent it, as the kernel says (Unix-socket intake); None over UDP. Its
+                pid detects a rank that moves to another run; its workload labels go on the
+                rank's ``laggard_rank_info``.
 
         Never raises: whatever the payload, it ends up in ``accepted`` or ``rejected``.
         """
         try:
             item = decode_datagram(payload)
+            gpu = None
+            if isinstance(item, StepRecord) and (item.uuid or item.pci_bus_id) \
+                    and self._gpu_resolver is not None:
+                # Outside the lock: the resolver may call NVML (cached, but not free).
+                gpu = self._gpu_resolver(item.uuid, item.pci_bus_id)
             with self._lock:
                 if isinstance(item, WindowReport):
                     self._apply_window(item)
                 else:
-                    self._apply_step(item)
+                    self._apply_step(item, sender, gpu)
                 self.accepted += 1
         except RecordError as exc:
             with self._lock:
@@ -193,61 +273,134 @@ class RankTable:
             self.rejected[reason] += 1
 
     def expire(self) -> None:
-        """Forget ranks and job state not heard from for ``rank_ttl_seconds``."""
+        """Forget ranks, job state and runs not heard from for ``rank_ttl_seconds``."""
         with self._lock:
             self._expire()
 
     def _expire(self) -> None:
         deadline = self._clock() - self._ttl
-        for rank in [r for r, s in self._ranks.items() if s.last_seen_monotonic < deadline]:
-            self._forget_rank(rank, "stale")
-        if self._job is not None and self._job.last_report_monotonic < deadline:
-            self._reset_job("stale")
+        for name, run in list(self._runs.items()):
+            for rank in [r for r, s in run.ranks.items() if s.last_seen_monotonic < deadline]:
+                self._forget_rank(name, rank, "stale")
+            if run.job is not None and run.job.last_report_monotonic < deadline:
+                self._reset_job(run, "stale")
+            self._drop_if_empty(name, "stale")
 
-    def _forget_rank(self, rank: int, reason: str) -> None:
-        state = self._ranks.pop(rank)
-        self._series -= state.series
+    def _drop_if_empty(self, name: str, reason: str | None) -> None:
+        """Forget run ``name`` if nothing is left of it; count it unless ``reason`` is None
+        (a run refused its first record was never one)."""
+        run = self._runs.get(name)
+        if run is not None and not run.ranks and run.job is None:
+            del self._runs[name]
+            self._series -= run.series  # 0 unless a bug left samples charged
+            if reason is not None:
+                self.runs_forgotten[reason] += 1
+
+    def _forget_rank(self, name: str, rank: int, reason: str) -> None:
+        run = self._runs[name]
+        state = run.ranks.pop(rank)
+        self._rank_count -= 1
+        self._uncharge(run, state.series)
         self.forgotten[reason] += 1
-        job = self._job
+        if state.pid is not None and self._senders.get(state.pid) == (name, rank):
+            del self._senders[state.pid]
+        job = run.job
         if job is not None:
             if job.scores.pop(rank, None) is not None:
-                self._series -= 1
+                self._uncharge(run, 1)
             for key in [k for k in job.flagged if k[0] == rank]:
                 del job.flagged[key]
-                self._series -= 1
+                self._uncharge(run, 1)
 
-    def _reset_job(self, reason: str) -> None:
-        job, self._job = self._job, None
+    def _reset_job(self, run: RunState, reason: str) -> None:
+        job, run.job = run.job, None
         if job is not None:
-            self._series -= len(job.scores) + len(job.flagged)
+            self._uncharge(run, JOB_SAMPLES + len(job.scores) + len(job.flagged))
             self.job_resets[reason] += 1
 
-    def _charge(self, samples: int) -> bool:
-        if self._series + samples > self._max_series:
+    def _uncharge(self, run: RunState, samples: int) -> None:
+        run.series -= samples
+        self._series -= samples
+
+    def _charge(self, name: str, samples: int) -> bool:
+        """Charge ``samples`` to run ``name`` if its fair share and the budget allow.
+
+        A run's share is ``max_series // runs tracked``. When the budget as a whole is full, runs
+        over their share give ranks back (highest rank first) until this run fits.
+        """
+        run = self._runs[name]
+        share = self._max_series // len(self._runs)
+        if run.series + samples > share:
             return False
+        while self._series + samples > self._max_series:
+            if not self._reclaim(share, but=name):
+                return False
+        run.series += samples
         self._series += samples
         return True
 
-    def _apply_step(self, record: StepRecord) -> None:
+    def _reclaim(self, share: int, but: str) -> bool:
+        """Forget one rank (or the job state) of the run furthest over ``share``; False if none
+        is over it."""
+        over = [(run.series - share, name) for name, run in self._runs.items()
+                if name != but and run.series > share]
+        if not over:
+            return False
+        _, name = max(over)
+        run = self._runs[name]
+        if run.ranks:
+            self._forget_rank(name, max(run.ranks), "budget")
+        else:
+            self._reset_job(run, "budget")
+        self._drop_if_empty(name, "empty")
+        return True
+
+    def _run_for(self, name: str) -> RunState:
+        """The state of run ``name``, made when the run limit allows.
+
+        Raises:
+            RecordError: ``run_limit`` when ``max_runs`` runs are tracked (after expiry).
+        """
+        run = self._runs.get(name)
+        if run is None:
+            if len(self._runs) >= self._max_runs:
+                self._expire()
+                if len(self._runs) >= self._max_runs:
+                    raise RecordError("run_limit", f"more than {self._max_runs} runs")
+            run = self._runs[name] = RunState()
+        return run
+
+    def _apply_step(self, record: StepRecord, sender: SenderIdentity | None = None,
+                    gpu: str | None = None) -> None:
         now = self._clock()
-        state = self._ranks.get(record.rank)
-        if state is not None and (record.world_size != state.world_size
-                                  or record.step < state.last_step):
-            # A new job (other world size) or a restarted one (from a checkpoint, or step 0).
-            self._forget_rank(record.rank, "restart")
+        name = record.run
+        run = self._runs.get(name)
+        state = run.ranks.get(record.rank) if run is not None else None
+        if run is not None and state is not None and (record.world_size != state.world_size
+                                                      or record.step < state.last_step):
+            # A restarted run (other world size, from a checkpoint, or step 0).
+            self._forget_rank(name, record.rank, "restart")
             state = None
         if state is None:
-            if len(self._ranks) >= self._max_ranks:
+            if self._rank_count >= self._max_ranks:
                 self._expire()
-                if len(self._ranks) >= self._max_ranks:
+                if self._rank_count >= self._max_ranks:
                     raise RecordError("rank_limit", f"more than {self._max_ranks} ranks")
-            if not self._charge(RANK_SAMPLES):
-                raise RecordError("series_limit", f"more than {self._max_series} series")
-            state = self._ranks[record.rank] = RankState(
+            run = self._run_for(name)
+            if not self._charge(name, RANK_SAMPLES):
+                self._drop_if_empty(name, None)  # a run refused its first rank is not kept
+                raise RecordError("series_limit", f"run {name!r} at its share of "
+                                  f"{self._max_series} series")
+            state = run.ranks[record.rank] = RankState(
                 world_size=record.world_size,
                 node=record.node or self._default_node,
                 local_rank=record.local_rank,
             )
+            self._rank_count += 1
+        if sender is not None:
+            self._note_sender(name, record.rank, state, sender)
+        if record.uuid or record.pci_bus_id:
+            self._note_device(state, record, gpu)
         if record.node:
             state.node = record.node
         if record.local_rank is not None:
@@ -260,14 +413,14 @@ class RankTable:
         if record.collective_wait_seconds is not None:
             phases["collective_wait"] = record.collective_wait_seconds
         for phase, seconds in phases.items():
-            histogram = self._named(state, state.phases, phase, HISTOGRAM_SAMPLES, "phase")
+            histogram = self._named(name, state, state.phases, phase, HISTOGRAM_SAMPLES, "phase")
             if histogram is not None:
                 histogram.observe(seconds)
         if record.step_seconds is not None:
             state.step_seconds.observe(record.step_seconds)
         for c in record.collectives:
             # One histogram and one bytes counter per op.
-            histogram = self._named(state, state.collective_seconds, c.op,
+            histogram = self._named(name, state, state.collective_seconds, c.op,
                                     HISTOGRAM_SAMPLES + 1, "op")
             if histogram is not None:
                 histogram.observe(c.seconds)
@@ -276,51 +429,90 @@ class RankTable:
             if key in _COMM_COUNTERS:
                 state.comm[key] += value
 
-    def _named(self, state: RankState, histograms: dict[str, Histogram], name: str,
+    def _note_sender(self, name: str, rank: int, state: RankState,
+                     sender: SenderIdentity) -> None:
+        """Workload labels from the sender; a pid last seen as another run's (or rank's) rank
+        moves here, and its old rank is forgotten (``moved``)."""
+        state.labels = sender.workload_labels()
+        if sender.pid is None:
+            return
+        previous = self._senders.get(sender.pid)
+        if previous is not None and previous != (name, rank):
+            old_run, old_rank = previous
+            old = self._runs.get(old_run)
+            if old is not None and old_rank in old.ranks:
+                self._forget_rank(old_run, old_rank, "moved")
+                self._drop_if_empty(old_run, "empty")
+        if state.pid is not None and state.pid != sender.pid:
+            self._senders.pop(state.pid, None)  # a new process took this rank over
+        state.pid = sender.pid
+        self._senders[sender.pid] = (name, rank)
+
+    def _note_device(self, state: RankState, record: StepRecord, gpu: str | None) -> None:
+        """The rank's device identity and, through NVML, its GPU index (counted when unknown)."""
+        uuid = record.uuid or ""
+        pci = _normalised_bus_id(record.pci_bus_id) if record.pci_bus_id else ""
+        changed = (uuid, pci) != (state.uuid, state.pci_bus_id)
+        state.uuid, state.pci_bus_id = uuid, pci
+        if self._gpu_resolver is None:
+            return
+        if not gpu and (changed or state.gpu):
+            self.gpu_unresolved["no_nvml" if gpu is None else "unknown_device"] += 1
+        state.gpu = gpu or ""
+
+    def _named(self, name: str, state: RankState, histograms: dict[str, Histogram], key: str,
                samples: int, what: str) -> Histogram | None:
-        """The histogram of ``name``, made if the caps allow; None (and counted) if not."""
-        histogram = histograms.get(name)
+        """The histogram of ``key``, made if the caps allow; None (and counted) if not."""
+        histogram = histograms.get(key)
         if histogram is None:
-            if len(histograms) >= self._max_names or not self._charge(samples):
+            if len(histograms) >= self._max_names or not self._charge(name, samples):
                 self.dropped[what] += 1
                 return None
             state.series += samples
-            histogram = histograms[name] = Histogram()
+            histogram = histograms[key] = Histogram()
         return histogram
 
     def _apply_window(self, report: WindowReport) -> None:
-        job = self._job
+        name = report.run
+        run = self._run_for(name)
+        job = run.job
         if job is not None and (report.world_size != job.world_size
                                 or report.step < job.last_step):
-            self._reset_job("restart")
+            self._reset_job(run, "restart")
             job = None
         if job is None:
-            job = self._job = JobState(world_size=report.world_size)
+            if not self._charge(name, JOB_SAMPLES):
+                self._drop_if_empty(name, None)
+                raise RecordError("series_limit", f"run {name!r} at its share of "
+                                  f"{self._max_series} series")
+            job = run.job = JobState(world_size=report.world_size)
         job.last_step = report.step
         job.last_report = time.time()
         job.last_report_monotonic = self._clock()
         if report.detector_stats:
             job.detector_stats = dict(report.detector_stats)
         for rank, score in report.scores.items():
-            if rank in job.scores or self._charge(1):
+            if rank in job.scores or self._charge(name, 1):
                 job.scores[rank] = score
             else:
                 self.dropped["score"] += 1
         for doc in report.findings:
             doc = self._within_vocabulary(doc)
+            if name:
+                doc = {**doc, "run": name}
             rank = doc.get("rank")
             kind = doc["kind"]
             cleared = doc.get("cleared") is True
             # A rank's straggler and link findings are the per-rank laggard_straggler_active
-            # series (kind tells them apart); the job's slowdown is its own gauge.
+            # series (kind tells them apart); the run's slowdown is its own gauge.
             if doc["detector"] in ("straggler", "link") and kind != OTHER_LABEL:
                 if kind == "job_slowdown":
                     job.job_slowdown = 0.0 if cleared else 1.0
                 elif isinstance(rank, int):
                     if cleared:
                         if job.flagged.pop((rank, kind), None) is not None:
-                            self._series -= 1
-                    elif (rank, kind) in job.flagged or self._charge(1):
+                            self._uncharge(run, 1)
+                    elif (rank, kind) in job.flagged or self._charge(name, 1):
                         job.flagged[(rank, kind)] = 1.0
                     else:
                         self.dropped["flag"] += 1
@@ -369,15 +561,32 @@ class RankTable:
         yield _counter_by(
             "laggard_intake_ranks_forgotten_total",
             "Ranks forgotten with all their series, score and flags: stale (no record for the "
-            "rank TTL) or restart (new world size, or the step went back).",
-            "reason", ("stale", "restart"), self.forgotten)
+            "rank TTL), restart (new world size, or the step went back, in the same run), moved "
+            "(its sender now reports for another run or rank), budget (its run was over its "
+            "fair share of the series budget when another run needed room).",
+            "reason", FORGET_REASONS, self.forgotten)
         yield _counter_by(
             "laggard_intake_job_resets_total",
-            "Times the job state from WindowReports (scores, flags) was dropped: stale (no "
-            "report for the rank TTL) or restart (new world size, or the step went back).",
-            "reason", ("stale", "restart"), self.job_resets)
+            "Times a run's state from WindowReports (scores, flags) was dropped: stale (no "
+            "report for the rank TTL), restart (new world size, or the step went back), budget.",
+            "reason", ("stale", "restart", "budget"), self.job_resets)
+        yield _counter_by(
+            "laggard_intake_runs_forgotten_total",
+            "Runs forgotten: stale (no record for the rank TTL), empty (their last rank moved "
+            "or was reclaimed).", "reason", RUN_FORGET_REASONS, self.runs_forgotten)
+        yield _counter_by(
+            "laggard_intake_gpu_unresolved_total",
+            "Rank device identities (UUID, PCI bus id) this agent could not map to a GPU "
+            "index: no_nvml (NVML not available), unknown_device (not a GPU NVML lists); the "
+            "rank's gpu label is then empty.", "reason", GPU_UNRESOLVED_REASONS,
+            self.gpu_unresolved)
         yield GaugeMetricFamily("laggard_intake_ranks", "Ranks tracked by the intake.",
-                                value=len(self._ranks))
+                                value=self._rank_count)
+        yield GaugeMetricFamily("laggard_intake_runs", "Training runs tracked by the intake.",
+                                value=len(self._runs))
+        yield GaugeMetricFamily("laggard_intake_runs_limit",
+                                "Most training runs the intake tracks (--intake.max-runs).",
+                                value=self._max_runs)
         yield GaugeMetricFamily(
             "laggard_intake_series",
             "Exposition samples the intake's per-rank families hold, against the budget "
@@ -385,90 +594,134 @@ class RankTable:
         yield GaugeMetricFamily("laggard_intake_series_limit",
                                 "Most exposition samples the intake's families may hold "
                                 "(--intake.max-series).", value=self._max_series)
+        run_series = GaugeMetricFamily(
+            "laggard_intake_run_series",
+            "Exposition samples one run's series hold; each run may hold at most "
+            "laggard_intake_series_limit / laggard_intake_runs.", labels=["run"])
+        for name, run in sorted(self._runs.items()):
+            run_series.add_metric([name], run.series)
+        yield run_series
 
     def _rank_families(self) -> Iterator[Metric]:
         """Per-rank series from StepRecords: identity, steps, phase and collective timings."""
-        info = GaugeMetricFamily("laggard_rank_info", "Identity of a training rank (value 1).",
-                                 labels=["rank", "node", "local_rank", "world_size"])
+        info = GaugeMetricFamily(
+            "laggard_rank_info",
+            "Identity of a training rank and its GPU (value 1): join on (run, rank) to the "
+            "rank's series and on (instance, gpu) to its GPU's; the sender's workload labels "
+            "(pod_uid, container_id, slurm_job_id...) appear here only.",
+            labels=list(_RANK_INFO_LABELS))
         steps = CounterMetricFamily("laggard_steps_total", "Training steps reported by a rank.",
-                                    labels=["rank"])
+                                    labels=["run", "rank"])
         last_step = GaugeMetricFamily("laggard_rank_last_step", "Last step a rank reported.",
-                                      labels=["rank"])
+                                      labels=["run", "rank"])
         last_seen = GaugeMetricFamily("laggard_rank_last_seen_timestamp_seconds",
                                       "Unix time of the last record from a rank.",
-                                      labels=["rank"])
+                                      labels=["run", "rank"])
         phase = HistogramMetricFamily(
             "laggard_step_phase_seconds",
             "Duration of each phase of a training step (collective_wait: time waiting for "
-            "collectives after the rank's own work).", labels=["rank", "phase"])
+            "collectives after the rank's own work).", labels=["run", "rank", "phase"])
         step_seconds = HistogramMetricFamily("laggard_step_seconds",
                                              "Wall time of a whole training step.",
-                                             labels=["rank"])
+                                             labels=["run", "rank"])
         coll = HistogramMetricFamily("laggard_collective_seconds",
                                      "Collective time from launch to completion.",
-                                     labels=["rank", "op"])
+                                     labels=["run", "rank", "op"])
         coll_bytes = CounterMetricFamily("laggard_collective_bytes_total",
                                          "Bytes this rank sent in collectives.",
-                                         labels=["rank", "op"])
-        comm = {key: CounterMetricFamily(name, help_, labels=["rank"])
+                                         labels=["run", "rank", "op"])
+        comm = {key: CounterMetricFamily(name, help_, labels=["run", "rank"])
                 for key, (name, help_) in _COMM_COUNTERS.items()}
-        for rank, s in sorted(self._ranks.items()):
-            r = str(rank)
-            info.add_metric([r, s.node, "" if s.local_rank is None else str(s.local_rank),
-                             str(s.world_size)], 1)
-            steps.add_metric([r], s.steps)
-            last_step.add_metric([r], s.last_step)
-            last_seen.add_metric([r], s.last_seen)
-            for name, h in sorted(s.phases.items()):
-                phase.add_metric([r, name], h.cumulative_buckets(), h.sum)
-            if s.step_seconds.count:
-                step_seconds.add_metric([r], s.step_seconds.cumulative_buckets(),
-                                        s.step_seconds.sum)
-            for op, h in sorted(s.collective_seconds.items()):
-                coll.add_metric([r, op], h.cumulative_buckets(), h.sum)
-                coll_bytes.add_metric([r, op], s.collective_bytes[op])
-            for key, value in s.comm.items():
-                comm[key].add_metric([r], value)
+        for name, run in sorted(self._runs.items()):
+            for rank, s in sorted(run.ranks.items()):
+                r = str(rank)
+                labels = {"run": name, "rank": r, "node": s.node,
+                          "local_rank": "" if s.local_rank is None else str(s.local_rank),
+                          "world_size": str(s.world_size), "gpu": s.gpu, "uuid": s.uuid,
+                          "pci_bus_id": s.pci_bus_id}
+                # Workload labels vary by sender (Kubernetes, Slurm, none): added per sample.
+                info.add_sample("laggard_rank_info", {**s.labels, **labels}, 1)
+                steps.add_metric([name, r], s.steps)
+                last_step.add_metric([name, r], s.last_step)
+                last_seen.add_metric([name, r], s.last_seen)
+                for phase_name, h in sorted(s.phases.items()):
+                    phase.add_metric([name, r, phase_name], h.cumulative_buckets(), h.sum)
+                if s.step_seconds.count:
+                    step_seconds.add_metric([name, r], s.step_seconds.cumulative_buckets(),
+                                            s.step_seconds.sum)
+                for op, h in sorted(s.collective_seconds.items()):
+                    coll.add_metric([name, r, op], h.cumulative_buckets(), h.sum)
+                    coll_bytes.add_metric([name, r, op], s.collective_bytes[op])
+                for key, value in s.comm.items():
+                    comm[key].add_metric([name, r], value)
         yield from (info, steps, last_step, last_seen, phase, step_seconds, coll, coll_bytes)
         yield from comm.values()
 
     def _job_families(self) -> Iterator[Metric]:
-        """The in-job detector's verdicts from WindowReports: scores, flags, job slowdown."""
-        job = self._job or JobState(world_size=0)
+        """The in-job detector's verdicts from each run's WindowReports: scores, flags,
+        slowdown."""
         score = GaugeMetricFamily(
             "laggard_straggler_score",
             "Straggler score per rank from the in-job detector (0 typical, larger slower).",
-            labels=["rank"])
-        for rank, score_value in sorted(job.scores.items()):
-            score.add_metric([str(rank)], score_value)
-        yield score
+            labels=["run", "rank"])
         flagged = GaugeMetricFamily(
             "laggard_straggler_active",
             "1 while the in-job detector flags a rank as a straggler, by cause.",
-            labels=["rank", "kind"])
-        for (rank, kind), flag in sorted(job.flagged.items()):
-            flagged.add_metric([str(rank), kind], flag)
-        yield flagged
-        if self._job is not None:
-            yield GaugeMetricFamily(
-                "laggard_straggler_report_timestamp_seconds",
-                "Unix time of the last WindowReport from the job's in-job detector (alert rules "
-                "ignore flags older than a few windows).", value=job.last_report)
-        if job.detector_stats:
-            inputs = CounterMetricFamily(
-                "laggard_straggler_detector_inputs_total",
-                "The in-job detector's windows and the bad input it counted and skipped "
-                "(missing_rank_reports, invalid_durations, world_size_changes...), by kind.",
-                labels=["kind"])
+            labels=["run", "rank", "kind"])
+        report = GaugeMetricFamily(
+            "laggard_straggler_report_timestamp_seconds",
+            "Unix time of the last WindowReport from the run's in-job detector (alert rules "
+            "ignore flags older than a few windows).", labels=["run"])
+        inputs = CounterMetricFamily(
+            "laggard_straggler_detector_inputs_total",
+            "The in-job detector's windows and the bad input it counted and skipped "
+            "(missing_rank_reports, invalid_durations, world_size_changes...), by kind.",
+            labels=["run", "kind"])
+        slowdown = GaugeMetricFamily(
+            "laggard_job_slowdown_active",
+            "1 while the in-job detector finds the whole run slower than its best (no single "
+            "rank to blame: shared storage, the fabric, a job-wide change).", labels=["run"])
+        any_report = any_stats = any_slowdown = False
+        for name, run in sorted(self._runs.items()):
+            job = run.job
+            if job is None:
+                continue
+            for rank, score_value in sorted(job.scores.items()):
+                score.add_metric([name, str(rank)], score_value)
+            for (rank, kind), flag in sorted(job.flagged.items()):
+                flagged.add_metric([name, str(rank), kind], flag)
+            report.add_metric([name], job.last_report)
+            any_report = True
             for kind, count in sorted(job.detector_stats.items()):
-                inputs.add_metric([kind], count)
+                inputs.add_metric([name, kind], count)
+                any_stats = True
+            if job.job_slowdown is not None:
+                slowdown.add_metric([name], job.job_slowdown)
+                any_slowdown = True
+        yield score
+        yield flagged
+        # Families without a sample stay out, as before runs (the metric reference lists
+        # them from an agent that has had reports).
+        if any_report:
+            yield report
+        if any_stats:
             yield inputs
-        if job.job_slowdown is not None:
-            yield GaugeMetricFamily(
-                "laggard_job_slowdown_active",
-                "1 while the in-job detector finds the whole job slower than its best (no single "
-                "rank to blame: shared storage, the fabric, a job-wide change).",
-                value=job.job_slowdown)
+        if any_slowdown:
+            yield slowdown
+
+
+#: Labels every ``laggard_rank_info`` sample has (workload labels come on top, per sender).
+_RANK_INFO_LABELS = ("run", "rank", "local_rank", "node", "gpu", "uuid", "pci_bus_id",
+                     "world_size")
+
+
+def _normalised_bus_id(bus_id: str) -> str:
+    """A PCI bus id as ``laggard_gpu_info{pci_bus_id}`` writes it (``0000:9b:00``), or as sent
+    when it does not parse."""
+    try:
+        return normalise_bus_id(bus_id)
+    except (ValueError, IndexError):
+        return bus_id
 
 
 def _counter_by(name: str, documentation: str, label: str, values: tuple[str, ...],
@@ -480,13 +733,15 @@ def _counter_by(name: str, documentation: str, label: str, values: tuple[str, ..
     return family
 
 
-class UdpIntake:
+class UdpIntake(DatagramIntake):
     """Receives datagrams on a UDP socket in a daemon thread and feeds a :class:`RankTable`.
 
-    The receive loop survives anything a datagram or the table does (caught, counted, logged
-    once); its thread is a :class:`RestartableThread` for the supervisor to restart if it still
+    The receive loop (:class:`~laggard.agent.datagram_intake.DatagramIntake`, shared with the
+    Unix-socket intake) survives anything a datagram or the table does (caught, counted, logged
+    once); its thread is a ``RestartableThread`` for the supervisor to restart if it still
     dies. Datagrams the kernel dropped because the loop fell behind are read from /proc on each
-    scrape (``laggard_intake_kernel_drops_total``).
+    scrape (``laggard_intake_kernel_drops_total``). UDP carries no sender identity: datagrams
+    are ingested with ``sender=None``.
 
     Args:
         address: ``host:port`` to bind (port 0 picks a free one; see :attr:`port`).
@@ -502,45 +757,19 @@ class UdpIntake:
                  ) -> None:
         host, port = parse_address(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_DGRAM)
+        sock = socket.socket(family, socket.SOCK_DGRAM)
         if receive_buffer_bytes:
             # A few thousand step records of headroom while the loop is busy (a scrape holds
             # the table's lock); beyond that the kernel drops, and we count what it dropped.
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
-        self._sock.bind((host, port))
-        self._sock.settimeout(0.2)
-        self.port: int = self._sock.getsockname()[1]
-        self._table = table
-        self._stop = threading.Event()
-        self.thread = RestartableThread(self._run, "laggard-intake")
-
-    def start(self) -> None:
-        """Start receiving."""
-        self.thread.start()
-
-    def _run(self) -> None:
-        # One byte more than the limit tells an oversized datagram from one that just fits.
-        bufsize = MAX_DATAGRAM_BYTES + 1
-        next_expiry = time.monotonic() + 1.0
-        while not self._stop.is_set():
-            if time.monotonic() >= next_expiry:
-                # Stale ranks go even when no scrape comes (the scrape expires them too).
-                self._table.expire()
-                next_expiry = time.monotonic() + 1.0
-            try:
-                payload = self._sock.recv(bufsize)
-            except TimeoutError:
-                continue
-            except OSError as exc:
-                if self._stop.is_set():
-                    return
-                log.warning("intake receive failed: %s", exc)
-                time.sleep(0.1)
-                continue
-            if len(payload) > MAX_DATAGRAM_BYTES:
-                self._table.reject("oversized")
-                continue
-            self._table.ingest(payload)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        sock.settimeout(0.2)
+        self.port: int = sock.getsockname()[1]
+        super().__init__(sock, table, "laggard-intake")
 
     def kernel_drops(self) -> int | None:
         """Datagrams the kernel dropped for this socket (receive buffer full), or None."""
@@ -556,9 +785,3 @@ class UdpIntake:
                 "(receive buffer full; /proc/net/udp drops).")
             family.add_metric([], drops)
             yield family
-
-    def stop(self) -> None:
-        """Stop the thread and close the socket."""
-        self._stop.set()
-        self.thread.join(timeout=2)
-        self._sock.close()

@@ -42,7 +42,7 @@ from laggard.detectors.window import WindowRecord
 MAX_HEATMAP_RANKS = 64
 #: Heatmap rows: (column, title).
 EXCESS_PANELS = (
-    ("compute_seconds", "compute (forward + backward)"),
+    ("compute_seconds", "compute (phases other than data)"),
     ("data_seconds", "data loading"),
     ("transfer_seconds", "collective transfer (link)"),
 )

@@ -13,24 +13,26 @@ from laggard.dashboards.panels import (
     NODE,
     RANK,
     RATE,
+    RUN,
     Board,
     Query,
-    label_variable,
     node_variable,
+    rank_variable,
+    run_variable,
     series_panel,
 )
 
 UID = "laggard-communication"
 TITLE = "laggard / Communication"
 
-_SEL = f"{NODE}, {RANK}"
+_SEL = f"{NODE}, {RUN}, {RANK}"
 
 
 def _per_step(metric: str) -> str:
     """Per-rank mean of counter ``metric`` per training step."""
     return (
-        f"sum by (rank) (rate({metric}{{{_SEL}}}[{RATE}]))"
-        f" / sum by (rank) (rate(laggard_steps_total{{{_SEL}}}[{RATE}]))"
+        f"sum by (run, rank) (rate({metric}{{{_SEL}}}[{RATE}]))"
+        f" / sum by (run, rank) (rate(laggard_steps_total{{{_SEL}}}[{RATE}]))"
     )
 
 
@@ -42,7 +44,8 @@ def build() -> Dashboard:
         "Bytes on the wire per step, compression ratio, exposed and hidden collective time.",
         [
             node_variable("laggard_comm_bytes_total"),
-            label_variable("rank", "rank", "Rank", f"laggard_comm_bytes_total{{{NODE}}}"),
+            run_variable("laggard_comm_bytes_total"),
+            rank_variable("laggard_comm_bytes_total"),
         ],
     )
     board.row("Volume")
@@ -52,7 +55,7 @@ def build() -> Dashboard:
             "bytes",
             "Bytes each rank's communication hook put on the wire per step.",
         ),
-        Query(_per_step("laggard_comm_bytes_total"), "rank {{rank}}"),
+        Query(_per_step("laggard_comm_bytes_total"), "{{run}} rank {{rank}}"),
     )
     board.add(
         series_panel(
@@ -62,9 +65,9 @@ def build() -> Dashboard:
             "sent (1 = no compression).",
         ),
         Query(
-            f"sum by (rank) (rate(laggard_comm_uncompressed_bytes_total{{{_SEL}}}[{RATE}]))"
-            f" / sum by (rank) (rate(laggard_comm_bytes_total{{{_SEL}}}[{RATE}]))",
-            "rank {{rank}}",
+            f"sum by (run, rank) (rate(laggard_comm_uncompressed_bytes_total{{{_SEL}}}[{RATE}]))"
+            f" / sum by (run, rank) (rate(laggard_comm_bytes_total{{{_SEL}}}[{RATE}]))",
+            "{{run}} rank {{rank}}",
         ),
     )
     board.row("Overlap")
@@ -75,11 +78,11 @@ def build() -> Dashboard:
             "Exposed: collective time on the critical path (from the end of backward to the "
             "last bucket's completion). Hidden: the rest, overlapped with backward.",
         ),
-        Query(_per_step("laggard_comm_exposed_seconds_total"), "rank {{rank}} exposed"),
+        Query(_per_step("laggard_comm_exposed_seconds_total"), "{{run}} rank {{rank}} exposed"),
         Query(
             f"({_per_step('laggard_comm_collective_seconds_total')})"
             f" - ({_per_step('laggard_comm_exposed_seconds_total')})",
-            "rank {{rank}} hidden",
+            "{{run}} rank {{rank}} hidden",
         ),
     )
     board.add(
@@ -89,9 +92,11 @@ def build() -> Dashboard:
             "1 - exposed / total collective time: the share overlapped with computation.",
         ).min(0).max(1),
         Query(
-            f"1 - sum by (rank) (rate(laggard_comm_exposed_seconds_total{{{_SEL}}}[{RATE}]))"
-            f" / sum by (rank) (rate(laggard_comm_collective_seconds_total{{{_SEL}}}[{RATE}]))",
-            "rank {{rank}}",
+            f"1 - sum by (run, rank) "
+            f"(rate(laggard_comm_exposed_seconds_total{{{_SEL}}}[{RATE}]))"
+            f" / sum by (run, rank) "
+            f"(rate(laggard_comm_collective_seconds_total{{{_SEL}}}[{RATE}]))",
+            "{{run}} rank {{rank}}",
         ),
     )
     board.row("Collectives")
@@ -120,8 +125,8 @@ def build() -> Dashboard:
             "Bytes each rank sends in collectives, per second and op.",
         ),
         Query(
-            f"sum by (rank, op) (rate(laggard_collective_bytes_total{{{_SEL}}}[{RATE}]))",
-            "rank {{rank}} {{op}}",
+            f"sum by (run, rank, op) (rate(laggard_collective_bytes_total{{{_SEL}}}[{RATE}]))",
+            "{{run}} rank {{rank}} {{op}}",
         ),
     )
     return board.build()

@@ -16,10 +16,12 @@ from laggard.dashboards.panels import (
     NODE,
     RANK,
     RATE,
+    RUN,
     Board,
     Query,
-    label_variable,
     node_variable,
+    rank_variable,
+    run_variable,
     series_panel,
     table_panel,
 )
@@ -27,14 +29,17 @@ from laggard.dashboards.panels import (
 UID = "laggard-job-overview"
 TITLE = "laggard / Job overview"
 
-_SEL = f"{NODE}, {RANK}"
+_SEL = f"{NODE}, {RUN}, {RANK}"
+#: Legend of a per-rank line: the run and the rank (two runs' rank 0 are two lines).
+_LEGEND = "{{run}} rank {{rank}}"
 
 
 def _mean_phase_seconds(phases: str) -> str:
-    """Mean seconds per step spent in ``phases`` (a regex), per rank: sum of per-phase means."""
+    """Mean seconds per step spent in ``phases`` (a regex), per run and rank: sum of per-phase
+    means."""
     sel = f'{_SEL}, phase=~"{phases}"'
     return (
-        f"sum by (rank) (rate(laggard_step_phase_seconds_sum{{{sel}}}[{RATE}])"
+        f"sum by (run, rank) (rate(laggard_step_phase_seconds_sum{{{sel}}}[{RATE}])"
         f" / rate(laggard_step_phase_seconds_count{{{sel}}}[{RATE}]))"
     )
 
@@ -44,12 +49,11 @@ def build() -> Dashboard:
     board = Board(
         UID,
         TITLE,
-        "Straggler score, findings and per-rank step timing of the training job.",
+        "Straggler score, findings and per-rank step timing of the training runs.",
         [
             node_variable("laggard_step_phase_seconds_count"),
-            label_variable(
-                "rank", "rank", "Rank", f"laggard_step_phase_seconds_count{{{NODE}}}"
-            ),
+            run_variable("laggard_step_phase_seconds_count"),
+            rank_variable("laggard_step_phase_seconds_count"),
         ],
     )
     board.row("Stragglers")
@@ -67,7 +71,7 @@ def build() -> Dashboard:
         .cell_values(heatmap.CellValues().unit("percentunit"))
         .color(heatmap.HeatmapColorOptions().scheme("Oranges").steps(64))
         .show_value("never"),
-        Query(f"max by (rank) (laggard_straggler_score{{{_SEL}}})", "{{rank}}"),
+        Query(f"max by (run, rank) (laggard_straggler_score{{{_SEL}}})", _LEGEND),
         width=16,
     )
     board.add(
@@ -88,10 +92,13 @@ def build() -> Dashboard:
     board.add(
         table_panel(
             "Ranks and where they run",
-            "Each rank's node, local rank and world size, as the ranks report them.",
+            "Each rank's run, node, local rank, world size and GPU (NVML index, UUID, PCI bus "
+            "id): join laggard_rank_info on (instance, gpu) with the node's laggard_gpu_* "
+            "series to see the state of a rank's GPU.",
         ),
         Query(
-            f"max by (rank, node, local_rank, world_size) (laggard_rank_info{{{_SEL}}})",
+            f"max by (run, rank, node, local_rank, world_size, gpu, uuid, pci_bus_id) "
+            f"(laggard_rank_info{{{_SEL}}})",
             table=True,
         ),
     )
@@ -103,8 +110,8 @@ def build() -> Dashboard:
             "synchronous training a hung rank soon stalls the others too.",
         ),
         Query(
-            f"time() - max by (rank) (laggard_rank_last_seen_timestamp_seconds{{{_SEL}}})",
-            "rank {{rank}}",
+            f"time() - max by (run, rank) (laggard_rank_last_seen_timestamp_seconds{{{_SEL}}})",
+            _LEGEND,
         ),
     )
     board.row("Step timing by rank")
@@ -115,7 +122,7 @@ def build() -> Dashboard:
             "Mean forward + backward seconds per step. The straggler is the rank above the "
             "others: the work before the gradient all-reduce is where a slow GPU shows.",
         ),
-        Query(_mean_phase_seconds("forward|backward"), "rank {{rank}}"),
+        Query(_mean_phase_seconds("forward|backward"), _LEGEND),
     )
     board.add(
         series_panel(
@@ -124,7 +131,7 @@ def build() -> Dashboard:
             "Mean seconds per step waiting in collectives after the rank's own work. The "
             "straggler waits least: the others wait for it.",
         ),
-        Query(_mean_phase_seconds("collective_wait"), "rank {{rank}}"),
+        Query(_mean_phase_seconds("collective_wait"), _LEGEND),
     )
     board.add(
         series_panel(
@@ -134,9 +141,9 @@ def build() -> Dashboard:
             "it tells how slow the job is, not who makes it slow.",
         ),
         Query(
-            f"sum by (rank) (rate(laggard_step_seconds_sum{{{_SEL}}}[{RATE}]))"
-            f" / sum by (rank) (rate(laggard_step_seconds_count{{{_SEL}}}[{RATE}]))",
-            "rank {{rank}}",
+            f"sum by (run, rank) (rate(laggard_step_seconds_sum{{{_SEL}}}[{RATE}]))"
+            f" / sum by (run, rank) (rate(laggard_step_seconds_count{{{_SEL}}}[{RATE}]))",
+            _LEGEND,
         ),
     )
     board.add(
@@ -145,7 +152,7 @@ def build() -> Dashboard:
             "ops",
             "Training steps completed per second, per rank (equal in synchronous training).",
         ),
-        Query(f"sum by (rank) (rate(laggard_steps_total{{{_SEL}}}[{RATE}]))", "rank {{rank}}"),
+        Query(f"sum by (run, rank) (rate(laggard_steps_total{{{_SEL}}}[{RATE}]))", _LEGEND),
     )
     board.add(
         series_panel(
@@ -154,7 +161,7 @@ def build() -> Dashboard:
             "Mean seconds per step waiting for the input pipeline; a rank with a slow loader "
             "stands out here rather than in compute.",
         ),
-        Query(_mean_phase_seconds("data"), "rank {{rank}}"),
+        Query(_mean_phase_seconds("data"), _LEGEND),
     )
     board.add(
         series_panel(
@@ -162,6 +169,6 @@ def build() -> Dashboard:
             "s",
             "Mean seconds per step in the optimizer step, after the gradients are reduced.",
         ),
-        Query(_mean_phase_seconds("optimizer"), "rank {{rank}}"),
+        Query(_mean_phase_seconds("optimizer"), _LEGEND),
     )
     return board.build()

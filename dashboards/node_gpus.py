@@ -54,6 +54,21 @@ def build() -> Dashboard:
         ),
     )
     board.add(
+        series_panel(
+            "SM clock against its maximum, by training rank",
+            "percentunit",
+            "The same ratio for the GPU each training rank drives: laggard_rank_info (the "
+            "rank's device UUID and PCI bus id, resolved to the agent's NVML index) joined on "
+            "(instance, gpu). A rank whose line sits below the others is slowed by its GPU.",
+        ).min(0).max(1.05),
+        Query(
+            f'max by (instance, gpu, run, rank) (laggard_rank_info{{{_SEL}, gpu!=""}})'
+            f" * on (instance, gpu) group_left () max by (instance, gpu) "
+            f"(laggard_gpu_sm_clock_hertz{{{_SEL}}} / laggard_gpu_sm_clock_max_hertz{{{_SEL}}})",
+            "{{run}} rank {{rank}} (" + _GPU + ")",
+        ),
+    )
+    board.add(
         series_panel("SM clock", "hertz", "Current and maximum SM clock per GPU."),
         Query(f"laggard_gpu_sm_clock_hertz{{{_SEL}}}", _GPU),
         Query(f"laggard_gpu_sm_clock_max_hertz{{{_SEL}}}", _GPU + " max"),

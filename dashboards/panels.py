@@ -6,8 +6,9 @@ panel goes through :class:`Board`, which numbers panels in the order they are ad
 queries ``A``, ``B``, ... in the order given.
 
 Every query selects on the ``$node`` (Prometheus ``instance``: one agent per node) and, where
-per rank, ``$rank`` template variables; rates use Grafana's ``$__rate_interval`` so they stay
-correct at any scrape interval.
+per rank, the ``$run`` and ``$rank`` template variables (per-rank queries keep ``run`` in their
+``by`` clauses, so two runs' rank 0 stay two lines); rates use Grafana's ``$__rate_interval``
+so they stay correct at any scrape interval.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 #: Selector every query carries: the node (Prometheus ``instance``) chosen in ``$node``.
 NODE = 'instance=~"$node"'
+#: Selector of per-rank queries: the training run chosen in ``$run`` (every per-rank series
+#: carries ``run``; a rank number means something only within its run).
+RUN = 'run=~"$run"'
 #: Selector of per-rank queries.
 RANK = 'rank=~"$rank"'
 #: Window of ``rate()``/``increase()``: Grafana's own choice, at least 4 scrape intervals.
@@ -107,6 +111,16 @@ def label_variable(name: str, label: str, title: str, series: str) -> QueryVaria
 def node_variable(series: str) -> QueryVariable:
     """``$node``: the agents' ``instance`` values found on ``series``."""
     return label_variable("node", "instance", "Node", series)
+
+
+def run_variable(series: str) -> QueryVariable:
+    """``$run``: the training runs (``run`` label) found on ``series`` of the chosen nodes."""
+    return label_variable("run", "run", "Run", f"{series}{{{NODE}}}")
+
+
+def rank_variable(series: str) -> QueryVariable:
+    """``$rank``: the ranks found on ``series`` of the chosen nodes and runs."""
+    return label_variable("rank", "rank", "Rank", f"{series}{{{NODE}, {RUN}}}")
 
 
 class Board:

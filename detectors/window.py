@@ -80,6 +80,34 @@ STEP_COLUMNS: tuple[WindowColumn, ...] = (
     WindowColumn("collective_seconds", "seconds", "median",
                  "launch-to-completion collective time (union over buckets)"),
     WindowColumn("comm_bytes", "bytes", "median", "payload bytes handed to collectives"),
+    # The device clock (TrainingMonitor.Config(phase_clock="device")): timing events are read
+    # without blocking, so a window's device values are gathered one window late. On that
+    # clock these four and compute_seconds, data_seconds and collective_wait_seconds describe
+    # the window *before* the record's (its first record has them NaN); on the CPU clocks the
+    # device columns are NaN and compute_cpu_seconds is compute_seconds.
+    WindowColumn("compute_device_seconds", "seconds", "median",
+                 "device time of the compute phases minus the device waits for peers (DDP: "
+                 "last bucket ready to backward end; FSDP2: its stalls); NaN off the device "
+                 "clock or while pending"),
+    WindowColumn("compute_cpu_seconds", "seconds", "median",
+                 "the compute phases on the CPU clock (wall time, exposed wait out), of the same "
+                 "steps as compute_device_seconds"),
+    WindowColumn("collective_wait_device_seconds", "seconds", "median",
+                 "exposed collective time on the device timeline (the wait the arrived-last "
+                 "rule reads on the device clock)"),
+    WindowColumn("device_pending_count", "count", "sum",
+                 "steps whose device events were still pending at their window's gather "
+                 "(device columns NaN for them, the CPU clock used instead)"),
+)
+#: The step columns the device clock fills, one window late (the rest stay the CPU's).
+DEVICE_CLOCK_COLUMNS: tuple[str, ...] = (
+    "compute_seconds",
+    "data_seconds",
+    "collective_wait_seconds",
+    "compute_device_seconds",
+    "compute_cpu_seconds",
+    "collective_wait_device_seconds",
+    "device_pending_count",
 )
 #: Names of :data:`STEP_COLUMNS`, in order.
 STEP_COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in STEP_COLUMNS)
@@ -322,7 +350,8 @@ class RankWindow:
     Attributes:
         step: last training step of the window.
         ranks: (R,) int64 global ranks present; a rank that did not report is simply absent.
-        compute_seconds: (R, K) float64, forward + backward: work before the sync point.
+        compute_seconds: (R, K) float64, the phases other than data (forward, backward,
+            optimizer): work before the sync point.
         data_seconds: (R, K) float64, data loading.
         collective_wait_seconds: (R, K) float64, time waiting inside the gradient collective
             (least wait = the rank the others waited for).

@@ -34,6 +34,26 @@ bandwidth-optimal algorithm (``laggard.integrations.collective_bytes``: a ring a
 A hook with two collectives per bucket calls :meth:`CommTimer.bucket_ready` on entry and passes
 ``bucket_ready=False`` to both ``track`` calls, so the exposed time starts when the bucket was
 ready, not when its second stage launched.
+
+**What the CPU times mean on NCCL.** An NCCL ``Work``'s future is marked done when the collective
+is *enqueued* on its stream (``get_future`` docstring, ``torch/csrc/distributed/c10d/init.cpp``:
+"for GPU work, done() returns true only whether the operation has been enqueued"; CUDA-aware
+futures, pytorch#48305), and ``then()`` callbacks run at once. On NCCL the launch-to-completion
+times above are therefore *launch latencies*, and the CPU exposed time is not the wait. On gloo
+the future completes when the collective has (they are true durations there).
+
+**On the device clock** (the monitor's ``phase_clock="device"``, which calls
+:meth:`CommTimer.attach_device_clock`): each bucket's readiness also records an event on the
+current stream (one event per step, re-recorded per bucket, so the step keeps the last: "this
+rank's backward compute is done" on the device timeline); the monitor's event after
+``backward()`` returns minus it is the exposed communication on the device
+(:mod:`laggard.integrations.phases`). Every ``device_sample_every``-th step the collectives are
+also timed on the device: an event at launch and one recorded in the future's ``then()``
+callback, which on NCCL runs with a current stream that has been made to wait for the NCCL
+work, so its completion on the device is the collective's end (:attr:`CommStep.
+device_collectives`; the interval includes time queued behind the previous bucket on the NCCL
+stream). Sampling keeps the per-bucket events cheap (2 records of ~2.5 µs per bucket on the
+sampled steps only).
 """
 
 from __future__ import annotations
@@ -46,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from laggard.integrations.collective_bytes import ring_allreduce_bytes, tensor_bytes
+from laggard.integrations.device_events import PendingIntervals
 from laggard.integrations.tracer import union_seconds
 from laggard.wire import CollectiveTiming
 
@@ -78,6 +99,9 @@ class CommStep:
             sent (equal to ``bytes`` without compression).
         exposed_interval: ``(start, end)`` of the exposed time in ``time.perf_counter()``
             seconds, or None; lets a caller subtract it from the phase it fell in.
+        device_collectives: on the device clock, the sampled collectives whose events were
+            read since the previous step (op, device seconds launch to completion on the
+            stream, bytes); they may belong to an earlier step. Empty otherwise.
     """
 
     collectives: list[CollectiveTiming] = field(default_factory=list)
@@ -86,6 +110,7 @@ class CommStep:
     bytes: int = 0
     raw_bytes: int = 0
     exposed_interval: tuple[float, float] | None = None
+    device_collectives: list[CollectiveTiming] = field(default_factory=list)
 
     @property
     def hidden_seconds(self) -> float:
@@ -114,6 +139,11 @@ class CommTimer:
         process_group: group the timing hooks reduce over; None means the default group.
         tracer: a :class:`~laggard.integrations.tracer.CollectiveTracer` that also gets every
             collective (op, group, launch and completion), so DDP is one of its sources.
+        device_sample_every: on the device clock, time the collectives of every N-th step
+            with events (0: never); bucket-ready events are recorded every step regardless.
+
+    Raises:
+        ValueError: ``device_sample_every`` < 0.
 
     Attributes:
         process_group: as given.
@@ -122,19 +152,60 @@ class CommTimer:
     """
 
     def __init__(self, process_group: dist.ProcessGroup | None = None, *,
-                 tracer: CollectiveTracer | None = None) -> None:
+                 tracer: CollectiveTracer | None = None, device_sample_every: int = 16) -> None:
+        if device_sample_every < 0:
+            raise ValueError("device_sample_every must be >= 0")
         self.process_group = process_group
         self.tracer = tracer
+        self.device_sample_every = device_sample_every
         self.dropped = 0
         self._lock = threading.Lock()
         self._done: collections.deque[tuple[str, float, float, int, int]] = collections.deque()
         self._last_ready: float | None = None
+        self._device: Any = None
+        self._device_pending: PendingIntervals | None = None
+        self._device_done: list[CollectiveTiming] = []
+        self._steps_taken = 0
+        self._sample = False
+
+    def attach_device_clock(self, clock: Any) -> None:
+        """Record bucket-ready (and sampled collective) events on ``clock``'s device.
+
+        The monitor calls it with its :class:`~laggard.integrations.device_clock.DeviceClock`;
+        call it yourself for the timers of further DDP models of the same job
+        (``timer2.attach_device_clock(monitor.device_clock)``).
+        """
+        self._device = clock
+        self._device_pending = PendingIntervals(clock.pool, max_pending=1024)
+        self._sample = self.device_sample_every > 0
+
+    def watch_buffers(self, ddp: Any) -> None:
+        """On the device clock, mark the end of DDP's broadcast of module buffers at forward
+        start (``broadcast_buffers=True``): a forward pre-hook on ``ddp.module`` runs once
+        DDP's ``_pre_forward`` has broadcast them, so the device time from the forward phase's
+        start to this mark is a wait for rank 0's buffers (a peer late to its forward), not
+        compute. Steps that do not broadcast (``no_sync()``, no buffers) mark nothing.
+
+        Args:
+            ddp: the ``DistributedDataParallel`` module whose hooks this timer serves.
+        """
+        from laggard.integrations.phases import SYNC_END
+
+        def buffers_synced(module: Any, args: Any) -> None:
+            device = self._device
+            if device is not None and ddp.will_sync_module_buffers():
+                device.mark(SYNC_END)
+
+        self._buffers_hook = ddp.module.register_forward_pre_hook(buffers_synced)
 
     def bucket_ready(self) -> None:
-        """Mark now as the time a gradient bucket became ready (call at hook entry)."""
+        """Mark now as the time a gradient bucket became ready (call at hook entry); on the
+        device clock, also on the current stream."""
         now = time.perf_counter()
         with self._lock:
             self._last_ready = now
+        if self._device is not None:
+            self._device.bucket_ready(id(self))
 
     def track(
         self,
@@ -167,9 +238,17 @@ class CommTimer:
         if bucket_ready:
             with self._lock:
                 self._last_ready = launched
+        device = self._device
+        if device is not None and bucket_ready:
+            device.bucket_ready(id(self))
+        start_event = device.pool.record() if device is not None and self._sample else None
         raw = nbytes if raw_bytes is None else raw_bytes
 
         def completed(done: torch.futures.Future[T]) -> Any:
+            if start_event is not None:
+                # on NCCL this callback runs at enqueue with a current stream made to wait for
+                # the NCCL work: this event completes on the device when the collective has
+                self._track_device(start_event, op, nbytes)
             with self._lock:
                 if len(self._done) >= MAX_PENDING_COLLECTIVES:
                     self._done.popleft()
@@ -183,11 +262,30 @@ class CommTimer:
 
         return fut.then(completed)
 
+    def _track_device(self, start_event: Any, op: str, nbytes: int) -> None:
+        """Queue a sampled collective's device interval (end event recorded now)."""
+        pending = self._device_pending
+        if pending is None:
+            return
+        try:
+            end_event = pending.pool.record()
+
+            def read(seconds: float) -> None:
+                if seconds == seconds:  # NaN: expired or unreadable, already counted
+                    self._device_done.append(CollectiveTiming(op, seconds, nbytes))
+
+            with self._lock:
+                pending.add(start_event, end_event, read)
+        except Exception:  # noqa: BLE001 - a failed device timing never fails the collective
+            pending.pool.stats.errors += 1
+
     def take_step(self) -> CommStep:
         """Summarise and forget the collectives completed since the previous call.
 
         Call after ``backward()`` has returned (DDP has then waited on every bucket's future).
-        Collectives still in flight are left for the next call.
+        Collectives still in flight are left for the next call. On the device clock it also
+        reads, without blocking, the sampled collectives' events that have completed
+        (:attr:`CommStep.device_collectives`) and decides whether the next step is sampled.
 
         Returns:
             The step's :class:`CommStep`; an empty one when nothing completed.
@@ -197,7 +295,14 @@ class CommTimer:
             self._done.clear()
             last_ready = self._last_ready
             self._last_ready = None
-        step = CommStep()
+            device_done: list[CollectiveTiming] = []
+            if self._device_pending is not None:
+                self._device_pending.harvest()
+                device_done, self._device_done = self._device_done, []
+                self._steps_taken += 1
+                every = self.device_sample_every
+                self._sample = every > 0 and self._steps_taken % every == 0
+        step = CommStep(device_collectives=device_done)
         if not done:
             return step
         intervals = [(start, end) for _, start, end, _, _ in done]

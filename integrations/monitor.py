@@ -32,16 +32,20 @@ Nothing the monitor does raises into the training loop: its own failures are cou
 blocks pass through untouched.
 
 The window's columns are :mod:`laggard.detectors.window`, the phase arithmetic
-:mod:`laggard.integrations.phases`, the participants :mod:`laggard.integrations.participants`.
+:mod:`laggard.integrations.phases`, the participants :mod:`laggard.integrations.participants`,
+the device clock (``phase_clock="device"``, the default ``"auto"`` on a CUDA job)
+:mod:`laggard.integrations.device_clock` (docs/gpu.md says what each clock measures on a GPU).
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,11 +87,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: ``Config.phase_clock`` -> clock of the phase timers, in seconds.
+#: ``Config.phase_clock`` -> clock of the phase timers, in seconds (the device clock keeps the
+#: wall clock beside its events).
 _PHASE_CLOCKS: dict[str, Callable[[], float]] = {
     "wall": time.perf_counter,
     "thread_cpu": time.thread_time,
+    "device": time.perf_counter,
 }
+#: Every accepted ``Config.phase_clock``.
+PHASE_CLOCK_NAMES = ("auto", "device", "thread_cpu", "wall")
+#: Backends whose collectives the device clock's markers are known to order on the stream.
+_DEVICE_BACKENDS = frozenset({"nccl", "gloo"})
 #: Step column name -> row of the monitor's per-step table.
 _STEP_ROWS = {name: row for row, name in enumerate(STEP_COLUMN_NAMES)}
 #: Per-step collective entries sent in one StepRecord; beyond it they are merged per op.
@@ -106,6 +116,12 @@ class MonitorStats:
         gather_errors: failed gathers (detection is switched off after the first).
         save_errors: windows that could not be appended to ``Config.windows_path``.
         internal_errors: the monitor's own bookkeeping failures (a bug; logged once).
+        device_fallbacks: times the device clock was refused at construction (no CUDA, a
+            model on several devices, a backend neither NCCL nor gloo, no event pool) or a
+            step fell back to the CPU clock (a switched stream, a missing event); each reason
+            is logged once.
+        device_pending: steps whose device events were still pending at their window's
+            gather (their device columns NaN, the CPU clock used).
     """
 
     records_sent: int = 0
@@ -115,6 +131,8 @@ class MonitorStats:
     gather_errors: int = 0
     save_errors: int = 0
     internal_errors: int = 0
+    device_fallbacks: int = 0
+    device_pending: int = 0
 
 
 class TrainingMonitor:
@@ -140,6 +158,15 @@ class TrainingMonitor:
         participants: participants of your own (:class:`~laggard.integrations.participants.
             Participant`), after the built-in ones (straggler, link probe, trace, integrity);
             every rank must give the same ones in the same order.
+        device: the ``torch.cuda``-like module the device clock records on (``Event(
+            enable_timing=True)`` with ``record``/``query``/``elapsed_time``,
+            ``current_stream()``, whose results compare equal (``==``) for the same stream, as
+            torch's do; an event may be re-recorded, the latest record counting; ``Stream`` and
+            ``stream(...)`` are not needed): a fake in tests, an emulated device in the demo.
+            None: ``torch.cuda`` when ``phase_clock`` resolves to ``"device"``.
+        model: the job's model (a module, or a sequence of them), for ``phase_clock="auto"``
+            (device when its parameters are on one CUDA device) and to refuse the device
+            clock for a model spread over several devices (counted, logged once, wall clock).
 
     Raises:
         ValueError: an invalid configuration, or two participants declaring one column
@@ -152,6 +179,10 @@ class TrainingMonitor:
         windows: on rank 0, the last ``history_windows`` gathered
             :class:`~laggard.detectors.window.WindowRecord` s (their width-1 columns).
         participants: the hosted participants, in gather order.
+        phase_clock: the clock the phases are timed on: ``"wall"``, ``"thread_cpu"`` or
+            ``"device"`` (``"auto"`` resolved; ``"device"`` refused falls back to ``"wall"``).
+        device_clock: the :class:`~laggard.integrations.device_clock.DeviceClock` on the
+            device clock (its ``stats``), else None.
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -176,13 +207,18 @@ class TrainingMonitor:
         node: str = ""
         """``node`` of the StepRecords; defaults to the host name."""
 
-        phase_clock: str = "wall"
-        """What phases measure: ``"wall"`` (``time.perf_counter``; what a GPU job wants, and
-        the exposed collective wait is moved out of the phase it fell in) or ``"thread_cpu"``
-        (``time.thread_time``, CPU seconds of the training thread: for CPU-only emulations
-        whose ranks share cores with each other and with other work, where wall time mostly
-        measures the scheduler; a thread waiting on a collective uses no CPU, so nothing is
-        moved). Step time and collective times stay wall time."""
+        phase_clock: str = "auto"
+        """What phases measure (docs/gpu.md): ``"wall"`` (``time.perf_counter``: on a GPU,
+        the time the CPU took to *launch* the phase's kernels; the exposed collective wait is
+        moved out of the phase it fell in), ``"thread_cpu"`` (``time.thread_time``, CPU
+        seconds of the training thread: for CPU-only emulations whose ranks share cores, where
+        wall time mostly measures the scheduler; nothing is moved), ``"device"`` (a pooled
+        timing event on the current stream at each phase boundary, read without blocking,
+        beside the wall clock; the detector ranks ``max(device, wall)`` per phase, and the
+        window's device columns are gathered one window late), or ``"auto"``: ``"device"``
+        when the job's tensors are on CUDA (``model`` on a CUDA device, a ``device`` module
+        given, or ``torch.cuda`` initialised), else ``"wall"``. Step time and collective
+        times stay wall time."""
 
         link_probe_bytes: int | None = None
         """Payload of the per-window link probe (``laggard.integrations.link_probe``): each
@@ -203,7 +239,15 @@ class TrainingMonitor:
         in this gather (its ``integrity_words`` column, int64), checked on every rank so its
         policy acts alike everywhere; None: no integrity check."""
 
+        device_pool_events: int = 1024
+        """Timing events the device clock makes up front (never on the hot path). A step takes
+        2 per phase, 1 per DDP model and 2 per FSDP2 wait point (4 per FSDP2 unit and step,
+        about); a few steps are in flight at once. An empty pool leaves steps on the CPU clock,
+        counted."""
+
         def __post_init__(self) -> None:
+            if not 2 <= self.device_pool_events <= 1 << 20:
+                raise ValueError("device_pool_events must be in [2, 2**20]")
             if self.agent_address:
                 parse_address(self.agent_address)
             if not 2 <= self.window_steps <= 10_000:
@@ -212,8 +256,8 @@ class TrainingMonitor:
                 raise ValueError("history_windows must be >= 0")
             if self.link_probe_bytes is not None and not 0 <= self.link_probe_bytes <= 64 << 20:
                 raise ValueError("link_probe_bytes must be in [0, 64 MiB]")
-            if self.phase_clock not in _PHASE_CLOCKS:
-                raise ValueError(f"phase_clock must be one of {sorted(_PHASE_CLOCKS)}")
+            if self.phase_clock not in PHASE_CLOCK_NAMES:
+                raise ValueError(f"phase_clock must be one of {list(PHASE_CLOCK_NAMES)}")
 
     def __init__(
         self,
@@ -226,6 +270,8 @@ class TrainingMonitor:
         world_size: int | None = None,
         local_rank: int | None = None,
         participants: Sequence[Participant] = (),
+        device: Any = None,
+        model: Any = None,
     ) -> None:
         self.config = config if config is not None else TrainingMonitor.Config()
         self.comm_timer = comm_timer
@@ -246,10 +292,11 @@ class TrainingMonitor:
         self.node = self.config.node or socket.gethostname()
         self.step_index = 0
         self._steps = np.zeros((len(STEP_COLUMNS), self.config.window_steps), dtype=np.float64)
+        self._steps[[_STEP_ROWS[n] for n in ("compute_device_seconds",
+                                             "collective_wait_device_seconds")]] = np.nan
         self._intervals: list[tuple[str, float, float]] = []
         self._step_start = 0.0
         self._step_ctx = _StepContext(self)
-        self._clock = _PHASE_CLOCKS[self.config.phase_clock]
         self._logged: set[str] = set()
         self._sock = self._open_socket()
         self._group = group
@@ -258,6 +305,10 @@ class TrainingMonitor:
         if self._detect and group is None and dist_mod.get_backend() != "gloo":
             self._group = dist_mod.new_group(backend="gloo")
             self._own_group = True
+        self.device_clock: Any = None
+        self._fsdp_markers: Any = None
+        self.phase_clock = self._resolve_clock(device, model, dist_mod)
+        self._clock = _PHASE_CLOCKS[self.phase_clock]
         self._identities: list[tuple[str, int | None]] | None = None
         self._notes: dict[str, list[float]] = {}
         self._windows_file: Any = None
@@ -272,6 +323,56 @@ class TrainingMonitor:
         self.layout = WindowLayout(
             STEP_COLUMNS + tuple(c for p in self.participants for c in p.columns))
         self._trace = self.participant("trace")
+
+    def _resolve_clock(self, device: Any, model: Any, dist_mod: Any) -> str:
+        """The phase clock to use; on the device clock, build it (never raises)."""
+        wanted = self.config.phase_clock
+        if wanted in ("wall", "thread_cpu"):
+            return wanted
+        try:
+            devices = _model_devices(model)
+            cuda_model = bool(devices) and all(d.startswith("cuda") for d in devices)
+            if wanted == "auto":
+                if not (device is not None or cuda_model or (
+                        model is None and _cuda_initialized())):
+                    return "wall"
+            if len(devices) > 1:
+                return self._refuse(f"the model is on several devices ({sorted(devices)})")
+            if dist_mod is not None:
+                backend = str(dist_mod.get_backend(
+                    getattr(self.comm_timer, "process_group", None)))
+                names = {part.rsplit(":", 1)[-1] for part in backend.split(",")}
+                if not names <= _DEVICE_BACKENDS:
+                    return self._refuse(f"backend {backend!r} is neither NCCL nor gloo")
+            if device is None:
+                from laggard.integrations.device_events import cuda_if_available
+
+                device = cuda_if_available()
+                if device is None:
+                    return self._refuse("no CUDA device")
+            from laggard.integrations.device_clock import DeviceClock
+
+            self.device_clock = DeviceClock(device, window_steps=self.config.window_steps,
+                                            pool_events=self.config.device_pool_events,
+                                            log_once=self._log_once)
+        except Exception as exc:  # noqa: BLE001 - a device clock that cannot start is refused
+            return self._refuse(f"the device clock could not start ({exc!r})")
+        if self.comm_timer is not None and hasattr(self.comm_timer, "attach_device_clock"):
+            self.comm_timer.attach_device_clock(self.device_clock)
+        if "torch.distributed.fsdp._fully_shard._fsdp_param_group" in sys.modules:
+            from laggard.integrations.fsdp_device import FsdpStallMarkers
+
+            self._fsdp_markers = FsdpStallMarkers(self.device_clock, log_once=self._log_once)
+            self._fsdp_markers.install()
+        return "device"
+
+    def _refuse(self, reason: str) -> str:
+        """Count and log once a refused device clock; the wall clock is used instead."""
+        self.stats.device_fallbacks += 1
+        self._log_once("device-refused", "laggard: phase_clock=%r: %s; phases are timed on "
+                       "the wall clock instead (see docs/gpu.md)", self.config.phase_clock,
+                       reason)
+        return "wall"
 
     def _builtin_participants(self) -> list[Participant]:
         """Straggler detector; with a tracer, the link probe and the tracer's block (whose
@@ -307,6 +408,8 @@ class TrainingMonitor:
             name: ``data``, ``forward``, ``backward``, ``optimizer``, or a name of your own
                 (at most 16 distinct names). A name used twice in a step adds up.
         """
+        if self.device_clock is not None:
+            return _DevicePhaseContext(self._intervals, name, self._clock, self.device_clock)
         return _PhaseContext(self._intervals, name, self._clock)
 
     def note(self, name: str, value: float) -> None:
@@ -333,8 +436,12 @@ class TrainingMonitor:
             return
 
     def close(self) -> None:
-        """Close the socket and destroy the gather group this monitor created. Never raises."""
+        """Close the socket and destroy the gather group this monitor created; take the FSDP2
+        stall markers out. Never raises."""
         try:
+            if self._fsdp_markers is not None:
+                self._fsdp_markers.uninstall()
+                self._fsdp_markers = None
             if self._windows_file is not None:
                 self._windows_file.close()
                 self._windows_file = None
@@ -358,6 +465,11 @@ class TrainingMonitor:
     # ------------------------------------------------------------------------- per step
     def _begin_step(self) -> None:
         self._intervals.clear()
+        if self.device_clock is not None:
+            try:
+                self.device_clock.begin_step()
+            except Exception as exc:  # noqa: BLE001
+                self._internal_error("device", exc)
         self._step_start = time.perf_counter()
 
     def _end_step(self) -> None:
@@ -388,6 +500,13 @@ class TrainingMonitor:
             blocking_collectives=self.comm_timer is None)
         for name, value in times.columns().items():
             self._steps[_STEP_ROWS[name], column] = value
+        self._steps[_STEP_ROWS["compute_cpu_seconds"], column] = times.compute_seconds
+        if self.device_clock is not None:
+            clock = self.device_clock
+            before = clock.stats.stream_switches + clock.stats.untimed_steps
+            clock.end_step(step, times)
+            self.stats.device_fallbacks += (
+                clock.stats.stream_switches + clock.stats.untimed_steps - before)
         if self._sock is not None:
             record = StepRecord(
                 rank=self.rank, world_size=self.world_size, step=step,
@@ -442,6 +561,13 @@ class TrainingMonitor:
                                        group=self._group)
                 self._identities = [(node, lr) for node, lr in identities]
             values: dict[str, object] = dict(summarize_window(self._steps))
+            if self.device_clock is not None:
+                try:
+                    # the previous window's device times (one window late; device_clock.py)
+                    values.update(self.device_clock.window_values(step))
+                    self.stats.device_pending = self.device_clock.stats.steps_pending
+                except Exception as exc:  # noqa: BLE001 - the CPU clock's values go instead
+                    self._internal_error("device", exc)
             for participant in self.participants:
                 values.update(participant.contribute(step))
             local = torch.from_numpy(self.layout.pack(values))
@@ -487,7 +613,7 @@ class TrainingMonitor:
             try:
                 found = participant.on_window(record)
             except StopJob as exc:
-                stop, found = exc, WindowOutcome(findings=exc.findings, logged=False)
+                stop, found = exc, WindowOutcome(findings=exc.findings)
             except Exception as exc:  # noqa: BLE001 - one participant never stops the others
                 self._internal_error(participant.name, exc)
                 continue
@@ -540,7 +666,7 @@ class TrainingMonitor:
                 "medians": [[v if np.isfinite(v) else None for v in row]
                             for row in kept.table(names).tolist()],
                 "scores": {str(r): v for r, v in outcome.scores.items()},
-                "findings": [{**f.to_dict(), "cleared": f.cleared} for f in outcome.findings],
+                "findings": [f.to_dict() for f in outcome.findings],
                 "notes": notes,
             }
             self._windows_file.write(json.dumps(doc) + "\n")
@@ -598,6 +724,57 @@ class _PhaseContext:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
         self._intervals.append((self._name, self._start, self._clock()))
+        return False
+
+
+class _DevicePhaseContext(_PhaseContext):
+    """``with monitor.phase(name):`` on the device clock: an event on the current stream at
+    each boundary, the wall clock beside it."""
+
+    __slots__ = ("_device",)
+
+    def __init__(self, intervals: list[tuple[str, float, float]], name: str,
+                 clock: Callable[[], float], device: Any) -> None:
+        super().__init__(intervals, name, clock)
+        self._device = device
+
+    def __enter__(self) -> _PhaseContext:
+        try:
+            self._device.phase_mark("start", self._name)
+        except Exception:  # noqa: BLE001 - a failed mark leaves the step untimed (counted)
+            pass
+        self._start = self._clock()
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
+        end = self._clock()
+        try:
+            self._device.phase_mark("end", self._name)
+        except Exception:  # noqa: BLE001
+            pass
+        self._intervals.append((self._name, self._start, end))
+        return False
+
+
+def _model_devices(model: Any) -> set[str]:
+    """The device types and indices (``"cuda:0"``, ``"cpu"``) of a model's parameters and
+    buffers (a module or a sequence of modules); empty for None."""
+    if model is None:
+        return set()
+    modules = model if isinstance(model, (list, tuple)) else [model]
+    out: set[str] = set()
+    for module in modules:
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            out.add(str(tensor.device))
+    return out
+
+
+def _cuda_initialized() -> bool:
+    """True when torch is loaded and the job has initialised CUDA (its tensors are there)."""
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001
         return False
 
 

@@ -44,13 +44,11 @@ class WindowOutcome:
         findings: findings raised or cleared (``Finding.cleared``) in this window.
         scores: global rank -> score, for the WindowReport's ``scores`` (the straggler score).
         detector_stats: counters for the WindowReport's ``detector_stats``.
-        logged: the participant logged its findings itself (the monitor does not log them again).
     """
 
     findings: list[Finding] = field(default_factory=list)
     scores: dict[int, float] = field(default_factory=dict)
     detector_stats: dict[str, int] = field(default_factory=dict)
-    logged: bool = False
 
 
 class StopJob(RuntimeError):

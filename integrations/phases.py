@@ -15,10 +15,26 @@ so the rules are tested with plain numbers:
   optimizer, the loop's own names), or the step's time minus the wait when no phase was timed.
   Synchronous collectives that only the tracer saw (FSDP2 on gloo) sat inside the wall-clock
   phases with no interval to subtract: their exposed time comes off compute.
+
+On the device clock (:func:`device_step_times`) a step also has *device marks*: timing events
+recorded on the stream at each phase's start and end, at the last gradient bucket's readiness
+(DDP), at the end of DDP's buffer broadcast, and around FSDP2's waits for its collectives, each
+read back as device seconds since the step's first mark. Their arithmetic is pure too:
+
+* a phase's **device time** is its end mark minus its start mark; its **device wait** is the
+  union, inside the phase, of the times the stream waited for peers: from the last bucket ready
+  to the phase's end (DDP's exposed communication: after the last bucket the compute stream only
+  waits for the collectives), from the phase's start to the end of the buffer broadcast, and
+  each FSDP2 stall (start to end mark, nested stalls counted once);
+* per phase the rank's own work is ``max(device - device wait, cpu)``, as Megatron-LM's
+  StragglerDetector keeps ``max(event time, perf_counter time)``: a launch-bound or data-bound
+  rank still shows; compute and data add these up as on the CPU clock;
+* the collective wait is the device wait when any wait mark was read, else the CPU's.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,6 +43,15 @@ from typing import Protocol
 WAIT_PHASE = "collective_wait"
 #: The data-loading phase.
 DATA_PHASE = "data"
+
+#: Kinds of device marks (``(kind, name, device_seconds)`` in :func:`device_step_times`).
+PHASE_START, PHASE_END = "start", "end"
+#: The last gradient bucket of a DDP model became ready (one mark per CommTimer per step).
+BUCKET_READY = "ready"
+#: DDP's broadcast of module buffers at forward start is done (the stream waited for peers).
+SYNC_END = "sync_end"
+#: Around a point where FSDP2's compute stream waits for an all-gather or reduce-scatter.
+STALL_START, STALL_END = "stall_start", "stall_end"
 
 
 class StepCollectives(Protocol):
@@ -136,4 +161,177 @@ def step_times(
     )
 
 
-__all__ = ["DATA_PHASE", "WAIT_PHASE", "StepCollectives", "StepTimes", "step_times"]
+@dataclass(frozen=True, slots=True)
+class DevicePhases:
+    """One step's device marks turned into per-phase device seconds.
+
+    Attributes:
+        seconds: phase name -> device seconds (end mark minus start mark; repeated phases add).
+        waits: phase name -> device seconds waiting for peers inside the phase (module
+            docstring); phases without a wait mark are absent.
+        wait_marks: number of wait marks (bucket ready, sync end, stall pairs) placed in a phase.
+        unplaced_marks: wait marks outside every phase (ignored; e.g. a hook fired between
+            phases).
+    """
+
+    seconds: dict[str, float]
+    waits: dict[str, float]
+    wait_marks: int
+    unplaced_marks: int
+
+
+def device_phases(marks: Sequence[tuple[str, str, float]]) -> DevicePhases:
+    """Per-phase device seconds and waits from one step's device marks.
+
+    Args:
+        marks: ``(kind, name, seconds)`` in the order they were recorded on the CPU; kind one of
+            :data:`PHASE_START` / :data:`PHASE_END` (name: the phase), :data:`BUCKET_READY`,
+            :data:`SYNC_END`, :data:`STALL_START` / :data:`STALL_END` (name: the FSDP2
+            function); seconds: device time since the step's first mark.
+
+    Returns:
+        :class:`DevicePhases`. A start without its end, or an end without its start, is
+        ignored.
+    """
+    open_phases: dict[str, float] = {}
+    spans: list[tuple[str, float, float]] = []
+    readies: list[float] = []
+    syncs: list[float] = []
+    stalls: list[tuple[float, float]] = []
+    open_stalls: list[tuple[str, float]] = []
+    for kind, name, t in marks:
+        if kind == PHASE_START:
+            open_phases[name] = t
+        elif kind == PHASE_END:
+            if name in open_phases:
+                spans.append((name, open_phases.pop(name), t))
+        elif kind == BUCKET_READY:
+            readies.append(t)
+        elif kind == SYNC_END:
+            syncs.append(t)
+        elif kind == STALL_START:
+            open_stalls.append((name, t))
+        elif kind == STALL_END:
+            # pair with the innermost open stall of the same name (calls nest in CPU order)
+            for i in range(len(open_stalls) - 1, -1, -1):
+                if open_stalls[i][0] == name:
+                    stalls.append((open_stalls.pop(i)[1], t))
+                    break
+    seconds: dict[str, float] = {}
+    waits: dict[str, float] = {}
+    for name, start, end in spans:
+        seconds[name] = seconds.get(name, 0.0) + max(0.0, end - start)
+        inside: list[tuple[float, float]] = []
+        last_ready = max((r for r in readies if start <= r <= end), default=None)
+        if last_ready is not None:
+            inside.append((last_ready, end))
+        inside += [(start, s) for s in syncs if start <= s <= end]
+        inside += [(a, min(b, end)) for a, b in stalls if start <= a <= end]
+        if inside:
+            waits[name] = waits.get(name, 0.0) + _union(inside)
+    points = readies + syncs + [a for a, _ in stalls]
+    placed = sum(any(s <= t <= e for _, s, e in spans) for t in points)
+    return DevicePhases(seconds=seconds, waits=waits, wait_marks=placed,
+                        unplaced_marks=len(points) - placed)
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals (empty ones ignored)."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStepTimes:
+    """One step on the device clock: the detector's values and both clocks beside them.
+
+    Attributes:
+        compute_seconds: sum over the phases other than ``data`` of
+            ``max(device - device wait, cpu)`` (what the straggler detector ranks on).
+        data_seconds: the same for ``data`` (0 when not timed).
+        collective_wait_seconds: the device wait when any wait mark was read, else the CPU's.
+        compute_device_seconds: sum of ``device - device wait`` over the compute phases; NaN
+            when a compute phase has no device time.
+        compute_cpu_seconds: the CPU clock's compute of the same step.
+        collective_wait_device_seconds: the device wait (NaN when no wait mark was read and the
+            step had collectives on the CPU clock).
+        phases: phase name -> ``max(device - wait, cpu)`` seconds.
+    """
+
+    compute_seconds: float
+    data_seconds: float
+    collective_wait_seconds: float
+    compute_device_seconds: float
+    compute_cpu_seconds: float
+    collective_wait_device_seconds: float
+    phases: dict[str, float]
+
+    def columns(self) -> dict[str, float]:
+        """The window record's device-clock step columns this step fills."""
+        return {
+            "compute_seconds": self.compute_seconds,
+            "data_seconds": self.data_seconds,
+            "collective_wait_seconds": self.collective_wait_seconds,
+            "compute_device_seconds": self.compute_device_seconds,
+            "compute_cpu_seconds": self.compute_cpu_seconds,
+            "collective_wait_device_seconds": self.collective_wait_device_seconds,
+        }
+
+
+def device_step_times(cpu: StepTimes, marks: Sequence[tuple[str, str, float]] | DevicePhases,
+                      ) -> DeviceStepTimes:
+    """Combine one step's CPU times with its device marks (module docstring).
+
+    Args:
+        cpu: the step on the CPU clock (:func:`step_times` on the wall clock).
+        marks: the step's device marks (see :func:`device_phases`), or their
+            :class:`DevicePhases`.
+
+    Returns:
+        :class:`DeviceStepTimes`; durations >= 0 (NaN only in the device-only fields).
+    """
+    dev = marks if isinstance(marks, DevicePhases) else device_phases(marks)
+    phases: dict[str, float] = {}
+    own_device: dict[str, float] = {}
+    for name, cpu_seconds in cpu.phases.items():
+        device = dev.seconds.get(name)
+        if device is None or not math.isfinite(device):
+            phases[name] = cpu_seconds  # no device time: the CPU clock's
+            continue
+        own = max(0.0, device - dev.waits.get(name, 0.0))
+        own_device[name] = own
+        phases[name] = max(own, cpu_seconds)
+    compute_names = [n for n in cpu.phases if n != DATA_PHASE]
+    if compute_names:
+        compute = sum(phases[n] for n in compute_names)
+        compute_device = (sum(own_device[n] for n in compute_names)
+                          if all(n in own_device for n in compute_names) else math.nan)
+    else:
+        compute, compute_device = cpu.compute_seconds, math.nan
+    device_wait = sum(dev.waits.values()) + dev.seconds.get(WAIT_PHASE, 0.0)
+    measured = dev.wait_marks > 0 or WAIT_PHASE in dev.seconds
+    if measured:
+        wait, wait_device = device_wait, device_wait
+    else:
+        # no wait mark: a step without collectives (no_sync) waited for nothing on the device
+        wait = cpu.collective_wait_seconds
+        wait_device = 0.0 if cpu.collective_seconds == 0.0 else math.nan
+    return DeviceStepTimes(
+        compute_seconds=compute,
+        data_seconds=phases.get(DATA_PHASE, 0.0),
+        collective_wait_seconds=wait,
+        compute_device_seconds=compute_device,
+        compute_cpu_seconds=cpu.compute_seconds,
+        collective_wait_device_seconds=wait_device,
+        phases=phases,
+    )
+
+
+__all__ = ["BUCKET_READY", "DATA_PHASE", "PHASE_END", "PHASE_START", "STALL_END", "STALL_START",
+           "SYNC_END", "WAIT_PHASE", "DevicePhases", "DeviceStepTimes", "StepCollectives",
+           "StepTimes", "device_phases", "device_step_times", "step_times"]

@@ -4,20 +4,37 @@
 source                        backend     what it measures, and its cost
 ============================  ==========  ====================================================
 :func:`instrument_fsdp`       any         FSDP2's all-gather and reduce-scatter, issue to
-                                          completion: a synchronous call is timed around the
-                                          call, an async one (``Work``) by its future. Two
-                                          ``perf_counter`` calls and a dict insert each.
+                                          completion. CPU tensors: a synchronous call is timed
+                                          around the call (two ``perf_counter`` calls), an
+                                          async one (``Work``) by its future. CUDA tensors:
+                                          pooled timing events on the stream the call runs on
+                                          (FSDP2's all-gather / reduce-scatter stream), before
+                                          and after the call or in the future's ``then()``,
+                                          read without blocking at a later step.
 ``CommTimer(tracer=...)``     any         DDP gradient buckets, launch to completion
                                           (:mod:`~laggard.integrations.comm_timing`).
-``CollectiveTracer.track``    gloo        any ``async_op=True`` collective, by its future.
+``CollectiveTracer.track``    any         any ``async_op=True`` collective. gloo on CPU
+                                          tensors: by its future (done when the collective
+                                          is). NCCL or CUDA tensors: the future is done at
+                                          *enqueue*, so by two pooled events (issue, and the
+                                          ``then()`` callback's stream, which waited for the
+                                          collective), every ``device_sample_every``-th.
 :class:`NcclCompletionHook`   NCCL        ``ProcessGroup._register_on_completion_hook``: NCCL's
-                                          own CUDA-event start/finish per collective. Needs
+                                          own CUDA-event duration per collective, on its own
+                                          ``pt_nccl_runhook`` thread. Needs
                                           ``TORCH_NCCL_ENABLE_TIMING=1`` (two more CUDA events
-                                          per collective, reported to cost overlap), so opt-in.
+                                          around every collective of the job; breaks overlap
+                                          with ``CUDA_DEVICE_MAX_CONNECTIONS=1``,
+                                          pytorch#143890), so opt-in; registration raises
+                                          without it and newer torch warns it is deprecated
+                                          for the flight recorder: both counted, never raised.
 :class:`FlightRecorderReader` NCCL, gloo  the in-process flight recorder
                                           (``TORCH_FR_BUFFER_SIZE=N``), read every
                                           ``interval_s`` on its own thread, never the training
-                                          thread. NCCL fills start and completion times. gloo
+                                          thread. NCCL with timing fills start and completion
+                                          times; without ``TORCH_NCCL_ENABLE_TIMING`` the start
+                                          is ``null`` and there is no ``duration_ms``: entries
+                                          are counted and sized (``untimed``), not timed. gloo
                                           records only ``time_created_ns`` (state stays
                                           ``scheduled``): good for counting and sizing what a
                                           group issued and for its enqueue cadence, not for
@@ -93,6 +110,14 @@ def instrument_fsdp(model: Any, tracer: CollectiveTracer) -> int:
     ``set_custom_reduce_scatter``; the wrapped comm does the same collective, so training is
     unchanged. Call after ``fully_shard`` and before the first step.
 
+    CPU tensors (gloo): timed around the call on the CPU clock (FSDP2 on gloo blocks the
+    training thread in the call). CUDA tensors: FSDP2 makes the call inside its all-gather
+    (reduce-scatter) stream context and it returns at enqueue, so the CPU clock would time the
+    launch; instead pooled timing events are recorded on that current stream before and after
+    the call (an async ``Work``: at issue and in its future's ``then()`` callback) and read
+    without blocking at a later ``tracer.take_step()`` (:meth:`CollectiveTracer.timed`,
+    :meth:`CollectiveTracer.track`): the collective's device time on the stream it ran on.
+
     Args:
         model: the root module; every ``FSDPModule`` in ``model.modules()`` is instrumented.
         tracer: where the timings go.
@@ -143,8 +168,8 @@ def _timed_comm_classes(all_gather_base: type, reduce_scatter_base: type) -> tup
             nbytes = wire_bytes("allgather", _tensor_bytes(input_tensor), group.size())
             if async_op:
                 work = self.inner(output_tensor, input_tensor, group, async_op)
-                return self.tracer.track(work, "allgather", group, nbytes)
-            with self.tracer.timed("allgather", group, nbytes):
+                return self.tracer.track(work, "allgather", group, nbytes, tensor=input_tensor)
+            with self.tracer.timed("allgather", group, nbytes, tensor=input_tensor):
                 return self.inner(output_tensor, input_tensor, group, async_op)
 
     class TimedReduceScatter(reduce_scatter_base):  # type: ignore[misc,valid-type]
@@ -159,8 +184,9 @@ def _timed_comm_classes(all_gather_base: type, reduce_scatter_base: type) -> tup
             nbytes = wire_bytes("reduce_scatter", _tensor_bytes(input_tensor), group.size())
             if async_op:
                 work = self.inner(output_tensor, input_tensor, group, op, async_op)
-                return self.tracer.track(work, "reduce_scatter", group, nbytes)
-            with self.tracer.timed("reduce_scatter", group, nbytes):
+                return self.tracer.track(work, "reduce_scatter", group, nbytes,
+                                         tensor=input_tensor)
+            with self.tracer.timed("reduce_scatter", group, nbytes, tensor=input_tensor):
                 return self.inner(output_tensor, input_tensor, group, op, async_op)
 
     return TimedAllGather, TimedReduceScatter
@@ -168,14 +194,23 @@ def _timed_comm_classes(all_gather_base: type, reduce_scatter_base: type) -> tup
 
 # ----------------------------------------------------------------------------------- NCCL
 class NcclCompletionHook:
-    """Feeds a tracer from ``ProcessGroup._register_on_completion_hook`` (NCCL only).
+    """Feeds a tracer from ``ProcessGroup._register_on_completion_hook`` (NCCL only, opt-in).
 
-    NCCL's watchdog thread calls the hook once per completed collective with a ``WorkInfo``:
-    ``op_type``, ``seq``, ``time_started`` / ``time_finished`` (host clock, enqueue and the
-    watchdog seeing completion) and ``active_duration`` (CUDA-event time of the kernel, when
-    ``TORCH_NCCL_ENABLE_TIMING=1``; it includes the kernel's wait for the last peer). The tracer
-    gets ``active_duration`` when it is non-zero, else finish minus start; no bytes (WorkInfo has
-    none: pair with the flight recorder for sizes).
+    ProcessGroupNCCL calls the hook once per completed collective, on a thread of its own
+    (``pt_nccl_runhook``; not the watchdog, not the training thread), with a ``WorkInfo``:
+    ``op_type``, ``seq``, ``time_started`` / ``time_finished`` (host clock) and
+    ``active_duration`` (CUDA-event time of the collective's kernel; it includes the kernel's
+    wait for the last peer). The tracer gets ``active_duration`` when it is non-zero, else
+    finish minus start; no bytes (WorkInfo has none: pair with the flight recorder for sizes).
+
+    Registration raises unless NCCL timing is on (``TORCH_NCCL_ENABLE_TIMING=1``), and newer
+    torch builds warn that the hook is being deprecated in favour of the flight recorder; both
+    are counted and logged once by :meth:`register`, never raised. Cost, and why it is opt-in:
+    ``TORCH_NCCL_ENABLE_TIMING=1`` records two more CUDA events around every collective of the
+    job (not only the traced ones), and with ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (Megatron-LM's
+    setting for tensor-parallel overlap) it breaks compute/communication overlap
+    (pytorch#143890). Without it, :meth:`CollectiveTracer.track` and FSDP2's comms are timed
+    by laggard's own sampled events instead.
 
     Args:
         tracer: where the timings go.
@@ -186,14 +221,33 @@ class NcclCompletionHook:
         self.tracer, self.info = tracer, info
 
     def register(self, pg: Any) -> bool:
-        """Register on ``pg``; False (counted, logged once) when its backend refuses."""
+        """Register on ``pg``.
+
+        Returns:
+            True when registered. False when the backend refused (gloo, old torch, NCCL timing
+            off: counted in ``tracer.stats["unknown_backend"]``, logged once). A deprecation
+            warning the registration raises is caught, counted once in
+            ``tracer.stats["errors"]`` and logged once; the hook stays registered. Never raises.
+        """
+        import warnings
+
         try:
-            pg._register_on_completion_hook(self)
-            return True
-        except Exception as exc:  # noqa: BLE001 - gloo and old torch raise here
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                pg._register_on_completion_hook(self)
+        except Exception as exc:  # noqa: BLE001 - gloo, old torch, timing off raise here
             self.tracer._count("unknown_backend", "completion_hook", "laggard: completion "
-                               "hook refused by group %s (%r)", self.info.label, exc)
+                               "hook refused by group %s (%r); set TORCH_NCCL_ENABLE_TIMING=1 "
+                               "to use it, or leave it to laggard's own events", self.info.label,
+                               exc)
             return False
+        for warning in caught:
+            self.tracer._count("errors", "completion_hook_warning", "laggard: registering the "
+                               "NCCL completion hook warned (%s); it is kept, the flight "
+                               "recorder and laggard's own events are the lasting sources",
+                               warning.message)
+            break
+        return True
 
     def __call__(self, work_info: Any) -> None:
         try:
@@ -204,7 +258,7 @@ class NcclCompletionHook:
             end = time.perf_counter()
             op = _op_name(str(work_info.op_type))
             self.tracer.record(op, None, end - seconds, end, 0, index=self.info.index)
-        except Exception as exc:  # noqa: BLE001 - never raise into NCCL's watchdog
+        except Exception as exc:  # noqa: BLE001 - never raise into NCCL's hook thread
             self.tracer._count("errors", "completion_hook_call", "laggard: completion hook "
                                "failed (%r)", exc)
 
@@ -230,9 +284,13 @@ class FlightRecorderReader:
     Every ``interval_s`` it dumps the recorder (``_dump_fr_trace_json``; a copy of a ring of
     ``TORCH_FR_BUFFER_SIZE`` entries, no collective is stopped), and hands the tracer each entry
     completed since the last read: op, group, bytes from ``input_sizes`` and ``input_dtypes``,
-    and the duration from ``duration_ms`` or completed minus started (NCCL). gloo entries never
-    complete in the recorder: they are counted in :attr:`seen` and not timed. An entry left
-    uncompleted for ``stall_seconds`` is given up (``never_completed``).
+    and the duration from ``duration_ms`` or completed minus started (NCCL with
+    ``TORCH_NCCL_ENABLE_TIMING=1``). Without NCCL timing the recorder writes
+    ``time_discovered_started_ns: null`` and no ``duration_ms``: such an entry is counted in
+    :attr:`untimed` and sized in :attr:`untimed_bytes` (and ``tracer.stats["untimed"]``, logged
+    once), never timed. gloo entries never complete in the recorder: they are counted in
+    :attr:`seen` and not timed. An entry left uncompleted for ``stall_seconds`` is given up
+    (``never_completed``).
 
     Args:
         tracer: where the timings go.
@@ -248,6 +306,8 @@ class FlightRecorderReader:
         self._dump = dump if dump is not None else _torch_fr_dump
         self._next_id = 0  # first record_id not yet handed over
         self.seen = 0
+        self.untimed = 0
+        self.untimed_bytes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._by_name = {g.name: g for g in tracer.groups}
@@ -303,11 +363,7 @@ class FlightRecorderReader:
                                "an unwatched group %r skipped", group)
             return 0
         op = _op_name(str(entry.get("profiling_name", "")))
-        started = int(entry.get("time_discovered_started_ns") or 0)
-        completed = int(entry.get("time_discovered_completed_ns") or 0)
-        duration_ms = entry.get("duration_ms")
-        seconds = (float(duration_ms) / 1e3 if duration_ms is not None
-                   else max(0.0, (completed - started) / 1e9))
+        seconds = _entry_seconds(entry)
         raw = 0
         for size, dtype in zip(entry.get("input_sizes", []), entry.get("input_dtypes", []),
                                strict=False):
@@ -315,10 +371,44 @@ class FlightRecorderReader:
             for dim in size:
                 numel *= int(dim)
             raw += numel * _DTYPE_BYTES.get(str(dtype), 4)
+        nbytes = wire_bytes(op, raw, len(info.ranks))
+        if seconds is None:
+            # NCCL without TORCH_NCCL_ENABLE_TIMING: no start, no duration. Counted and sized,
+            # never timed (completed - 0 would be ~1.7e9 s, the epoch).
+            self.untimed += 1
+            self.untimed_bytes += nbytes
+            self.tracer._count("untimed", "fr_untimed", "laggard: flight-recorder entries have "
+                               "no start time (TORCH_NCCL_ENABLE_TIMING is off): counted and "
+                               "sized, not timed")
+            return 0
         end = time.perf_counter()
-        self.tracer.record(op, None, end - seconds, end, wire_bytes(op, raw, len(info.ranks)),
-                           index=info.index)
+        self.tracer.record(op, None, end - seconds, end, nbytes, index=info.index)
         return 1
+
+
+def _entry_seconds(entry: dict[str, Any]) -> float | None:
+    """A completed flight-recorder entry's duration, seconds; None when it has none.
+
+    ``duration_ms`` (CUDA-event time, only with ``TORCH_NCCL_ENABLE_TIMING=1``) first, else
+    ``time_discovered_completed_ns - time_discovered_started_ns`` when both are set and ordered.
+    Without timing the recorder writes ``time_discovered_started_ns: null`` (0 in some builds)
+    and no ``duration_ms``: None, never ``completed - 0``.
+    """
+    duration_ms = entry.get("duration_ms")
+    if duration_ms is not None:
+        try:
+            value = float(duration_ms)
+        except (TypeError, ValueError):
+            return None
+        return value / 1e3 if value >= 0 and value == value else None
+    try:
+        started = int(entry.get("time_discovered_started_ns") or 0)
+        completed = int(entry.get("time_discovered_completed_ns") or 0)
+    except (TypeError, ValueError):
+        return None
+    if started <= 0 or completed < started:
+        return None
+    return (completed - started) / 1e9
 
 
 def _torch_fr_dump() -> str:
@@ -334,9 +424,10 @@ def attach(tracer: CollectiveTracer, *, env: dict[str, str] | None = None,
     """Attach the backend-side sources each watched group's backend supports.
 
     NCCL groups get the completion hook when ``TORCH_NCCL_ENABLE_TIMING=1`` (opt-in: it costs
-    overlap), else the flight-recorder reader when ``TORCH_FR_BUFFER_SIZE`` > 0, else nothing
-    backend-side (the Python-side sources still time what they wrap). gloo groups need nothing
-    here: their collectives are timed by the Python-side sources. Unknown backends are counted.
+    overlap, pytorch#143890), else the flight-recorder reader when ``TORCH_FR_BUFFER_SIZE`` > 0,
+    else nothing backend-side (the Python-side sources still time what they wrap, on the device
+    by laggard's own sampled events). gloo groups need nothing here: their collectives are timed
+    by the Python-side sources. Unknown backends are counted.
 
     Args:
         tracer: the tracer whose groups to attach to.
@@ -356,10 +447,14 @@ def attach(tracer: CollectiveTracer, *, env: dict[str, str] | None = None,
                 lines.append(f"{info.label} nccl: completion hook (CUDA-event timing)")
             elif int(env.get("TORCH_FR_BUFFER_SIZE", "0") or 0) > 0:
                 reader_needed = True
-                lines.append(f"{info.label} nccl: flight recorder, read off the training thread")
+                lines.append(f"{info.label} nccl: flight recorder, read off the training thread"
+                             + ("" if env.get("TORCH_NCCL_ENABLE_TIMING") == "1" else
+                                " (no start times without TORCH_NCCL_ENABLE_TIMING=1: counts "
+                                "and sizes only)"))
             else:
-                lines.append(f"{info.label} nccl: Python-side sources only (set "
-                             "TORCH_NCCL_ENABLE_TIMING=1 or TORCH_FR_BUFFER_SIZE)")
+                lines.append(f"{info.label} nccl: Python-side sources only, timed by "
+                             "laggard's sampled device events (TORCH_NCCL_ENABLE_TIMING=1 adds "
+                             "the completion hook, TORCH_FR_BUFFER_SIZE the flight recorder)")
         elif info.backend == "gloo":
             lines.append(f"{info.label} gloo: Python-side sources (FSDP comms, DDP hook, "
                          "Work futures)")

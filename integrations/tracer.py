@@ -6,12 +6,25 @@ model's own ``async_op=True`` calls. The tracer is the one place they are all re
 process group: op, bytes, issue-to-completion seconds on this rank's clock. The sources that
 feed it are chosen per backend at run time (:mod:`laggard.integrations.trace_sources`):
 
-* gloo: FSDP2's custom all-gather / reduce-scatter (timed around the call), DDP communication
-  hooks (:class:`~laggard.integrations.comm_timing.CommTimer` with ``tracer=``), and the ``Work``
-  futures of async collectives (:meth:`CollectiveTracer.track`);
-* NCCL: ``ProcessGroup._register_on_completion_hook`` (start and finish taken by NCCL's CUDA
-  events, needs ``TORCH_NCCL_ENABLE_TIMING=1``) or the in-process flight recorder read off the
-  training thread.
+* gloo (CPU tensors): FSDP2's custom all-gather / reduce-scatter (timed around the call), DDP
+  communication hooks (:class:`~laggard.integrations.comm_timing.CommTimer` with ``tracer=``),
+  and the ``Work`` futures of async collectives (:meth:`CollectiveTracer.track`), on the CPU
+  clock: gloo completes a future when the collective is done;
+* NCCL, or any collective on CUDA tensors: the same Python-side sources, timed on the *device*.
+  An NCCL ``Work``'s future is marked done when the collective is *enqueued* (``get_future``,
+  ``torch/csrc/distributed/c10d/init.cpp``: "for GPU work, done() returns true only whether the
+  operation has been enqueued"), so a CPU clock would time the launch. Instead a pooled timing
+  event is recorded on the current stream at issue and one in the future's ``then()`` callback,
+  whose current stream has been made to wait for the NCCL stream; a synchronous call (FSDP2's
+  all-gather inside its all-gather stream context) gets events before and after the call on the
+  stream it runs on. The events are read with ``query()`` only
+  (:mod:`laggard.integrations.device_events`), never blocking, and a step's device-timed
+  collectives are handed over by the next :meth:`take_step` (one step late, the same on every
+  rank; later when the device is more than a step behind). Sampled:
+  ``Config.device_sample_every``;
+* NCCL backend-side: ``ProcessGroup._register_on_completion_hook`` (needs
+  ``TORCH_NCCL_ENABLE_TIMING=1``, opt-in) or the in-process flight recorder read off the training
+  thread (:mod:`laggard.integrations.trace_sources`).
 
 Per rank and per group the tracer keeps each step's summed collective seconds; the
 :class:`~laggard.integrations.monitor.TrainingMonitor` gathers them once per window. Who the
@@ -140,13 +153,19 @@ class CollectiveTracer:
         config: :class:`CollectiveTracer.Config`; defaults when None.
         groups: the process groups to watch; None watches every group that exists now
             (``torch.distributed`` must be initialized; with no default group, none).
+        device: the module whose timing events time device collectives (``torch.cuda``'s names:
+            ``Event``, ``current_stream``); None: ``torch.cuda``, when a collective is on a
+            device (a test passes a fake, the demo an emulated device).
 
     Attributes:
         groups: the watched groups (:class:`GroupInfo`), in creation order.
         stats: counters, never reset: ``recorded``, ``dropped`` (completed but not taken in
             time), ``never_completed``, ``unknown_group`` (created after the tracer, or not a
             process group), ``not_member`` (a group this rank is not in), ``unknown_backend``,
-            ``errors`` (the tracer's own failures).
+            ``errors`` (the tracer's own failures), ``untimed`` (flight-recorder entries without
+            a start time), ``unsampled`` (device collectives not sampled), ``device_unread``
+            (device intervals dropped unread: events still pending behind
+            ``device_events // 2 - 2`` newer ones, or unreadable).
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -166,6 +185,16 @@ class CollectiveTracer:
         max_groups: int = 8
         """Groups watched at most (each costs ``window_steps`` float64 in the window gather)."""
 
+        device_sample_every: int = 1
+        """On a device (NCCL, CUDA tensors): time every N-th collective of each group with two
+        pooled events (about 2.5 µs of CPU each); the others are counted in
+        ``stats["unsampled"]`` and not recorded. Every rank samples the same collectives (ranks
+        issue a group's collectives in the same order), so the per-group comparison holds."""
+
+        device_events: int = 512
+        """Timing events made once, at the first device-timed collective (two per collective in
+        flight on the device); an empty pool skips the collective (counted)."""
+
         def __post_init__(self) -> None:
             if self.max_in_flight < 1 or self.max_completed < 1:
                 raise ValueError("max_in_flight and max_completed must be >= 1")
@@ -173,13 +202,25 @@ class CollectiveTracer:
                 raise ValueError("stall_seconds must be > 0")
             if not 1 <= self.max_groups <= 64:
                 raise ValueError("max_groups must be in [1, 64]")
+            if self.device_sample_every < 1:
+                raise ValueError("device_sample_every must be >= 1")
+            if self.device_events < 2:
+                raise ValueError("device_events must be >= 2")
 
     def __init__(self, config: CollectiveTracer.Config | None = None, *,
-                 groups: list[Any] | None = None) -> None:
+                 groups: list[Any] | None = None, device: Any = None) -> None:
         self.config = config if config is not None else CollectiveTracer.Config()
         self.stats: dict[str, int] = dict.fromkeys(
             ("recorded", "dropped", "never_completed", "unknown_group", "not_member",
-             "unknown_backend", "errors"), 0)
+             "unknown_backend", "errors", "untimed", "unsampled", "device_unread"), 0)
+        self.device = device
+        self._device_off = False
+        self._pending: Any = None  # PendingIntervals, made at the first device-timed collective
+        self._device_seq: dict[int, int] = {}
+        # device-timed collectives read, with the step they were issued in (take_step calls
+        # so far): handed over by the first take_step after their issue step
+        self._device_done: collections.deque[tuple[int, _Done]] = collections.deque()
+        self._steps = 0
         self._lock = threading.Lock()
         self._logged: set[str] = set()
         self._tokens = itertools.count()
@@ -263,6 +304,9 @@ class CollectiveTracer:
         info = self.group_info(group)
         if info is None:
             return None
+        return self._begin(info, op, nbytes, blocking)
+
+    def _begin(self, info: GroupInfo, op: str, nbytes: int, blocking: bool) -> int:
         now = time.perf_counter()
         token = next(self._tokens)
         with self._lock:
@@ -295,12 +339,41 @@ class CollectiveTracer:
             self._append((index, op, start, end, int(nbytes), blocking))
 
     @contextmanager
-    def timed(self, op: str, group: Any, nbytes: int) -> Iterator[None]:
+    def timed(self, op: str, group: Any, nbytes: int, *, tensor: Any = None,
+              device: Any = None) -> Iterator[None]:
         """Time a synchronous collective call: ``with tracer.timed("allgather", pg, n): ...``.
 
-        A call that raises is not recorded (and the exception passes through).
+        On the CPU clock (blocking: the call held the training thread) unless the collective is
+        on a device (``tensor`` is a CUDA tensor, ``device`` is given, or the group is NCCL and
+        no tensor says otherwise): then a pooled event is recorded on the current stream before
+        the call and one after it, so the time is what the stream spent from the issue point to
+        the collective's end (an NCCL call returns at enqueue; a synchronous one has made the
+        current stream wait for it). A call that raises is not recorded (and the exception
+        passes through).
+
+        Args:
+            op, group, nbytes: as for :meth:`begin`.
+            tensor: one of the collective's tensors (its ``is_cuda`` decides the clock).
+            device: the device module to time with (overrides the tracer's).
         """
-        token = self.begin(op, group, nbytes, blocking=True)
+        info = self.group_info(group)
+        if info is None:
+            yield
+            return
+        cuda = self._device_module(info, tensor, device)
+        if cuda is not None:
+            begun = self._device_begin(info, cuda)
+            try:
+                yield
+            except BaseException:
+                if begun is not None:
+                    with self._lock:
+                        begun[0].pool.give_back(begun[1])
+                raise
+            if begun is not None:
+                self._device_end(info, op, nbytes, begun)
+            return
+        token = self._begin(info, op, nbytes, True)
         try:
             yield
         except BaseException:
@@ -310,16 +383,38 @@ class CollectiveTracer:
             raise
         self.end(token)
 
-    def track(self, work: Any, op: str, group: Any, nbytes: int) -> Any:
+    def track(self, work: Any, op: str, group: Any, nbytes: int, *, tensor: Any = None,
+              device: Any = None) -> Any:
         """Time an async collective through its ``Work`` (``async_op=True``); returns ``work``.
 
-        Completion is taken from ``work.get_future()``'s callback (gloo: the backend's thread,
-        right when the collective is done). A work without a future is timed to its first
-        ``wait()`` by the caller: not here, and counted in ``errors`` once.
+        On the CPU (gloo, CPU tensors) completion is taken from ``work.get_future()``'s done
+        callback (gloo: the backend's thread, right when the collective is done). On a device
+        (``tensor`` is a CUDA tensor, ``device`` is given, or the group is NCCL and no tensor
+        says otherwise) the future says nothing about the device: an NCCL future is marked done
+        at *enqueue* and its callbacks run at once. So a pooled event is recorded on the current
+        stream now (the issue point) and another in the future's ``then()`` callback, which runs
+        with a current stream that has been made to wait for the collective's stream; both are
+        read without blocking at a later :meth:`take_step`. Every
+        ``Config.device_sample_every``-th collective of a group is timed so. A work without a
+        future is not timed (counted in ``errors``, logged once).
+
+        Args:
+            work: the ``Work`` an ``async_op=True`` call returned (None: nothing to time).
+            op, group, nbytes: as for :meth:`begin`.
+            tensor: one of the collective's tensors (its ``is_cuda`` decides the clock).
+            device: the device module to time with (overrides the tracer's).
         """
-        token = self.begin(op, group, nbytes)
-        if token is None or work is None:
+        info = self.group_info(group)
+        if info is None:
             return work
+        cuda = self._device_module(info, tensor, device)
+        if cuda is not None:
+            if work is not None:
+                self._track_on_device(work, info, op, nbytes, cuda)
+            return work
+        if work is None:
+            return work
+        token = self._begin(info, op, nbytes, False)
         try:
             work.get_future().add_done_callback(lambda _fut: self.end(token))
         except Exception as exc:  # noqa: BLE001
@@ -328,16 +423,154 @@ class CollectiveTracer:
             self._count("errors", "track", "laggard: cannot time an async collective (%r)", exc)
         return work
 
+    # ------------------------------------------------------------------ on a device
+    def _device_module(self, info: GroupInfo, tensor: Any, device: Any) -> Any:
+        """The device module to time this collective with, or None (the CPU clock)."""
+        if device is not None:
+            return device
+        if self._device_off:
+            return None
+        if tensor is not None:
+            on_device = bool(getattr(tensor, "is_cuda", False))
+        else:
+            on_device = info.backend == "nccl"
+        if not on_device:
+            return None
+        if self.device is not None:
+            return self.device
+        try:
+            import torch
+
+            return torch.cuda
+        except Exception:  # noqa: BLE001 - no torch.cuda: the CPU clock
+            return None
+
+    def _device_queue(self, cuda: Any) -> Any:
+        """The pending-interval FIFO of ``cuda``'s events (made once; None: device timing off).
+        Caller holds the lock."""
+        if self._pending is None or self._pending.pool.cuda is not cuda:
+            if self._pending is not None:
+                return None  # one device module per tracer: a second one is not timed
+            from laggard.integrations.device_events import EventPool, PendingIntervals
+
+            size = self.config.device_events
+            # fewer pending than the pool holds: one interval that never completes is dropped
+            # (its events leave the pool) instead of stopping device timing for good
+            self._pending = PendingIntervals(EventPool(cuda, size),
+                                             max_pending=max(1, size // 2 - 2))
+        return self._pending
+
+    def _device_begin(self, info: GroupInfo,
+                      cuda: Any) -> tuple[Any, Any, float, int] | None:
+        """Record the issue event of a sampled collective: ``(queue, event, host issue time,
+        issue step)`` or None (not sampled, no event, device timing off). Never raises."""
+        try:
+            with self._lock:
+                seq = self._device_seq.get(info.index, 0)
+                self._device_seq[info.index] = seq + 1
+                if seq % self.config.device_sample_every:
+                    self.stats["unsampled"] += 1
+                    return None
+                queue = self._device_queue(cuda)
+                if queue is None:
+                    self.stats["errors"] += 1
+                    return None
+                event = queue.pool.record()
+        except Exception as exc:  # noqa: BLE001 - no device: the CPU clock from now on
+            self._device_off = True
+            self._count("errors", "device_pool", "laggard: cannot make timing events (%r); "
+                        "collectives are timed on the CPU clock (launch times on NCCL)", exc)
+            return None
+        if event is None:  # pool empty or record failed: counted by the pool
+            return None
+        return queue, event, time.perf_counter(), self._steps
+
+    def _device_end(self, info: GroupInfo, op: str, nbytes: int,
+                    begun: tuple[Any, Any, float, int]) -> None:
+        """Record the end event on the current stream and queue the interval. Never raises."""
+        queue, start, issued, issue_step = begun
+        index = info.index
+
+        def sink(seconds: float) -> None:  # called under the lock (add, harvest)
+            if seconds != seconds:  # NaN: expired or unreadable
+                self.stats["device_unread"] += 1
+                return
+            if len(self._device_done) >= self.config.max_completed:
+                self._device_done.popleft()
+                self.stats["dropped"] += 1
+            self._device_done.append((issue_step, (
+                index, op, issued, issued + max(0.0, seconds), int(nbytes), False)))
+
+        try:
+            with self._lock:
+                queue.add(start, queue.pool.record(), sink)
+        except Exception as exc:  # noqa: BLE001
+            self._count("errors", "device_end", "laggard: cannot time a device collective "
+                        "(%r)", exc)
+
+    def _track_on_device(self, work: Any, info: GroupInfo, op: str, nbytes: int,
+                         cuda: Any) -> None:
+        begun = self._device_begin(info, cuda)
+        if begun is None:
+            return
+
+        def on_done(_fut: Any) -> None:
+            # then(): the current stream here has waited for the collective (CUDA-aware
+            # future), so an event recorded now completes when the collective has.
+            self._device_end(info, op, nbytes, begun)
+
+        try:
+            work.get_future().then(on_done)
+        except Exception as exc:  # noqa: BLE001
+            with self._lock:
+                begun[0].pool.give_back(begun[1])
+            self._count("errors", "track_device", "laggard: cannot time an async collective on "
+                        "the device (%r)", exc)
+
+    def harvest(self) -> int:
+        """Read the device-timed collectives whose events have completed (``query()`` only,
+        never blocking); :meth:`take_step` calls it. Returns the collectives read."""
+        if self._pending is None:
+            return 0
+        try:
+            with self._lock:
+                return int(self._pending.harvest())
+        except Exception as exc:  # noqa: BLE001
+            self._count("errors", "harvest", "laggard: reading device events failed (%r)", exc)
+            return 0
+
+    @property
+    def device_stats(self) -> Any:
+        """The device events' counters (:class:`~laggard.integrations.device_events.
+        DeviceEventStats`), None before the first device-timed collective."""
+        return None if self._pending is None else self._pending.pool.stats
+
     # ------------------------------------------------------------------------ per step
     def take_step(self) -> TraceStep:
         """Summarise and forget the collectives completed since the previous call.
 
-        Also drops collectives in flight for longer than ``Config.stall_seconds``.
+        CPU-timed collectives are those completed since the previous call. Device-timed ones
+        (NCCL, CUDA tensors) are read without blocking (:meth:`harvest`) and handed over by
+        the first call *after* the step they were issued in: a step's device collectives
+        appear in the next step's summary (later, if the device is more than a step behind),
+        the same on every rank, so the per-step comparison of ranks holds. Also drops
+        collectives in flight for longer than ``Config.stall_seconds``.
         """
+        self.harvest()
         now = time.perf_counter()
         with self._lock:
             done = list(self._done)
             self._done.clear()
+            current = self._steps
+            self._steps += 1
+            if self._device_done:
+                keep: collections.deque[tuple[int, _Done]] = collections.deque()
+                for issue_step, entry in self._device_done:
+                    if issue_step < current:
+                        done.append(entry)
+                    else:
+                        keep.append((issue_step, entry))
+                self._device_done = keep
             stale = [t for t, e in self._in_flight.items()
                      if now - e[2] > self.config.stall_seconds]
             for t in stale:

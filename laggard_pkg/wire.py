@@ -2,7 +2,8 @@
 
 The wire format is one UTF-8 JSON object per UDP datagram, versioned by the ``"v"`` key::
 
-    {"v": 1, "rank": 3, "world_size": 4, "local_rank": 3, "node": "node01", "step": 120,
+    {"v": 1, "run": "train-42", "rank": 3, "world_size": 4, "local_rank": 3, "node": "node01",
+     "step": 120, "uuid": "GPU-5d1c...", "pci_bus_id": "00000000:9B:00.0",
      "phases": {"data": 0.0012, "forward": 0.010, "backward": 0.021, "optimizer": 0.002},
      "collective_wait_seconds": 0.004, "step_seconds": 0.041,
      "collectives": [{"op": "allreduce", "seconds": 0.006, "bytes": 1048576}],
@@ -14,6 +15,12 @@ know; a step's record is a few hundred bytes, far under :data:`MAX_DATAGRAM_BYTE
 Durations are in seconds (float), sizes in bytes (int). Every field except ``v``, ``rank``,
 ``world_size`` and ``step`` is optional.
 
+``run`` names the training run the rank belongs to (:func:`check_run`: at most
+:data:`MAX_RUN_LEN` characters of :data:`RUN_ALPHABET`); the agent keeps each run's ranks apart
+and labels their series with it. A record without one (an older sender) belongs to run ``""``.
+``uuid`` and ``pci_bus_id`` name the rank's CUDA device (as NVML prints them), so that the agent
+joins the rank to its GPU's series.
+
 A second datagram type, ``{"v": 1, "type": "window", ...}`` (:class:`WindowReport`), is sent by
 the rank that runs the in-job detectors (rank 0) once per detection window: straggler scores per
 rank and the findings raised or cleared in that window. A datagram without ``"type"`` is a step.
@@ -21,6 +28,7 @@ rank and the findings raised or cleared in that window. A datagram without ``"ty
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -30,6 +38,11 @@ from typing import Any
 WIRE_VERSION = 1
 #: UDP address the training ranks send StepRecords to (localhost: ranks run on this node).
 DEFAULT_INTAKE_ADDRESS = "127.0.0.1:9478"
+#: The agent's default intake: a Unix datagram socket (``laggard agent --intake.socket``).
+DEFAULT_INTAKE_SOCKET = "/run/laggard/intake.sock"
+#: Environment variable naming the intake a training process sends to: a socket path
+#: (``/run/laggard/intake.sock``, ``unix:PATH``) or a UDP ``host:port``.
+INTAKE_ENV = "LAGGARD_INTAKE"
 #: Largest datagram the agent accepts; anything larger is rejected as ``oversized``.
 MAX_DATAGRAM_BYTES = 8192
 #: Phase names with a meaning of their own; other names are accepted and exported as given.
@@ -37,6 +50,13 @@ STANDARD_PHASES = ("data", "forward", "backward", "optimizer", "collective_wait"
 _MAX_PHASES = 16
 _MAX_COLLECTIVES = 64
 _MAX_NAME_LEN = 64
+#: Longest run id accepted (a label value on every per-rank series: keep it short).
+MAX_RUN_LEN = 64
+#: Characters a run id may hold: letters, digits and ``_ . : - + = @ /`` (what Slurm, torchrun,
+#: Kubernetes and uuid4 produce), nothing a person could mistake or a terminal interpret.
+RUN_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-+=@/")
+#: Longest device identity string accepted (``GPU-`` + a 36-character UUID; MIG ids are longer).
+_MAX_DEVICE_ID_LEN = 96
 #: Deepest nesting of arrays and objects accepted. The format itself is 3 levels deep (a window
 #: report's finding evidence a few more); the limit is checked before ``json.loads``, whose
 #: recursion a few thousand ``[`` would otherwise exhaust.
@@ -97,6 +117,9 @@ class StepRecord:
         comm: communication summary for the step: ``total_seconds``, ``exposed_seconds``,
             ``bytes`` (and any extra numeric keys a hook adds, e.g. ``raw_bytes``).
         checksums: integer fingerprints (gradient integrity), exported nowhere, kept for detectors.
+        run: training run id (:func:`check_run`); ``""`` when the sender names none.
+        uuid: the rank's CUDA device UUID as NVML prints it (``GPU-...``), if known.
+        pci_bus_id: the rank's CUDA device PCI bus id (``00000000:9B:00.0``), if known.
     """
 
     rank: int
@@ -110,6 +133,9 @@ class StepRecord:
     collectives: list[CollectiveTiming] = field(default_factory=list)
     comm: dict[str, float] = field(default_factory=dict)
     checksums: list[int] = field(default_factory=list)
+    run: str = ""
+    uuid: str | None = None
+    pci_bus_id: str | None = None
 
     def encode(self) -> bytes:
         """Serialise to one datagram payload (compact JSON, UTF-8)."""
@@ -119,10 +145,16 @@ class StepRecord:
             "world_size": self.world_size,
             "step": self.step,
         }
+        if self.run:
+            doc["run"] = self.run
         if self.local_rank is not None:
             doc["local_rank"] = self.local_rank
         if self.node is not None:
             doc["node"] = self.node
+        if self.uuid is not None:
+            doc["uuid"] = self.uuid
+        if self.pci_bus_id is not None:
+            doc["pci_bus_id"] = self.pci_bus_id
         if self.phases:
             doc["phases"] = self.phases
         if self.collective_wait_seconds is not None:
@@ -160,9 +192,11 @@ class StepRecord:
         Raises:
             RecordError: a field of the wrong type or out of range.
         """
+        run = check_run(doc.get("run", ""))
         world_size = _int(doc, "world_size", 1, MAX_RANKS_ON_WIRE)
         rank = _int(doc, "rank", 0, world_size - 1)
         step = _int(doc, "step", 0, MAX_WIRE_NUMBER)
+        uuid, pci_bus_id = _device_id(doc, "uuid"), _device_id(doc, "pci_bus_id")
         local_rank = doc.get("local_rank")
         if local_rank is not None:
             local_rank = _int(doc, "local_rank", 0, MAX_RANKS_ON_WIRE)
@@ -210,6 +244,9 @@ class StepRecord:
             collectives=collectives,
             comm=checked_comm,
             checksums=checksums,
+            run=run,
+            uuid=uuid,
+            pci_bus_id=pci_bus_id,
         )
 
 
@@ -234,6 +271,7 @@ class WindowReport:
         detector_stats: the detector's cumulative counters of windows and of bad input
             (``StragglerDetector.stats``: ``windows``, ``missing_rank_reports``,
             ``invalid_durations``...), name -> non-negative int; optional.
+        run: training run id (:func:`check_run`); ``""`` when the sender names none.
     """
 
     step: int
@@ -242,12 +280,14 @@ class WindowReport:
     findings: list[dict[str, Any]] = field(default_factory=list)
     comm: dict[str, float] = field(default_factory=dict)
     detector_stats: dict[str, int] = field(default_factory=dict)
+    run: str = ""
 
     def encode(self) -> bytes:
         """Serialise to one datagram payload (compact JSON, UTF-8)."""
         doc: dict[str, Any] = {
             "v": WIRE_VERSION,
             "type": "window",
+            **({"run": self.run} if self.run else {}),
             "step": self.step,
             "world_size": self.world_size,
             "scores": {str(r): s for r, s in self.scores.items()},
@@ -266,6 +306,7 @@ class WindowReport:
         Raises:
             RecordError: a field of the wrong type or out of range.
         """
+        run = check_run(doc.get("run", ""))
         step = _int(doc, "step", 0, MAX_WIRE_NUMBER)
         world_size = _int(doc, "world_size", 1, MAX_RANKS_ON_WIRE)
         scores_doc = doc.get("scores", {})
@@ -303,7 +344,61 @@ class WindowReport:
             _name(key)
             _int(stats, key, 0, MAX_WIRE_NUMBER)
         return cls(step=step, world_size=world_size, scores=scores, findings=findings,
-                   comm=checked_comm, detector_stats=dict(stats))
+                   comm=checked_comm, detector_stats=dict(stats), run=run)
+
+
+def check_run(value: Any) -> str:
+    """Validate a run id from the wire.
+
+    Args:
+        value: the ``run`` field as decoded from JSON.
+
+    Returns:
+        ``value``: a string of at most :data:`MAX_RUN_LEN` characters of :data:`RUN_ALPHABET`
+        (``""`` included: no run named).
+
+    Raises:
+        RecordError: ``run_charset`` when it is not a string or holds another character
+            (a control character, a space, a quote), ``run_length`` when it is longer.
+    """
+    if not isinstance(value, str):
+        raise RecordError("run_charset", "run must be a string")
+    if len(value) > MAX_RUN_LEN:
+        raise RecordError("run_length", f"run id of {len(value)} characters > {MAX_RUN_LEN}")
+    if not RUN_ALPHABET.issuperset(value):
+        raise RecordError("run_charset", "run id holds characters outside [A-Za-z0-9_.:-+=@/]")
+    return value
+
+
+def sanitise_run(text: str) -> str:
+    """Turn any text into a run id :func:`check_run` accepts (the sending side's counterpart).
+
+    Characters outside :data:`RUN_ALPHABET` become ``_``; a result longer than
+    :data:`MAX_RUN_LEN` keeps its first 55 characters and appends ``-`` and 8 hex digits of the
+    SHA-1 of the whole text, so two long ids that share a prefix stay two runs.
+
+    Args:
+        text: a run id from a config or the environment.
+
+    Returns:
+        A valid run id (``""`` for ``""``).
+    """
+    cleaned = "".join(c if c in RUN_ALPHABET else "_" for c in text)
+    if len(cleaned) <= MAX_RUN_LEN:
+        return cleaned
+    digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{cleaned[:MAX_RUN_LEN - 9]}-{digest}"
+
+
+def _device_id(doc: dict[str, Any], key: str) -> str | None:
+    """An optional device identity string (UUID, PCI bus id): short and printable."""
+    value = doc.get(key)
+    if value is None:
+        return None
+    if (not isinstance(value, str) or not value or len(value) > _MAX_DEVICE_ID_LEN
+            or not value.isascii() or not value.isprintable()):
+        raise RecordError("schema", f"{key} must be a short printable string")
+    return value
 
 
 def decode_datagram(payload: bytes) -> StepRecord | WindowReport:

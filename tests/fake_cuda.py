@@ -11,6 +11,10 @@ the code under test ever calls it.
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
+
 
 class FakeStream:
     """One stream: the device time at which its enqueued work so far ends."""
@@ -80,6 +84,15 @@ class FakeCuda:
     def current_stream(self) -> FakeStream:
         return self._stream
 
+    @contextlib.contextmanager
+    def stream(self, stream: FakeStream) -> Iterator[None]:
+        """``torch.cuda.stream(s)``: make ``s`` the current stream inside the block."""
+        previous, self._stream = self._stream, stream
+        try:
+            yield
+        finally:
+            self._stream = previous
+
     def is_available(self) -> bool:
         return True
 
@@ -94,3 +107,30 @@ class FakeCuda:
     def run(self, seconds: float) -> None:
         """Let the device run for ``seconds``."""
         self.now += seconds
+
+
+class RealTimeCuda(FakeCuda):
+    """A fake device whose clock is the host's wall clock (``time.perf_counter``): it runs its
+    streams' work as time passes, as a real GPU does, so a multi-process job can use it as its
+    ``device=``; ``launch(seconds)`` is device work its CPU never waits for. ``run`` is refused:
+    nothing drives this clock but time."""
+
+    def __init__(self) -> None:
+        self._origin = time.perf_counter()
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def now(self) -> float:
+        return time.perf_counter() - self._origin
+
+    @now.setter
+    def now(self, value: float) -> None:
+        if value != 0.0:
+            raise AssertionError("a real-time fake device's clock is the wall clock")
+
+    def run(self, seconds: float) -> None:
+        raise AssertionError("a real-time fake device runs by itself")
+
+    def behind(self) -> float:
+        """Seconds of enqueued work the current stream has left (0 when idle)."""
+        return max(0.0, self._stream.tail - self.now)

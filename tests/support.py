@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from laggard.demo.harness import NotReadyError, free_port, wait_until_ready
 
 __all__ = ["FIXTURES", "REPO", "AgentProcess", "free_port", "parse_file", "registry_of", "scrape",
-           "start_agent", "stop_agent"]
+           "start_agent", "stop_agent", "torchrun", "wait_for"]
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -30,6 +31,17 @@ def parse_file(parse: Callable[[Iterable[str]], T], path: Path) -> T:
     """``parse`` (a pure parser taking lines) applied to the lines of the fixture at ``path``."""
     with open(path, encoding="utf-8") as f:
         return parse(f)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Poll ``predicate`` every 10 ms until it holds or ``timeout`` seconds pass; its last
+    value (for ``assert wait_for(...)``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
 
 
 def registry_of(collector: object) -> CollectorRegistry:
@@ -68,11 +80,14 @@ class AgentProcess:
 
 
 def start_agent(*extra: str, timeout: float = 15.0) -> AgentProcess:
-    """Start ``python -m laggard.cli agent`` and wait until /metrics answers."""
+    """Start ``python -m laggard.cli agent`` and wait until /metrics answers (UDP intake on a
+    free port; no Unix socket unless ``extra`` gives ``--intake.socket PATH``)."""
     port, intake_port = free_port(), free_port(socket.SOCK_DGRAM)
     cmd = [sys.executable, "-m", "laggard.cli", "agent",
            "--web.listen-address", f"127.0.0.1:{port}",
-           "--intake-address", f"127.0.0.1:{intake_port}", *extra]
+           "--intake-address", f"127.0.0.1:{intake_port}",
+           # Off the system's /run/laggard unless a test names a socket of its own.
+           "--intake.socket", "", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     agent = AgentProcess(proc, port, intake_port)
@@ -111,3 +126,14 @@ def analyze_json(*paths: str) -> tuple[int, list[dict]]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(["analyze", "--json", *paths])
     return rc, json.loads(out.getvalue())
+
+
+def torchrun(script: Path, nproc: int, *args: str, timeout: float = 120.0
+             ) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` as a ``torchrun --standalone`` job of ``nproc`` CPU ranks (one OpenMP
+    thread each), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         str(nproc), str(script), *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=timeout)

@@ -67,8 +67,8 @@ def test_hostile_datagrams_neither_stop_the_intake_nor_break_a_scrape(agent_fact
     assert _value(text, "laggard_intake_rejected_total", reason="too_deep") == 1
     assert _value(text, "laggard_intake_rejected_total", reason="range") == 5
     _send(agent.intake_port, [StepRecord(rank=0, world_size=1, step=0).encode()])
-    text = _poll(agent.scrape, lambda t: _value(t, "laggard_steps_total", rank="0") == 1)
-    assert _value(text, "laggard_steps_total", rank="0") == 1
+    text = _poll(agent.scrape, lambda t: _value(t, "laggard_steps_total", run="", rank="0") == 1)
+    assert _value(text, "laggard_steps_total", run="", rank="0") == 1
     assert _value(text, "laggard_agent_thread_restarts_total", thread="laggard-intake") == 0
     assert agent.proc.poll() is None
 
@@ -121,8 +121,8 @@ def test_the_web_server_listens_on_ipv6():
         assert _poll(fetch, bool, 20), "no answer on [::1]"
         _send(intake_port, [StepRecord(rank=0, world_size=1, step=0).encode()], host="::1",
               family=socket.AF_INET6)
-        text = _poll(fetch, lambda t: _value(t, "laggard_steps_total", rank="0") == 1)
-        assert _value(text, "laggard_steps_total", rank="0") == 1
+        text = _poll(fetch, lambda t: _value(t, "laggard_steps_total", run="", rank="0") == 1)
+        assert _value(text, "laggard_steps_total", run="", rank="0") == 1
     finally:
         code, output = stop_agent(agent)
     assert code == 0, output
@@ -136,14 +136,15 @@ def test_stale_ranks_and_their_flags_are_forgotten(agent_factory):
                               WindowReport(step=5, world_size=2, scores={1: 4.0},
                                            findings=[flag]).encode()])
     text = _poll(agent.scrape,
-                 lambda t: _value(t, "laggard_straggler_active", rank="1", kind="compute") == 1)
-    assert _value(text, "laggard_straggler_active", rank="1", kind="compute") == 1
+                 lambda t: _value(t, "laggard_straggler_active", run="", rank="1",
+                                  kind="compute") == 1)
+    assert _value(text, "laggard_straggler_active", run="", rank="1", kind="compute") == 1
     seen = time.monotonic()
     text = _poll(agent.scrape, lambda t: _value(t, "laggard_intake_ranks") == 0, 5)
     assert time.monotonic() - seen < 3.0
-    assert _value(text, "laggard_straggler_active", rank="1", kind="compute") is None
-    assert _value(text, "laggard_steps_total", rank="1") is None
-    assert _value(text, "laggard_straggler_score", rank="1") is None
+    assert _value(text, "laggard_straggler_active", run="", rank="1", kind="compute") is None
+    assert _value(text, "laggard_steps_total", run="", rank="1") is None
+    assert _value(text, "laggard_straggler_score", run="", rank="1") is None
 
 
 def test_a_flood_is_accounted_for_datagram_by_datagram(agent_factory):

@@ -67,7 +67,7 @@ def test_findings_with_fresh_label_strings_add_no_series():
         {"detector": "straggler", "kind": "zzz", "severity": "warning", "rank": 1}]).encode())
     assert findings.counts()[("straggler", "other", "warning")] == 1
     assert registry_of(table).get_sample_value(
-        "laggard_straggler_active", {"rank": "1", "kind": "other"}) is None
+        "laggard_straggler_active", {"run": "", "rank": "1", "kind": "other"}) is None
     # /findings keeps what was sent, beside the labels it was counted under.
     assert findings.recent()[-1]["labels_as_sent"] == ["straggler", "zzz", "warning"]
 
@@ -89,7 +89,7 @@ def test_a_link_finding_is_exported_as_straggler_active_kind_link():
             "node": "node1"}
     table.ingest(WindowReport(step=0, world_size=3, findings=[flag]).encode())
     text = generate_latest(registry_of(table)).decode()
-    assert 'laggard_straggler_active{kind="link",rank="1"} 1.0' in text
+    assert 'laggard_straggler_active{kind="link",rank="1",run=""} 1.0' in text
     assert findings.counts() == {("link", "link", "warning"): 1}  # laggard_findings_total
 
 
@@ -109,15 +109,16 @@ def test_a_rank_unseen_for_the_ttl_is_forgotten_with_its_score_and_flags():
     clock.now += 30  # rank 1 last seen 70 s ago, rank 0 and the job 30 s ago
     r = registry_of(table)
     assert r.get_sample_value("laggard_intake_ranks") == 1
-    assert r.get_sample_value("laggard_steps_total", {"rank": "1"}) is None
-    assert r.get_sample_value("laggard_straggler_active", {"rank": "1", "kind": "compute"}) is None
-    assert r.get_sample_value("laggard_straggler_score", {"rank": "1"}) is None
-    assert r.get_sample_value("laggard_straggler_score", {"rank": "0"}) == 0.0
+    assert r.get_sample_value("laggard_steps_total", {"run": "", "rank": "1"}) is None
+    assert r.get_sample_value("laggard_straggler_active",
+                              {"run": "", "rank": "1", "kind": "compute"}) is None
+    assert r.get_sample_value("laggard_straggler_score", {"run": "", "rank": "1"}) is None
+    assert r.get_sample_value("laggard_straggler_score", {"run": "", "rank": "0"}) == 0.0
     assert r.get_sample_value("laggard_intake_ranks_forgotten_total", {"reason": "stale"}) == 1
     clock.now += 31  # now everything is stale: nothing left, the budget back to zero
     r = registry_of(table)
     assert r.get_sample_value("laggard_intake_ranks") == 0
-    assert r.get_sample_value("laggard_straggler_score", {"rank": "0"}) is None
+    assert r.get_sample_value("laggard_straggler_score", {"run": "", "rank": "0"}) is None
     assert r.get_sample_value("laggard_straggler_report_timestamp_seconds") is None
     assert r.get_sample_value("laggard_intake_job_resets_total", {"reason": "stale"}) == 1
     assert table.series == 0
@@ -131,10 +132,10 @@ def test_a_flag_of_a_rank_on_another_node_expires_with_the_job_reports():
     table.ingest(WindowReport(step=20, world_size=8, findings=[flag]).encode())
     clock.now += 59
     assert registry_of(table).get_sample_value(
-        "laggard_straggler_active", {"rank": "7", "kind": "data"}) == 1
+        "laggard_straggler_active", {"run": "", "rank": "7", "kind": "data"}) == 1
     clock.now += 2
     assert registry_of(table).get_sample_value(
-        "laggard_straggler_active", {"rank": "7", "kind": "data"}) is None
+        "laggard_straggler_active", {"run": "", "rank": "7", "kind": "data"}) is None
 
 
 def test_bogus_ranks_expire_and_let_real_ones_in():
@@ -148,7 +149,7 @@ def test_bogus_ranks_expire_and_let_real_ones_in():
     clock.now += 61
     table.ingest(StepRecord(rank=0, world_size=2, step=1).encode())
     r = registry_of(table)
-    assert r.get_sample_value("laggard_steps_total", {"rank": "0"}) == 1
+    assert r.get_sample_value("laggard_steps_total", {"run": "", "rank": "0"}) == 1
     assert r.get_sample_value("laggard_intake_ranks") == 1
 
 
@@ -162,8 +163,9 @@ def test_a_job_restart_resets_the_rank_and_the_job_state():
     # The job restarts from a checkpoint: steps go back; the old flag and counts go.
     table.ingest(StepRecord(rank=1, world_size=4, step=50).encode())
     r = registry_of(table)
-    assert r.get_sample_value("laggard_steps_total", {"rank": "1"}) == 1
-    assert r.get_sample_value("laggard_straggler_active", {"rank": "1", "kind": "compute"}) is None
+    assert r.get_sample_value("laggard_steps_total", {"run": "", "rank": "1"}) == 1
+    assert r.get_sample_value("laggard_straggler_active",
+                              {"run": "", "rank": "1", "kind": "compute"}) is None
     assert r.get_sample_value("laggard_intake_ranks_forgotten_total", {"reason": "restart"}) == 1
     # A new world size is a new job, for ranks and for the detector's reports.
     flag0 = {**flag, "rank": 0}
@@ -171,10 +173,12 @@ def test_a_job_restart_resets_the_rank_and_the_job_state():
     table.ingest(WindowReport(step=61, world_size=2, scores={1: 0.1}).encode())
     table.ingest(StepRecord(rank=1, world_size=2, step=51).encode())
     r = registry_of(table)
-    assert r.get_sample_value("laggard_straggler_active", {"rank": "0", "kind": "compute"}) is None
+    assert r.get_sample_value("laggard_straggler_active",
+                              {"run": "", "rank": "0", "kind": "compute"}) is None
     assert r.get_sample_value("laggard_intake_job_resets_total", {"reason": "restart"}) == 2
-    assert r.get_sample_value("laggard_rank_info", {"rank": "1", "node": "n0", "local_rank": "",
-                                                    "world_size": "2"}) == 1
+    assert r.get_sample_value("laggard_rank_info", {
+        "run": "", "rank": "1", "node": "n0", "local_rank": "", "world_size": "2", "gpu": "",
+        "uuid": "", "pci_bus_id": ""}) == 1
 
 
 def test_an_unexpected_error_costs_one_datagram_not_the_intake(monkeypatch):

@@ -29,6 +29,7 @@ def _exported(agent_factory, tmp_path) -> set[str]:
         "--path.sysfs", str(FIXTURES / "infiniband" / "sys"), "--path.kmsg", str(kmsg),
         "--collector.nccl_inspector.dir", str(tmp_path),
         "--collector.flight_recorder.path", str(tmp_path),
+        "--intake.socket", str(tmp_path / "intake.sock"),  # its sender-lookup counter
     )
     record = StepRecord(rank=0, world_size=1, step=0, phases={"forward": 0.1}, step_seconds=0.2,
                         collective_wait_seconds=0.01,

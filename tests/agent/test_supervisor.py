@@ -1,10 +1,10 @@
 """The supervisor restarts an agent thread that died, on a real UDP socket."""
 
 import socket
-import time
 
 import pytest
 from prometheus_client import CollectorRegistry
+from support import wait_for
 
 from laggard.agent.context import FindingLog
 from laggard.agent.intake import RankTable, UdpIntake
@@ -21,20 +21,11 @@ class _TableDyingOnce(RankTable):
         super().__init__(max_ranks=8, findings=FindingLog(), default_node="n0")
         self.died = False
 
-    def ingest(self, payload):
+    def ingest(self, payload, sender=None):
         if not self.died:
             self.died = True
             raise _Escapes()
-        super().ingest(payload)
-
-
-def _wait(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
+        super().ingest(payload, sender)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
@@ -50,10 +41,10 @@ def test_a_dead_intake_thread_is_restarted_and_counted():
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.sendto(b"kills the thread", ("127.0.0.1", intake.port))
-            assert _wait(lambda: registry.get_sample_value(
+            assert wait_for(lambda: registry.get_sample_value(
                 "laggard_agent_thread_restarts_total", {"thread": "laggard-intake"}) == 1)
             s.sendto(StepRecord(rank=0, world_size=1, step=0).encode(), ("127.0.0.1", intake.port))
-            assert _wait(lambda: table.accepted == 1)
+            assert wait_for(lambda: table.accepted == 1)
         assert intake.thread.is_alive()
     finally:
         supervisor.stop()

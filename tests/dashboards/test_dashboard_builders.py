@@ -67,12 +67,19 @@ def test_queries_use_only_defined_variables(name: str) -> None:
             assert 'instance=~"$node"' in target["expr"], panel["title"]
             if "rank" in variables and re.search(r"laggard_(step|straggler|comm)", target["expr"]):
                 assert 'rank=~"$rank"' in target["expr"], panel["title"]
+                assert 'run=~"$run"' in target["expr"], panel["title"]
+                # A rank number means something within its run only: never summed across runs.
+                for by in re.findall(r"\bby \(([^)]*)\)", target["expr"]):
+                    if "rank" in by:
+                        assert "run" in by, (panel["title"], by)
 
 
-def test_per_rank_dashboards_have_a_rank_variable() -> None:
+def test_per_rank_dashboards_have_a_run_and_a_rank_variable() -> None:
     for uid in ("laggard-job-overview", "laggard-communication"):
-        names = [v["name"] for v in DASHBOARDS[f"{uid}.json"]["templating"]["list"]]
-        assert names[:3] == ["datasource", "node", "rank"]
+        variables = DASHBOARDS[f"{uid}.json"]["templating"]["list"]
+        assert [v["name"] for v in variables][:4] == ["datasource", "node", "run", "rank"]
+        # The ranks listed are those of the runs chosen.
+        assert 'run=~"$run"' in variables[3]["query"]
 
 
 def test_job_overview_has_the_panels_the_issue_asks_for() -> None:

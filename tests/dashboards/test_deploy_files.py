@@ -21,6 +21,8 @@ from laggard.dashboards.catalog import RULE_FILES, RULES_DIR, prometheus_rule_te
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "deploy" / "systemd" / "laggard-agent.service"
 K8S = REPO / "deploy" / "kubernetes"
+TRAINING_JOB = K8S / "examples" / "training-job.yaml"
+SOCKET = "/run/laggard/intake.sock"
 #: Oldest Kubernetes release still commonly run, and the newest the validator knows.
 K8S_VERSIONS = ("1.29.0", "1.37.0")
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
@@ -86,7 +88,12 @@ def test_systemd_exec_start_is_a_command_line_the_agent_accepts() -> None:
     assert _unit_exec_start()[-1] == "$LAGGARD_AGENT_ARGS"
     args = _agent_args(argv)
     assert args.listen_address == ":9477"
-    assert args.intake_address == "127.0.0.1:9478"
+    # The Unix socket in the unit's RuntimeDirectory; no UDP intake (nothing on a port).
+    assert args.intake_socket == SOCKET
+    assert args.intake_address == ""
+    unit = UNIT.read_text()
+    assert "\nRuntimeDirectory=laggard\n" in unit
+    assert "\nRuntimeDirectoryMode=0755\n" in unit
 
 
 # -- Kubernetes --------------------------------------------------------------------------------
@@ -122,7 +129,9 @@ def test_daemonset_mounts_what_the_collectors_read_and_passes_valid_flags() -> N
     (container,) = pod["containers"]
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     mounts = {m["mountPath"]: host_paths[m["name"]] for m in container["volumeMounts"]}
-    assert all(m["readOnly"] for m in container["volumeMounts"])
+    # Read-only but for the socket's directory, where the agent makes its socket.
+    writable = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
+    assert writable == ["/run/laggard"]
     # $(VAR) is expanded by the kubelet from the downward API; any address will do to parse.
     argv = [a.replace("$(NODE_IP)", "192.0.2.10").replace("$(NODE_NAME)", "gpu-node-1")
             for a in container["args"]]
@@ -131,9 +140,33 @@ def test_daemonset_mounts_what_the_collectors_read_and_passes_valid_flags() -> N
     assert mounts[args.proc_root] == "/proc"
     assert mounts[args.kmsg_path] == "/dev/kmsg"
     assert args.listen_address == "192.0.2.10:9477"
+    # The intake: the socket in the hostPath directory, nothing on the node's IP; host PID so
+    # the kernel's sender pids are those of /host/proc.
+    assert args.intake_socket == SOCKET and mounts["/run/laggard"] == "/run/laggard"
+    assert args.intake_address == ""
+    assert pod["hostPID"] is True
+    assert {p["name"] for p in container["ports"]} == {"metrics"}
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert pod["hostNetwork"] is True
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_training_job_example_mounts_the_agents_socket(version: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    job = yaml.safe_load(TRAINING_JOB.read_text())
+    kubernetes_validate.validate(job, version, strict=True)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    mounts = {m["mountPath"]: host_paths[m["name"]] for m in container["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LAGGARD_INTAKE"] == SOCKET
+    # the pod's mount is the agent's socket directory on the host
+    agent_pod = _manifests()["DaemonSet"]["spec"]["template"]["spec"]
+    agent_dirs = {v["hostPath"]["path"] for v in agent_pod["volumes"]}
+    assert mounts[str(Path(SOCKET).parent)] in agent_dirs
+    assert "hostNetwork" not in pod  # a plain pod: the socket needs no host network
 
 
 def test_service_and_service_monitor_select_the_agent_pods() -> None:

@@ -51,6 +51,12 @@ pytestmark = [
 WORLD_SIZE = 4
 SLOW_RANK = 2
 SLOWDOWN = 1.3
+#: The feeder's run id; the demo job of the second test sends none (no run label).
+RUN = "e2e-run"
+#: Ranks 0 and 1 drive the fake GPUs 0 and 1 (their UUIDs as the fake NVML gives them), so
+#: laggard_rank_info joins them with those GPUs' series; ranks 2 and 3 name no device.
+RANK_UUIDS = {0: "GPU-fa4e0000-0000-0000-0000-000000000000",
+              1: "GPU-fa4e0000-0000-0000-0000-000000000001"}
 #: Stand-ins for Grafana's built-in variables; windows long enough to span several scrapes.
 BUILTINS = {"$__rate_interval": "10s", "$__range": "5m", "$__interval": "1s"}
 #: How long every panel may take to show data (the first scrape lands after ~5-6 s).
@@ -124,7 +130,8 @@ def _step_record(rank: int, step: int, rng: random.Random) -> StepRecord:
     wait = 0.002 if rank == SLOW_RANK else 0.002 + 0.030 * (SLOWDOWN - 1)
     allreduce = 0.015
     return StepRecord(
-        rank=rank, world_size=WORLD_SIZE, step=step, local_rank=rank, node="e2e-node",
+        rank=rank, world_size=WORLD_SIZE, step=step, local_rank=rank, node="e2e-node", run=RUN,
+        uuid=RANK_UUIDS.get(rank),
         phases={"data": 0.002, "forward": forward, "backward": backward, "optimizer": 0.003},
         collective_wait_seconds=wait,
         step_seconds=0.002 + 0.030 * SLOWDOWN + 0.002 + 0.003,
@@ -142,7 +149,7 @@ def _window_report(step: int) -> WindowReport:
         evidence={"compute_ratio": SLOWDOWN},
     )
     return WindowReport(
-        step=step, world_size=WORLD_SIZE,
+        step=step, world_size=WORLD_SIZE, run=RUN,
         scores={r: (SLOWDOWN - 1 if r == SLOW_RANK else 0.0) for r in range(WORLD_SIZE)},
         findings=[finding.to_dict()],
     )
@@ -174,6 +181,11 @@ def _resolve_variables(prom: PrometheusServer, dashboard: dict[str, Any]) -> dic
         series = _substitute(match["series"], values)
         found = sorted({s[match["label"]] for s in prom.api("series", **{"match[]": series})
                         if match["label"] in s})
+        if not found and variable["name"] == "run":
+            # Ranks of a sender without a run id carry no run label (Prometheus drops empty
+            # ones): Grafana's "All" (.*) is what selects them.
+            values["run"] = ".*"
+            continue
         assert found, f"{dashboard['uid']}: variable ${variable['name']} finds no value"
         # Grafana escapes regex metacharacters, doubled for a PromQL string literal.
         escaped = [re.escape(v).replace("\\", "\\\\") for v in found]

@@ -74,3 +74,100 @@ def test_phases_never_go_negative_and_repeated_names_add_up():
                        exposed_interval=(0.0, 0.4))
     assert times.phases == {"backward": 0.0}
     assert step_times(intervals, step_seconds=0.3).phases["backward"] == pytest.approx(0.2)
+
+
+# -- the device clock's arithmetic (device marks as plain numbers) -----------------------------
+
+from laggard.integrations.phases import (  # noqa: E402
+    BUCKET_READY,
+    PHASE_END,
+    PHASE_START,
+    STALL_END,
+    STALL_START,
+    SYNC_END,
+    device_phases,
+    device_step_times,
+)
+
+
+def _phase(name, start, end):
+    return [(PHASE_START, name, start), (PHASE_END, name, end)]
+
+
+def test_ddp_device_wait_runs_from_the_last_bucket_ready_to_backwards_end():
+    # forward 0-0.030 on the device; backward 0.030-0.100, buckets ready at 0.05, 0.07, 0.08
+    marks = (_phase("forward", 0.0, 0.030)
+             + [(PHASE_START, "backward", 0.030)]
+             + [(BUCKET_READY, "", t) for t in (0.05, 0.07, 0.08)]
+             + [(PHASE_END, "backward", 0.100)])
+    dev = device_phases(marks)
+    assert dev.seconds == {"forward": pytest.approx(0.03), "backward": pytest.approx(0.07)}
+    assert dev.waits == {"backward": pytest.approx(0.02)} and dev.wait_marks == 3
+    # the CPU only launched: 2 ms forward, 5 ms backward, no exposed wait seen
+    cpu = step_times([("forward", 0.0, 0.002), ("backward", 0.002, 0.007)], step_seconds=0.1,
+                     collectives=Collectives(0.0, 0.001, 4096))
+    times = device_step_times(cpu, marks)
+    assert times.compute_device_seconds == pytest.approx(0.03 + 0.05)
+    assert times.compute_seconds == pytest.approx(0.08)  # max(device, cpu) per phase
+    assert times.compute_cpu_seconds == pytest.approx(0.007)
+    assert times.collective_wait_seconds == pytest.approx(0.02)
+    assert times.collective_wait_device_seconds == pytest.approx(0.02)
+
+
+def test_max_of_device_and_cpu_keeps_a_launch_bound_or_data_bound_rank_visible():
+    marks = _phase("data", 0.0, 0.001) + _phase("forward", 0.001, 0.004)
+    cpu = step_times([("data", 0.0, 0.050), ("forward", 0.05, 0.06)], step_seconds=0.06)
+    times = device_step_times(cpu, marks)
+    assert times.data_seconds == pytest.approx(0.050)  # the CPU's data loading shows
+    assert times.compute_seconds == pytest.approx(0.010)  # the launch took longer than the GPU
+    assert times.compute_device_seconds == pytest.approx(0.003)
+
+
+def test_no_sync_steps_have_no_wait_mark_everything_is_compute():
+    marks = _phase("forward", 0.0, 0.03) + _phase("backward", 0.03, 0.09)
+    cpu = step_times([("forward", 0.0, 0.001), ("backward", 0.001, 0.002)], step_seconds=0.09)
+    times = device_step_times(cpu, marks)
+    assert times.compute_device_seconds == pytest.approx(0.09)
+    assert times.collective_wait_seconds == 0.0 and times.collective_wait_device_seconds == 0.0
+
+
+def test_several_models_each_wait_in_their_own_phase():
+    # a GAN-like step: two DDP models, each backward in a phase of its own
+    marks = (_phase("forward", 0.0, 0.01)
+             + [(PHASE_START, "backward_d", 0.01), (BUCKET_READY, "", 0.03),
+                (PHASE_END, "backward_d", 0.04)]
+             + [(PHASE_START, "backward_g", 0.04), (BUCKET_READY, "", 0.05),
+                (BUCKET_READY, "", 0.06), (PHASE_END, "backward_g", 0.09)])
+    dev = device_phases(marks)
+    assert dev.waits == {"backward_d": pytest.approx(0.01), "backward_g": pytest.approx(0.03)}
+
+
+def test_buffer_broadcast_and_fsdp_stalls_are_waits_nested_stalls_counted_once():
+    marks = ([(PHASE_START, "forward", 0.0), (SYNC_END, "", 0.004),
+              (STALL_START, "foreach_all_gather_copy_out", 0.010),
+              (STALL_END, "foreach_all_gather_copy_out", 0.015),
+              (PHASE_END, "forward", 0.040)]
+             + [(PHASE_START, "backward", 0.040),
+                (STALL_START, "post_backward", 0.060),
+                (STALL_START, "_wait_for_post_backward", 0.061),
+                (STALL_END, "_wait_for_post_backward", 0.070),
+                (STALL_END, "post_backward", 0.072),
+                (PHASE_END, "backward", 0.100)])
+    dev = device_phases(marks)
+    assert dev.waits["forward"] == pytest.approx(0.004 + 0.005)
+    assert dev.waits["backward"] == pytest.approx(0.012)  # 0.060-0.072, the inner one inside
+    cpu = step_times([("forward", 0, 0.001), ("backward", 0.001, 0.002)], step_seconds=0.1)
+    times = device_step_times(cpu, dev)
+    assert times.compute_device_seconds == pytest.approx(0.1 - 0.009 - 0.012)
+    assert times.collective_wait_seconds == pytest.approx(0.021)
+
+
+def test_marks_outside_every_phase_and_phases_without_device_time():
+    marks = [(BUCKET_READY, "", 0.5)] + _phase("forward", 0.0, 0.02)
+    dev = device_phases(marks)
+    assert dev.unplaced_marks == 1 and dev.wait_marks == 0 and dev.waits == {}
+    # a phase the device did not time keeps its CPU time; device compute is then unknown
+    cpu = step_times([("forward", 0, 0.01), ("optimizer", 0.01, 0.03)], step_seconds=0.03)
+    times = device_step_times(cpu, dev)
+    assert times.compute_seconds == pytest.approx(0.02 + 0.02)
+    assert times.compute_device_seconds != times.compute_device_seconds  # NaN
