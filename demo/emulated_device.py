@@ -40,18 +40,21 @@ keeps a clock of its own that advances only while the stream thread has work and
 
 (``clock="busy"``, the default). The run-queue delay is the kernel's own per-thread account of
 time spent runnable but not running (``/proc/thread-self/schedstat``, second field, ns; read on
-the stream thread, about 5-40 µs a read), so preemption by the other ranks (and by anything else
-on the machine) never stretches it, while time the stream thread spends *blocked* (a synchronous
-gloo collective in FSDP2, DDP's wait for its bucket futures at the end of backward, a
-``wait_event`` stall) is counted, in real time, as a GPU stream stalled on NCCL counts it. A
-rank's own compute on this clock is therefore its thread CPU time (measured: equal to
+the stream thread; 30-50 µs a read at load average 10 here), so preemption by the other ranks
+(and by anything else on the machine) never stretches it, while time the stream thread spends
+*blocked* (a synchronous gloo collective in FSDP2, DDP's wait for its bucket futures at the end
+of backward, a ``wait_event`` stall) is counted, in real time, as a GPU stream stalled on NCCL
+counts it. A rank's own compute on this clock is therefore its thread CPU time (measured: equal to
 ``time.thread_time`` within 1% for a pure compute loop at load average 10, while wall time was
 20x), and waits for peers stay visible, so "compute = device time minus the stalls" is faithful.
 Idle time between items (the stream waiting for the loop's next launch) is not counted: the
 emulated device is never launch-bound in its own clock (the monitor keeps the CPU clock beside
 it, and ``max(device, cpu)``, for launch-bound ranks). A thread that blocks on Python's GIL
-(another thread of the same rank holding it) is counted as a wait too; in the demo the loop
-thread holds the GIL only for microseconds while the stream runs.
+(another thread of the same rank holding it) is counted as a wait too: hence the launch
+batching below, and ``clock="thread_cpu"`` for jobs with other Python-busy threads. So is a
+stream thread waiting for torch's intra-op (OpenMP) team: run with ``OMP_NUM_THREADS=1`` (the
+demo does) or call ``torch.set_num_threads(1)`` on the stream thread (the setting is per
+thread).
 
 ``clock="thread_cpu"`` (also the fallback where ``schedstat`` cannot be read) uses the stream
 thread's CPU time alone: waits then cost nothing on the device clock.
