@@ -51,4 +51,77 @@ def shard(model: torch.nn.Module, tracer: Any, *, prefetch: bool = True) -> int:
     return instrument_fsdp(model, tracer)
 
 
-__all__ = ["shard"]
+def mark_stalls(model: torch.nn.Module, clock: Any) -> int:
+    """On the emulated asynchronous device: mark each FSDP2 all-gather and reduce-scatter as a
+    device stall of the monitor's device clock.
+
+    On CUDA, FSDP2 runs its collectives on streams of their own and the compute stream waits
+    for them at a few points (which the monitor marks itself). With gloo the collectives run
+    synchronously, on the stream thread that calls them: the stream is stalled for the whole
+    call, so the call is the stall. Each one is wrapped (after :func:`shard`'s timing) in a
+    ``stall_start`` / ``stall_end`` pair of device marks, ``clock.mark(kind, name)``, so the
+    device clock's compute is the step's device time minus them.
+
+    Args:
+        model: the sharded ByteLM.
+        clock: the monitor's ``device_clock`` (anything with ``mark(kind, name)``); None marks
+            nothing.
+
+    Returns:
+        Param groups whose comms were wrapped; 0 without a clock or FSDP2's private comm API.
+    """
+    if clock is None or not hasattr(clock, "mark"):
+        return 0
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+    except ImportError:
+        return 0
+    from laggard.integrations import phases
+
+    start = getattr(phases, "STALL_START", "stall_start")
+    end = getattr(phases, "STALL_END", "stall_end")
+
+    def stalled(inner: Any, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            clock.mark(start, name)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                clock.mark(end, name)
+        return call
+
+    class StalledAllGather(AllGather):  # type: ignore[misc]
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.call = stalled(inner, "all_gather")
+
+        def allocate(self, *args: Any, **kwargs: Any) -> Any:
+            return self.inner.allocate(*args, **kwargs)
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return self.call(*args, **kwargs)
+
+    class StalledReduceScatter(ReduceScatter):  # type: ignore[misc]
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.call = stalled(inner, "reduce_scatter")
+
+        def allocate(self, *args: Any, **kwargs: Any) -> Any:
+            return self.inner.allocate(*args, **kwargs)
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return self.call(*args, **kwargs)
+
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        for group in module._get_fsdp_state()._fsdp_param_groups:
+            module.set_custom_all_gather(StalledAllGather(group._all_gather_comm))
+            module.set_custom_reduce_scatter(StalledReduceScatter(group._reduce_scatter_comm))
+            count += 1
+    return count
+
+
+__all__ = ["mark_stalls", "shard"]

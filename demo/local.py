@@ -94,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--fake-gpus, with the slowed rank's GPU held at 1.41 of 1.98 GHz "
                              "by REASON (default sw_thermal; or sw_power_cap, hw_slowdown, "
                              "hw_thermal, hw_power_brake): the finding names it")
+    parser.add_argument("--device", choices=["cpu", "emulated-async"], default="cpu",
+                        help="cpu (default): the model runs on the training thread, phases "
+                             "timed in its CPU time; emulated-async: an emulated asynchronous "
+                             "accelerator, each rank's model work on a stream thread of its own "
+                             "that the loop only launches and synchronises, timed by the "
+                             "monitor's device clock beside the CPU clock (see docs/demo.md)")
     parser.add_argument("--inject-bitflip", default="", metavar="SPEC",
                         help="flip one bit and watch the gradient-integrity checks name the rank: "
                              "rank=R,step=S,bucket=B,element=E,bit=N,where=W with W in "
@@ -182,7 +188,8 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
          "--windows", str(windows_path),
          "--parallel", args.parallel, *([] if args.prefetch else ["--no-prefetch"]),
          *(["--run-id", args.run] if args.run else []),
-         *(["--gpu-state"] if scenario else [])],
+         *(["--gpu-state"] if scenario else []),
+         "--device", getattr(args, "device", "cpu")],
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
              # the demo/test hook of laggard.integrations.gpu_state: the ranks' NVML is the
              # same fake the agent plays
@@ -361,6 +368,10 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return "--fake-gpus and --throttle-slow-gpu start their own agent: drop --use-agent"
     if args.parallel == "fsdp" and (args.compression != "none" or args.inject_bitflip):
         return "--compression and --inject-bitflip are DDP communication hooks: use --parallel ddp"
+    emulated = getattr(args, "device", "cpu") == "emulated-async"
+    if emulated and (args.compression != "none" or args.inject_bitflip):
+        return ("--device emulated-async runs the plain timed all-reduce only: drop "
+                "--compression and --inject-bitflip")
     if args.world_size < 3:
         print("laggard demo: note: naming a straggler needs at least 3 ranks", file=sys.stderr)
     return None

@@ -25,16 +25,19 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
         sent per rank, ``collective_seconds``, ``exposed_seconds``, ``hidden_seconds``).
     """
     windows = result["windows"]
-    after = [w for w in windows if w["step"] - args.window + 1 >= args.slow_from]
+    # On the device clock a window's timing columns describe the window before it (its events
+    # are read one window late): a window counts as slowed only if that one was, too.
+    late = args.window if result.get("phase_clock") == "device" else 0
+    after = [w for w in windows if w["step"] - args.window - late + 1 >= args.slow_from]
     chosen = after or windows
-    names = result.get("stat_names", list(STEP_COLUMN_NAMES))
-    records = [WindowRecord.from_saved({**w, "stat_names": names}) for w in chosen]
+    stat_names = result.get("stat_names", list(STEP_COLUMN_NAMES))
+    records = [WindowRecord.from_saved({**w, "stat_names": stat_names}) for w in chosen]
     names = ("compute_seconds", "collective_wait_seconds", "data_seconds", "step_seconds",
-             "collective_seconds", "comm_bytes")
+             "collective_seconds", "comm_bytes", *CLOCK_COLUMNS)
     ranks = []
     for rank in range(result["world_size"]):
         def median(name: str, rank: int = rank) -> float | None:
-            if name not in names:
+            if name not in stat_names:  # a column this monitor does not have
                 return None
             return _median([float(r[name][rank]) for r in records])
 
@@ -59,11 +62,44 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
         "prefetch": result.get("prefetch", True),
         "step_comm": result.get("step_comm", {}),
         "table_from_step": chosen[0]["step"] - args.window + 1 if chosen else 0,
+        "device": result.get("device", "cpu"),
+        "phase_clock": result.get("phase_clock"),
+        "device_clock": result.get("device_clock"),
+        "clocks": _clocks(ranks, result.get("phase_clock")),
         # findings that ended during the run (the detector's "cleared" findings)
         "cleared": [{"detector": f.get("detector"), "kind": f.get("kind"),
                      "rank": f.get("rank"), "step": f.get("step")}
                     for f in result.get("cleared", [])],
     }
+
+
+#: The device clock's columns (``laggard.detectors.window``), where the monitor has them.
+CLOCK_COLUMNS = ("compute_cpu_seconds", "compute_device_seconds",
+                 "collective_wait_device_seconds")
+
+
+def _clocks(ranks: list[dict[str, Any]], phase_clock: str | None) -> dict[str, Any]:
+    """Each rank's compute on the CPU clock and on the device clock, and its excess over the
+    other ranks' median on each (fractions; None where a clock was not measured).
+
+    On the device clock the monitor keeps the CPU clock's compute beside the device's
+    (``compute_cpu_seconds``, ``compute_device_seconds``); on a CPU clock ``compute_seconds``
+    *is* the CPU clock's and there is no device column.
+    """
+    cpu_name = "compute_cpu_seconds" if phase_clock == "device" else "compute_seconds"
+    out: dict[str, Any] = {"cpu": [], "device": []}
+    for clock, name in (("cpu", cpu_name), ("device", "compute_device_seconds")):
+        values = [r.get(f"{name}_median") for r in ranks]
+        for i, own in enumerate(values):
+            others = _median([v for j, v in enumerate(values) if j != i])
+            if own is None or others is None:
+                excess = None
+            elif not others:  # every rank 0 (the loop only launched): no rank stands out
+                excess = 0.0 if not own else None
+            else:
+                excess = own / others - 1
+            out[clock].append({"seconds": own, "excess": excess})
+    return out
 
 
 def _comm(ranks: list[dict[str, Any]], fp32_bytes: float | None, hook: str) -> dict[str, Any]:
@@ -105,7 +141,7 @@ def _measured_slowdown(ranks: list[dict[str, Any]], args: argparse.Namespace) ->
 
 def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) -> str:
     """The report as text for a terminal."""
-    lines = _table_lines(report) + [""] + _finding_lines(report)
+    lines = _table_lines(report) + _clock_lines(report) + [""] + _finding_lines(report)
     comm = report["comm"]
     if report.get("parallel") == "fsdp":
         lines.append(_fsdp_line(report))
@@ -131,9 +167,12 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
 
 def _table_lines(report: dict[str, Any]) -> list[str]:
     """The per-rank table: median compute, compute over the others', wait, data, step."""
+    clock = ("on the device clock (max of device and CPU time per phase, waits for peers "
+             "out), collective wait on the device timeline" if report.get("phase_clock") ==
+             "device" else "in each rank's thread CPU time")
     lines = ["", f"per-rank medians from step {report['table_from_step']} (ms; compute and data "
-                 "in each rank's thread CPU time, the rest wall time; 'vs others': compute over "
-                 "the other ranks' median)",
+                 f"{clock}, the rest wall time; 'vs others': compute over the other ranks' "
+                 "median)",
              f"{'rank':>4}  {'compute':>8}  {'vs others':>9}  {'collective wait':>15}  "
              f"{'data':>6}  {'step':>7}"]
     for r in report["ranks"]:
@@ -144,6 +183,39 @@ def _table_lines(report: dict[str, Any]) -> list[str]:
                      f"{_ms(r['collective_wait_seconds_median']):>15}  "
                      f"{_ms(r['data_seconds_median']):>6}  {_ms(r['step_seconds_median']):>7}")
     return lines
+
+
+def _clock_lines(report: dict[str, Any]) -> list[str]:
+    """``--device emulated-async``: each rank's compute on the CPU clock and on the device clock."""
+    if report.get("device", "cpu") == "cpu":
+        return []
+    clocks = report.get("clocks") or {}
+    cpu, dev = clocks.get("cpu") or [], clocks.get("device") or []
+    if report.get("phase_clock") != "device":
+        note = ("this laggard's monitor has no device clock: only the CPU clock (the training "
+                "thread's CPU time) was measured")
+    else:
+        note = (f"device clock: the emulated stream's {report.get('device_clock') or 'busy'} "
+                "clock, waits for peers out; CPU clock: the training thread's wall time in the "
+                "same phases")
+    lines = ["", f"compute on each clock (ms; emulated asynchronous device; {note}; excess over "
+                 "the other ranks' median)",
+             f"{'rank':>4}  {'CPU clock':>9}  {'excess':>7}  {'device clock':>12}  {'excess':>7}"]
+    for rank in range(len(report["ranks"])):
+        c = cpu[rank] if rank < len(cpu) else {}
+        d = dev[rank] if rank < len(dev) else {}
+        lines.append(f"{rank:>4}  {_ms3(c.get('seconds')):>9}  {_pct(c.get('excess')):>7}  "
+                     f"{_ms3(d.get('seconds')):>12}  {_pct(d.get('excess')):>7}")
+    return lines
+
+
+def _ms3(seconds: float | None) -> str:
+    """Milliseconds to the microsecond: the CPU clock of a loop that only launches is ~0.03."""
+    return "-" if seconds is None else f"{1e3 * seconds:.3f}"
+
+
+def _pct(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:+.1f}%"
 
 
 def _finding_lines(report: dict[str, Any]) -> list[str]:

@@ -82,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-id", default="", help="run id (TrainingMonitor.Config.run)")
     p.add_argument("--gpu-state", action="store_true",
                    help="add the GPU-state participant (the demo sets LAGGARD_FAKE_NVML)")
+    p.add_argument("--device", choices=["cpu", "emulated-async"], default="cpu")
     return p.parse_args(argv)
 
 
@@ -163,6 +164,7 @@ class Job:
     integrity: Any
     tracer: CollectiveTracer
     per_step: list[list[float]]
+    device: Any = None  # --device emulated-async: this rank's EmulatedDevice
 
 
 def build_job(args: argparse.Namespace, rank: int) -> Job:
@@ -174,19 +176,32 @@ def build_job(args: argparse.Namespace, rank: int) -> Job:
                           seed=args.seed * 1000 + rank)
     tracer = CollectiveTracer()  # after init_process_group: watches the default group
     ddp, timer, state, integrity = parallelize(model, args, tracer)
+    device = None
+    extra: dict[str, Any] = {}
+    # CPU time of each rank's thread stands in for GPU time: the ranks share this machine's
+    # cores (with each other and with whatever else runs), and wall time would mostly measure
+    # the scheduler.
+    clock = "thread_cpu"
+    if args.device == "emulated-async":
+        from laggard.demo.emulated_device import EmulatedDevice
+
+        device = EmulatedDevice(f"rank{rank}")
+        clock, extra = "device", {"device": device, "model": model}
     monitor = TrainingMonitor(
-        # CPU time of each rank's thread stands in for GPU time: the ranks share this
-        # machine's cores (with each other and with whatever else runs), and wall time would
-        # mostly measure the scheduler.
         TrainingMonitor.Config(agent_address=args.intake_address, window_steps=args.window,
-                               integrity=integrity, phase_clock="thread_cpu",
+                               integrity=integrity, phase_clock=clock,
                                windows_path=args.windows,
                                straggler=detector_config(), run=args.run_id),
-        comm_timer=timer, tracer=tracer, participants=gpu_state_participants(args),
+        comm_timer=timer, tracer=tracer, participants=gpu_state_participants(args), **extra,
     )
+    if device is not None and args.parallel == "fsdp":
+        from laggard.demo.fsdp import mark_stalls
+
+        mark_stalls(model, getattr(monitor, "device_clock", None))
     optimizer = make_optimizer(state, model)
     return Job(model=model, ddp=ddp, batches=batches, optimizer=optimizer, monitor=monitor,
-               hook_state=state, integrity=integrity, tracer=tracer, per_step=[])
+               hook_state=state, integrity=integrity, tracer=tracer, per_step=[],
+               device=device)
 
 
 def gpu_state_participants(args: argparse.Namespace) -> list[Any]:
@@ -257,6 +272,43 @@ def train_step(job: Job) -> float:
     return value
 
 
+def train_step_async(job: Job) -> float:
+    """One monitored step on the emulated asynchronous device: the loop only launches the
+    forward, the backward (DDP's hooks and collectives, or FSDP2's, run on the stream thread
+    with it) and the optimizer step, then reads the loss, which waits for all of them, as
+    ``loss.item()`` after ``optimizer.step()`` waits for a GPU. The slowed rank's extra work
+    runs inside its backward, on the stream thread: the training thread never sees it."""
+    monitor, device = job.monitor, job.device
+    with monitor.step():
+        with monitor.phase("data"):
+            x, y = job.batches.next()
+        with monitor.phase("forward"):
+            loss = device.launch(_forward, job, x, y)
+        with monitor.phase("backward"):
+            device.launch(_backward, loss)
+        with monitor.phase("optimizer"):
+            device.launch(_optimizer_step, job)
+        value = loss.item()  # the synchronisation: outside the phases, as in train_step
+        monitor.note("loss", value)
+    job.per_step.append(_step_comm(monitor))
+    return float(value)
+
+
+def _forward(job: Job, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(job.ddp(x).flatten(0, 1), y.flatten())
+
+
+def _backward(loss: Any) -> None:
+    loss.result().backward()
+
+
+def _optimizer_step(job: Job) -> None:
+    started = time.thread_time()  # the stream thread's: where the optimizer runs
+    job.optimizer.step()
+    job.optimizer.zero_grad(set_to_none=True)
+    job.model.throttle.optimizer_seconds = time.thread_time() - started
+
+
 def run_steps(job: Job, args: argparse.Namespace, rank: int) -> tuple[dict[int, float],
                                                                        list[float]]:
     """Train ``args.steps`` steps, slowing this rank from ``--slow-from`` if it is the slowed
@@ -270,7 +322,7 @@ def run_steps(job: Job, args: argparse.Namespace, rank: int) -> tuple[dict[int, 
         if slowed and step == args.slow_from:
             job.model.throttle.factor = args.slowdown - 1.0
         start = time.perf_counter()
-        loss = train_step(job)
+        loss = train_step(job) if job.device is None else train_step_async(job)
         step_times.append(time.perf_counter() - start)
         local_losses.append(loss)
         if step == 0 or step == args.steps - 1:
@@ -287,9 +339,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     job = build_job(args, rank)
     losses, local_losses = run_steps(job, args, rank)
+    if job.device is not None:
+        job.device.synchronize()
     job.monitor.close()
     if job.hook_state is not None:
         job.hook_state.close()  # a two-stage hook's worker thread and second group
+    if job.device is not None:
+        job.device.close()
     injected = job.model.throttle.injected_seconds
     injected_t = torch.tensor([float(np.median(injected)) if injected else 0.0])
     dist.all_reduce(injected_t, op=dist.ReduceOp.MAX)  # only the slowed rank injects
@@ -324,6 +380,10 @@ def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, An
            if f not in monitor.findings],
         "cleared": [f.to_dict() for f in monitor.cleared],
         "parallel": args.parallel, "prefetch": args.prefetch,
+        "device": args.device,
+        "phase_clock": getattr(monitor, "phase_clock", monitor.config.phase_clock),
+        "device_clock": (job.device.default_stream().clock if job.device is not None
+                         else None),
         # per step after --slow-from (all steps when it is 0): median seconds of each
         "step_comm": dict(zip(STEP_COMM, np.median(np.array(
             job.per_step[args.slow_from:] or job.per_step), axis=0).tolist(), strict=True)),

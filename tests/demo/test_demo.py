@@ -174,6 +174,9 @@ def test_report_from_a_worker_result():
     result = {
         "world_size": 3, "steps": 40,
         "loss": {"first": 5.5, "last": 2.1},
+        # the CPU clock's seven step columns (the device clock's four are absent)
+        "stat_names": ["compute_seconds", "data_seconds", "collective_wait_seconds",
+                       "transfer_seconds", "step_seconds", "collective_seconds", "comm_bytes"],
         "windows": [
             {"step": 9, "medians": [medians(0.03, 0.01)] * 3},
             {"step": 19, "medians": [medians(0.03, 0.01)] * 3},
