@@ -38,6 +38,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from laggard.detectors.window import WindowColumn
+from laggard.integrations.participants import MonitorContext, WindowParticipant
+
 log = logging.getLogger(__name__)
 
 #: Kernel-name prefixes of NCCL's kernels (NVRx's filter): communication, not compute.
@@ -357,5 +360,59 @@ class KernelTimer:
             log.warning("laggard: CUPTI kernel timing failed in %s (%r); counting on", where, exc)
 
 
-__all__ = ["NCCL_KERNEL_PREFIXES", "KernelAccumulator", "KernelTimer", "is_nccl_kernel",
-           "load_cupti"]
+#: The window record's column of the kernel time (one window late).
+KERNEL_COLUMN = "compute_kernel_seconds"
+
+
+class KernelTimeParticipant(WindowParticipant):
+    """The monitor's participant that puts the CUPTI kernel time in the window record:
+    ``TrainingMonitor(config, participants=[KernelTimeParticipant()])`` (off unless given).
+
+    Each step runs from the end of the previous one to its own end (the monitor's step
+    boundaries; a step's launches after ``monitor.step()`` exits count to the next). Every
+    ``sample_every``-th step is timed; at each window gather the column
+    ``compute_kernel_seconds`` holds the median non-NCCL kernel seconds of the sampled steps
+    CUPTI has handed back from before this window (one window late, as the device clock; NaN
+    while none). Refused CUPTI (missing package, the profiler, another subscriber) leaves the
+    column NaN, said once in the log.
+
+    Args:
+        sample_every: time every N-th step.
+        timer: a :class:`KernelTimer` (tests pass one with a fake ``cupti``); made when None.
+    """
+
+    name = "cupti"
+    columns = (
+        WindowColumn(KERNEL_COLUMN, "seconds", "median",
+                     "median non-NCCL kernel seconds per sampled step (CUPTI), one window late"),
+        WindowColumn("kernel_sampled_steps", "count", "sum",
+                     "sampled steps behind compute_kernel_seconds"),
+    )
+
+    def __init__(self, sample_every: int = 10, *, timer: KernelTimer | None = None) -> None:
+        super().__init__()
+        self.timer = timer if timer is not None else KernelTimer(sample_every)
+        self._window_start = 0
+
+    def attach(self, context: MonitorContext) -> None:
+        super().attach(context)
+        if self.timer.start():
+            self.timer.begin_step(0)
+
+    def end_step(self, step: int, column: int) -> None:
+        self.timer.end_step()
+        self.timer.begin_step(step + 1)
+
+    def contribute(self, step: int) -> dict[str, object]:
+        window_start = step + 1 - (self.context.window_steps if self.context else 1)
+        steps = self.timer.take(before_step=window_start)
+        seconds = sorted(v for v, _ in steps.values())
+        median = float("nan")
+        if seconds:
+            mid = len(seconds) // 2
+            median = seconds[mid] if len(seconds) % 2 else (seconds[mid - 1] + seconds[mid]) / 2
+        return {KERNEL_COLUMN: median, "kernel_sampled_steps": float(len(seconds))}
+
+
+__all__ = ["KERNEL_COLUMN", "NCCL_KERNEL_PREFIXES", "KernelAccumulator", "KernelTimeParticipant",
+           "KernelTimer", "is_nccl_kernel", "load_cupti"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -188,3 +189,30 @@ def test_cupti_failing_mid_run_is_counted_never_raised():
     assert timer.stats["errors"] == 2 and timer.accumulator.stats["bad_records"] == 1
     with pytest.raises(ValueError):
         KernelTimer(sample_every=0)
+
+
+def test_the_participant_puts_kernel_time_in_the_window_record_one_window_late():
+    from laggard.integrations.cupti import KERNEL_COLUMN, KernelTimeParticipant
+    from laggard.integrations.monitor import TrainingMonitor
+
+    cupti = FakeCupti()
+    timer = KernelTimer(sample_every=2, cupti=cupti, profiler_on=lambda: False)
+    participant = KernelTimeParticipant(timer=timer)
+    monitor = TrainingMonitor(TrainingMonitor.Config(agent_address="", detect=False,
+                                                     window_steps=4, phase_clock="wall"),
+                              rank=0, world_size=1, participants=[participant])
+    assert KERNEL_COLUMN in monitor.layout and timer.running
+    values = []
+    for step in range(12):
+        with monitor.step():
+            cupti.launch("ampere_sgemm", 300_000 if step < 4 else 600_000)
+            cupti.launch("ncclDevKernel_AllReduce_Sum", 5_000_000)
+        if (step + 1) % 4 == 0:
+            values.append(participant.contribute(step))
+    # window 0: nothing older than itself; window 1 carries window 0's sampled steps (0, 2)
+    assert math.isnan(values[0][KERNEL_COLUMN]) and values[0]["kernel_sampled_steps"] == 0
+    assert values[1][KERNEL_COLUMN] == pytest.approx(3e-4)
+    assert values[1]["kernel_sampled_steps"] == 2
+    assert values[2][KERNEL_COLUMN] == pytest.approx(6e-4)  # the slower kernels of window 1
+    monitor.close()
+    timer.stop()
