@@ -161,6 +161,8 @@ class StragglerParticipant(WindowParticipant):
 
     Attributes:
         detector: the detector (rank 0 only; None elsewhere).
+        device_windows_skipped: windows on the device clock with no device value yet (the
+            first: device columns are gathered one window late), not given to the detector.
     """
 
     name = "straggler"
@@ -169,6 +171,7 @@ class StragglerParticipant(WindowParticipant):
         super().__init__()
         self.config = config
         self.detector: Any = None
+        self.device_windows_skipped = 0
 
     def attach(self, context: MonitorContext) -> None:
         super().attach(context)
@@ -187,6 +190,12 @@ class StragglerParticipant(WindowParticipant):
 
     def on_window(self, record: WindowRecord) -> WindowOutcome | None:
         if self.detector is None:
+            return None
+        device = record.get("compute_device_seconds")
+        if device is not None and all(v != v for v in record["compute_seconds"]):
+            # the device clock's first window: its values arrive one window late, so there
+            # is nothing to compare yet (not bad input for the detector to count)
+            self.device_windows_skipped += 1
             return None
         from laggard.detectors.straggler import RankWindow
 

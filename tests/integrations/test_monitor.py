@@ -441,3 +441,17 @@ def test_the_default_target_is_the_agents_socket_falling_back_to_udp(monkeypatch
         pass
     assert monitor.stats.records_sent + monitor.stats.send_errors == 1  # sent or counted
     monitor.close()
+
+
+def test_the_device_clocks_first_window_is_not_bad_input_for_the_detector(receiver):
+    monitor = _monitor(receiver.getsockname()[1], rank=0)
+    record = _window(np.random.default_rng(6), 19, None)
+    record.columns["compute_seconds"] = np.full(4, np.nan)  # one window late: nothing yet
+    record.columns["compute_device_seconds"] = np.full(4, np.nan)
+    monitor.analyse(record)
+    straggler = monitor.participant("straggler")
+    assert straggler.device_windows_skipped == 1
+    assert straggler.detector.stats["invalid_durations"] == 0
+    monitor.analyse(_window(np.random.default_rng(7), 39, None))  # a CPU-clock record goes in
+    assert straggler.detector.stats["windows"] == 1
+    monitor.close()
