@@ -5,10 +5,13 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from laggard.collectors.netdev import DEFAULT_MAX_DEVICES as DEFAULT_NETDEV_MAX_DEVICES
+from laggard.collectors.netdev import DeviceFilter
 from laggard.wire import DEFAULT_INTAKE_ADDRESS, DEFAULT_INTAKE_SOCKET, parse_address
 
 __all__ = ["AgentConfig", "DEFAULT_LISTEN_ADDRESS", "DEFAULT_INTAKE_ADDRESS",
-           "DEFAULT_INTAKE_SOCKET", "DEFAULT_SOCKET_MODE", "is_loopback_host", "parse_address"]
+           "DEFAULT_INTAKE_SOCKET", "DEFAULT_NETDEV_MAX_DEVICES", "DEFAULT_SOCKET_MODE",
+           "is_loopback_host", "parse_address"]
 
 #: 9400 is dcgm-exporter's and 9100 node_exporter's; laggard takes the next free pair.
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1:9477"
@@ -105,6 +108,19 @@ class AgentConfig:
     ``TORCH_FR_DUMP_TEMP_FILE`` prefix (``/tmp/nccl_trace_rank_``); read by the
     ``flight_recorder`` collector."""
 
+    netdev_device_include: str = ""
+    """``--collector.netdev.device-include``: a regular expression; only the interfaces whose
+    whole name matches are exported. Empty: not given (the default rule,
+    ``laggard.collectors.netdev.DEFAULT_RULE``)."""
+
+    netdev_device_exclude: str = ""
+    """``--collector.netdev.device-exclude``: every interface is exported except those whose
+    whole name matches. At most one of the two is given."""
+
+    netdev_max_devices: int = DEFAULT_NETDEV_MAX_DEVICES
+    """Most interfaces the netdev collector exports; the rest are counted
+    (``laggard_network_devices_not_exported{reason="limit"}``)."""
+
     fake_gpus: int = 0
     """When > 0, use a fake NVML module with this many GPUs instead of the real library."""
 
@@ -137,6 +153,8 @@ class AgentConfig:
             raise ValueError("intake max series must be at least 100")
         if not 1 <= self.rank_ttl_seconds <= 86400:
             raise ValueError(f"rank TTL {self.rank_ttl_seconds} s outside [1, 86400]")
+        DeviceFilter.from_flags(self.netdev_device_include, self.netdev_device_exclude,
+                                self.netdev_max_devices)  # raises ValueError naming the flag
         if self.fake_gpus < 0:
             raise ValueError("fake GPUs must be >= 0")
         from laggard.nvml.fake import parse_scenario

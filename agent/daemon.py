@@ -24,6 +24,7 @@ from laggard.agent.config import (
     DEFAULT_LISTEN_ADDRESS,
     DEFAULT_MAX_RUNS,
     DEFAULT_MAX_SERIES,
+    DEFAULT_NETDEV_MAX_DEVICES,
     DEFAULT_RANK_TTL_SECONDS,
     DEFAULT_SOCKET_MODE,
     AgentConfig,
@@ -39,6 +40,7 @@ from laggard.agent.supervisor import RestartableThread, Supervisor
 from laggard.agent.unix_intake import UnixIntake, parse_id_list, queue_limit
 from laggard.agent.web import make_app, make_http_server
 from laggard.agent.workload import WorkloadLabels
+from laggard.collectors import netdev as netdev_collector
 from laggard.nvml.library import shared_library
 
 log = logging.getLogger("laggard.agent")
@@ -102,6 +104,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--collector.flight_recorder.path", dest="flight_recorder_path",
                         default="", metavar="PATH", help="directory or TORCH_FR_DUMP_TEMP_FILE "
                         "prefix of PyTorch flight-recorder dumps for the flight_recorder collector")
+    netdev = parser.add_mutually_exclusive_group()
+    netdev.add_argument("--collector.netdev.device-include", dest="netdev_device_include",
+                        default="", metavar="REGEX",
+                        help="export only the network interfaces whose whole name matches "
+                             "(node_exporter's flag; anchored: 'eth0|ib.*'). Default: "
+                             f"{netdev_collector.DEFAULT_RULE}")
+    netdev.add_argument("--collector.netdev.device-exclude", dest="netdev_device_exclude",
+                        default="", metavar="REGEX",
+                        help="export every network interface except those whose whole name "
+                             "matches (instead of the default rule; not with -include)")
+    parser.add_argument("--collector.netdev.max-devices", dest="netdev_max_devices", type=int,
+                        default=DEFAULT_NETDEV_MAX_DEVICES, metavar="N",
+                        help="most network interfaces exported whatever /proc holds; the rest "
+                             "are counted in laggard_network_devices_not_exported "
+                             "(default %(default)s)")
     parser.add_argument("--fake-gpus", type=int, default=0, metavar="N",
                         help="serve N fake GPUs playing a scenario instead of real NVML")
     parser.add_argument("--fake-gpus-scenario", default="default", metavar="SCENARIO",
@@ -188,6 +205,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         rank_ttl_seconds=args.rank_ttl,
         max_runs=args.max_runs,
         nccl_inspector_dir=args.nccl_inspector_dir,
+        netdev_device_include=args.netdev_device_include,
+        netdev_device_exclude=args.netdev_device_exclude,
+        netdev_max_devices=args.netdev_max_devices,
         flight_recorder_path=args.flight_recorder_path,
     )
 

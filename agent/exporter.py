@@ -42,7 +42,8 @@ class AgentExporter:
 
     def collect(self) -> Iterator[Metric]:
         """Called by prometheus_client on every scrape."""
-        build = GaugeMetricFamily("laggard_build_info", "laggard version (value 1).",
+        build = GaugeMetricFamily("laggard_build_info",
+                                  "Version of laggard, and of the Python running it (value 1).",
                                   labels=["version", "python_version"])
         build.add_metric([__version__, platform.python_version()], 1)
         yield build
@@ -55,7 +56,7 @@ class AgentExporter:
             "1 if the collector's last round succeeded, 0 if it failed or found no hardware.",
             labels=["collector"])
         duration = GaugeMetricFamily("laggard_collector_duration_seconds",
-                                     "Duration of the collector's last round.",
+                                     "Duration of the collector's last round, in seconds.",
                                      labels=["collector"])
         merged: dict[str, Metric] = {}
         for thread in self._threads:

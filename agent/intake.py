@@ -56,13 +56,15 @@ _SEVERITIES = frozenset(s.value for s in Severity)
 #: ``StepRecord.comm`` key -> exported counter (seconds or bytes summed over steps).
 _COMM_COUNTERS = {
     "total_seconds": ("laggard_comm_collective_seconds_total",
-                      "Collective time summed over steps, launch to completion of each bucket."),
+                      "Collective time summed over steps, launch to completion of each bucket, in "
+                      "seconds."),
     "exposed_seconds": ("laggard_comm_exposed_seconds_total",
-                        "Collective time not hidden under backward (on the critical path)."),
+                        "Collective time not hidden under backward (on the critical path), in "
+                        "seconds."),
     "bytes": ("laggard_comm_bytes_total", "Bytes this rank put on the wire for gradients."),
     "raw_bytes": ("laggard_comm_uncompressed_bytes_total",
                   "Bytes an uncompressed fp32 ring all-reduce would have sent for the same "
-                  "gradients (the compression ratio is raw_bytes / bytes)."),
+                  "gradients (this over laggard_comm_bytes_total is the compression ratio)."),
 }
 
 
@@ -615,17 +617,17 @@ class RankTable:
         last_step = GaugeMetricFamily("laggard_rank_last_step", "Last step a rank reported.",
                                       labels=["run", "rank"])
         last_seen = GaugeMetricFamily("laggard_rank_last_seen_timestamp_seconds",
-                                      "Unix time of the last record from a rank.",
+                                      "Unix time of the last record from a rank, in seconds.",
                                       labels=["run", "rank"])
         phase = HistogramMetricFamily(
             "laggard_step_phase_seconds",
-            "Duration of each phase of a training step (collective_wait: time waiting for "
-            "collectives after the rank's own work).", labels=["run", "rank", "phase"])
+            "Duration of each phase of a training step, in seconds (collective_wait: time "
+            "waiting for collectives after the rank's own work).", labels=["run", "rank", "phase"])
         step_seconds = HistogramMetricFamily("laggard_step_seconds",
-                                             "Wall time of a whole training step.",
+                                             "Wall time of a whole training step, in seconds.",
                                              labels=["run", "rank"])
         coll = HistogramMetricFamily("laggard_collective_seconds",
-                                     "Collective time from launch to completion.",
+                                     "Collective time from launch to completion, in seconds.",
                                      labels=["run", "rank", "op"])
         coll_bytes = CounterMetricFamily("laggard_collective_bytes_total",
                                          "Bytes this rank sent in collectives.",
@@ -670,8 +672,8 @@ class RankTable:
             labels=["run", "rank", "kind"])
         report = GaugeMetricFamily(
             "laggard_straggler_report_timestamp_seconds",
-            "Unix time of the last WindowReport from the run's in-job detector (alert rules "
-            "ignore flags older than a few windows).", labels=["run"])
+            "Unix time, in seconds, of the last WindowReport from the run's in-job detector "
+            "(alert rules ignore flags older than a few windows).", labels=["run"])
         inputs = CounterMetricFamily(
             "laggard_straggler_detector_inputs_total",
             "The in-job detector's windows and the bad input it counted and skipped "

@@ -35,7 +35,8 @@ COLLECTORS: dict[str, CollectorSpec] = {
     "host": CollectorSpec("laggard.collectors.host", "from_config", True,
                           "CPU, memory and load of this host (psutil)"),
     "netdev": CollectorSpec("laggard.collectors.netdev", "from_config", True,
-                            "per-interface counters from /proc/net/dev"),
+                            "per-interface counters from /proc/net/dev, physical and RDMA "
+                            "interfaces unless --collector.netdev.device-include/-exclude"),
     "nvml": CollectorSpec("laggard.collectors.nvml", "from_config", True,
                           "GPU clocks, clock-event reasons, temperature, power, ECC via NVML"),
     "xid": CollectorSpec("laggard.collectors.xid", "from_config", True,

@@ -25,7 +25,7 @@ class HostCollector:
     def collect(self) -> Iterator[Metric]:
         """Sample psutil once; a field psutil does not offer on this OS is left out."""
         cpu = CounterMetricFamily(
-            "laggard_host_cpu_seconds_total", "CPU time spent in each mode, all CPUs.",
+            "laggard_host_cpu_seconds_total", "CPU time spent in each mode, all CPUs, in seconds.",
             labels=["mode"],
         )
         for mode, seconds in psutil.cpu_times()._asdict().items():
@@ -43,10 +43,10 @@ class HostCollector:
                 yield GaugeMetricFamily(f"laggard_host_load{minutes}",
                                         f"{minutes}-minute load average.", value=value)
         memory = psutil.virtual_memory()
-        yield GaugeMetricFamily("laggard_host_memory_total_bytes", "Physical memory.",
+        yield GaugeMetricFamily("laggard_host_memory_total_bytes", "Physical memory, in bytes.",
                                 value=memory.total)
         yield GaugeMetricFamily("laggard_host_memory_available_bytes",
-                                "Memory available to new processes without swapping.",
+                                "Memory available to new processes without swapping, in bytes.",
                                 value=memory.available)
 
 

@@ -35,27 +35,30 @@ from laggard.collectors.base import NoDataError
 #: ``counters/<file>`` -> (metric name without ``_total``, help, multiplier)
 PORT_COUNTERS: dict[str, tuple[str, str, int]] = {
     "port_rcv_data": ("laggard_infiniband_port_data_received_bytes",
-                      "data received (sysfs 4-octet words x 4)", 4),
+                      "Data received by the port, in bytes (sysfs 4-octet words x 4).", 4),
     "port_xmit_data": ("laggard_infiniband_port_data_transmitted_bytes",
-                       "data transmitted (sysfs 4-octet words x 4)", 4),
-    "port_rcv_packets": ("laggard_infiniband_port_packets_received", "packets received", 1),
+                       "Data transmitted by the port, in bytes (sysfs 4-octet words "
+                       "x 4).", 4),
+    "port_rcv_packets": ("laggard_infiniband_port_packets_received", "Packets received.", 1),
     "port_xmit_packets": ("laggard_infiniband_port_packets_transmitted",
-                          "packets transmitted", 1),
+                          "Packets transmitted.", 1),
     "unicast_rcv_packets": ("laggard_infiniband_unicast_packets_received",
-                            "unicast packets received", 1),
+                            "Unicast packets received.", 1),
     "unicast_xmit_packets": ("laggard_infiniband_unicast_packets_transmitted",
-                             "unicast packets transmitted", 1),
+                             "Unicast packets transmitted.", 1),
     "multicast_rcv_packets": ("laggard_infiniband_multicast_packets_received",
-                              "multicast packets received", 1),
+                              "Multicast packets received.", 1),
     "multicast_xmit_packets": ("laggard_infiniband_multicast_packets_transmitted",
-                               "multicast packets transmitted", 1),
+                               "Multicast packets transmitted.", 1),
     "link_downed": ("laggard_infiniband_link_downed",
-                    "times the link error recovery process failed and the link went down", 1),
+                    "Times the link error recovery process failed and the link went down.",
+                    1),
     "link_error_recovery": ("laggard_infiniband_link_error_recovery",
-                            "successful link error recoveries", 1),
-    "symbol_error": ("laggard_infiniband_symbol_errors", "minor link errors on any lane", 1),
+                            "Successful link error recoveries.", 1),
+    "symbol_error": ("laggard_infiniband_symbol_errors", "Minor link errors on any lane.",
+                      1),
     "port_xmit_wait": ("laggard_infiniband_port_transmit_wait",
-                       "ticks with data to send but no flow-control credits", 1),
+                       "Ticks with data to send but no flow-control credits.", 1),
 }
 #: hw_counters that are not counts
 _NOT_COUNTERS = frozenset({"lifespan"})
@@ -121,21 +124,22 @@ class InfinibandCollector:
         if not devices:
             raise NoDataError(f"no device in {self.class_dir}")
         labels = ["device", "port"]
-        info = GaugeMetricFamily("laggard_infiniband_info", "InfiniBand port identity; always 1",
+        info = GaugeMetricFamily("laggard_infiniband_info", "InfiniBand port identity (value 1).",
                                  labels=[*labels, "link_layer", "hca_type", "firmware_version"])
         rate = GaugeMetricFamily("laggard_infiniband_rate_bytes_per_second",
-                                 "link rate (sysfs rate, Gb/s / 8)", labels=labels)
+                                 "Link rate, in bytes per second (sysfs rate: Gb/s / 8).",
+                                 labels=labels)
         state = GaugeMetricFamily("laggard_infiniband_state_id",
-                                  "port state (4 = ACTIVE)", labels=labels)
+                                  "Port state, numeric (4 = ACTIVE).", labels=labels)
         phys = GaugeMetricFamily("laggard_infiniband_physical_state_id",
-                                 "physical port state (5 = LinkUp)", labels=labels)
+                                 "Physical port state, numeric (5 = LinkUp).", labels=labels)
         counters = {file: CounterMetricFamily(name, doc, labels=labels)
                     for file, (name, doc, _) in PORT_COUNTERS.items()}
         errors = CounterMetricFamily("laggard_infiniband_port_errors",
-                                     "other port error counters (sysfs counters/*)",
+                                     "Other port error counters, by type (sysfs counters/*).",
                                      labels=[*labels, "type"])
         hw = CounterMetricFamily("laggard_infiniband_hw_events",
-                                 "vendor hardware counters (sysfs hw_counters/*)",
+                                 "Vendor hardware counters, by event (sysfs hw_counters/*).",
                                  labels=[*labels, "event"])
         for device in devices:
             device_dir = os.path.join(self.class_dir, device)

@@ -90,9 +90,12 @@ class NcclInspectorCollector:
         Raises:
             NoDataError: no directory configured, or it does not exist.
         """
-        if not self._dir or not os.path.isdir(self._dir):
-            raise NoDataError(f"NCCL Inspector directory {self._dir!r} does not exist "
-                              "(AgentConfig.nccl_inspector_dir)")
+        if not self._dir:
+            raise NoDataError("no NCCL Inspector directory: give it with "
+                              "--collector.nccl_inspector.dir DIR (NCCL_INSPECTOR_DUMP_DIR of "
+                              "the jobs)")
+        if not os.path.isdir(self._dir):
+            raise NoDataError(f"--collector.nccl_inspector.dir {self._dir}: no such directory")
         with self._lock:
             paths = sorted(glob.glob(os.path.join(self._dir, "*.log"))
                            + glob.glob(os.path.join(self._dir, "*.jsonl")))[:MAX_FILES]
@@ -140,14 +143,16 @@ class NcclInspectorCollector:
     def _families(self) -> Iterator[Metric]:
         seconds = HistogramMetricFamily(
             "laggard_nccl_collective_seconds",
-            "Execution time of NCCL collectives and p2p operations (NCCL Inspector).",
+            "Execution time of NCCL collectives and p2p operations, in seconds (NCCL "
+            "Inspector).",
             labels=["op"])
         nbytes = CounterMetricFamily(
             "laggard_nccl_collective_bytes",
             "Message bytes of NCCL operations recorded by NCCL Inspector.", labels=["op"])
         busbw = GaugeMetricFamily(
             "laggard_nccl_bus_bandwidth_bytes_per_second",
-            "Bus bandwidth of the latest NCCL operation of this type (NCCL Inspector).",
+            "Bus bandwidth of the latest NCCL operation of this type, in bytes per second "
+            "(NCCL Inspector).",
             labels=["op"])
         for op, series in sorted(self._ops.items()):
             h = series.histogram

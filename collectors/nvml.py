@@ -87,6 +87,8 @@ _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5
 
 MHZ = 1e6
 KIB = 1024
+#: HELP of laggard_gpu_lost, written in two places.
+_LOST_HELP = "1 when NVML reports the GPU lost, 0 otherwise."
 
 
 class _Families:
@@ -149,19 +151,20 @@ class NvmlCollector:
                 self._collect_gpu(index, gpu, families)
             except GpuLostError:
                 self._mark_lost(index)
-                families.gauge("laggard_gpu_lost", "1 when NVML reports the GPU lost", gpu, 1)
+                families.gauge("laggard_gpu_lost", _LOST_HELP, gpu, 1)
                 continue
             if index in self._lost:
                 self._lost.discard(index)
                 log.warning("GPU %d answers NVML again", index)
-            families.gauge("laggard_gpu_lost", "1 when NVML reports the GPU lost", gpu, 0)
+            families.gauge("laggard_gpu_lost", _LOST_HELP, gpu, 0)
         if self._lost:
             self.library.reinit()  # a lost GPU needs fresh handles once it is reset
         else:
             self.library.healthy()
         for function, count in sorted(self.library.errors.items()):
             families.counter("laggard_nvml_errors_total",
-                             "NVML calls that failed with an unexpected error (field left out)",
+                             "NVML calls that failed with an unexpected error (the field left "
+                             "out), by function.",
                              {"function": function}, count)
         return list(families)
 
@@ -191,7 +194,7 @@ class NvmlCollector:
 
         uuid, model, pci = get("nvmlDeviceGetUUID"), get("nvmlDeviceGetName"), get(
             "nvmlDeviceGetPciInfo")
-        out.gauge("laggard_gpu_info", "GPU identity; always 1",
+        out.gauge("laggard_gpu_info", "GPU identity (value 1).",
                   {**gpu, "uuid": _text(uuid), "model": _text(model),
                    "pci_bus_id": normalise_bus_id(pci.busId) if pci is not None else "",
                    "driver_version": lib.driver_version or ""}, 1)
@@ -202,12 +205,12 @@ class NvmlCollector:
             "nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_MEM)
         for name, doc, value in (
             ("laggard_gpu_sm_clock_hertz", "SM clock", sm),
-            ("laggard_gpu_sm_clock_max_hertz", "maximum SM clock", sm_max),
-            ("laggard_gpu_memory_clock_hertz", "memory clock", mem),
-            ("laggard_gpu_memory_clock_max_hertz", "maximum memory clock", mem_max),
+            ("laggard_gpu_sm_clock_max_hertz", "Maximum SM clock", sm_max),
+            ("laggard_gpu_memory_clock_hertz", "Memory clock", mem),
+            ("laggard_gpu_memory_clock_max_hertz", "Maximum memory clock", mem_max),
         ):
             if value is not None:
-                out.gauge(name, f"{doc} in hertz", gpu, value * MHZ)
+                out.gauge(name, f"{doc}, in hertz.", gpu, value * MHZ)
 
         mask = get("nvmlDeviceGetCurrentClocksEventReasons")
         if mask is None:
@@ -222,7 +225,7 @@ class NvmlCollector:
                 if on:
                     active.add(reason)
                 out.gauge("laggard_gpu_clock_event_active",
-                          "1 while NVML reports this clock-event (throttle) reason",
+                          "1 while NVML reports this clock-event (throttle) reason, 0 otherwise.",
                           {**gpu, "reason": reason}, int(on))
         if sm is not None and sm_max:
             for finding in self.throttle.update(
@@ -234,7 +237,7 @@ class NvmlCollector:
             status = None if policy is None else get("nvmlDeviceGetViolationStatus", policy)
             if status is not None:
                 out.counter("laggard_gpu_clock_violation_seconds_total",
-                            "time the clocks were held below target by this policy",
+                            "Time the clocks were held below target by this policy, in seconds.",
                             {**gpu, "reason": reason}, status.violationTime / 1e9)
 
         self._health(get, nvml, gpu, out)
@@ -242,48 +245,56 @@ class NvmlCollector:
 
     def _health(self, get: Any, nvml: Any, gpu: dict[str, str], out: _Families) -> None:
         if (temp := get("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)) is not None:
-            out.gauge("laggard_gpu_temperature_celsius", "GPU core temperature", gpu, temp)
+            out.gauge("laggard_gpu_temperature_celsius",
+                      "GPU core temperature, in degrees Celsius.", gpu, temp)
         if (power := get("nvmlDeviceGetPowerUsage")) is not None:
-            out.gauge("laggard_gpu_power_watts", "power draw", gpu, power / 1e3)
+            out.gauge("laggard_gpu_power_watts", "Power draw, in watts.", gpu, power / 1e3)
         if (limit := get("nvmlDeviceGetEnforcedPowerLimit")) is not None:
-            out.gauge("laggard_gpu_power_limit_watts", "enforced power limit", gpu, limit / 1e3)
+            out.gauge("laggard_gpu_power_limit_watts", "Enforced power limit, in watts.", gpu,
+                      limit / 1e3)
         if (energy := get("nvmlDeviceGetTotalEnergyConsumption")) is not None:
-            out.counter("laggard_gpu_energy_joules_total", "energy since driver load", gpu,
+            out.counter("laggard_gpu_energy_joules_total",
+                        "Energy used since the driver loaded, in joules.", gpu,
                         energy / 1e3)
         if (util := get("nvmlDeviceGetUtilizationRates")) is not None:
             out.gauge("laggard_gpu_utilization_ratio",
-                      "fraction of the last sample period a kernel was running", gpu,
+                      "Fraction of the last sample period a kernel was running (ratio, "
+                      "0 to 1).", gpu,
                       util.gpu / 100)
             out.gauge("laggard_gpu_memory_utilization_ratio",
-                      "fraction of the last sample period device memory was read or written",
+                      "Fraction of the last sample period device memory was read or written "
+                      "(ratio, 0 to 1).",
                       gpu, util.memory / 100)
         if (memory := get("nvmlDeviceGetMemoryInfo")) is not None:
-            out.gauge("laggard_gpu_memory_used_bytes", "device memory in use", gpu, memory.used)
-            out.gauge("laggard_gpu_memory_total_bytes", "device memory", gpu, memory.total)
+            out.gauge("laggard_gpu_memory_used_bytes", "Device memory in use, in bytes.", gpu,
+                      memory.used)
+            out.gauge("laggard_gpu_memory_total_bytes", "Device memory, in bytes.", gpu,
+                      memory.total)
         for kind, constant in (("corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
                                ("uncorrected", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED")):
             count = get("nvmlDeviceGetTotalEccErrors", getattr(nvml, constant),
                         nvml.NVML_VOLATILE_ECC)
             if count is not None:
-                out.counter("laggard_gpu_ecc_errors_total", "ECC errors since driver load",
+                out.counter("laggard_gpu_ecc_errors_total",
+                            "ECC errors since the driver loaded, by type.",
                             {**gpu, "type": kind}, count)
         if (rows := get("nvmlDeviceGetRemappedRows")) is not None:
             correctable, uncorrectable, pending, failure = rows
             for kind, value in (("correctable", correctable), ("uncorrectable", uncorrectable)):
-                out.gauge("laggard_gpu_remapped_rows", "memory rows remapped",
+                out.gauge("laggard_gpu_remapped_rows", "Memory rows remapped, by type.",
                           {**gpu, "type": kind}, value)
-            out.gauge("laggard_gpu_row_remap_pending", "1 when a remap waits for a GPU reset",
+            out.gauge("laggard_gpu_row_remap_pending", "1 when a row remap waits for a GPU reset.",
                       gpu, int(bool(pending)))
-            out.gauge("laggard_gpu_row_remap_failure", "1 when a row remap failed", gpu,
+            out.gauge("laggard_gpu_row_remap_failure", "1 when a row remap failed.", gpu,
                       int(bool(failure)))
         if (replays := get("nvmlDeviceGetPcieReplayCounter")) is not None:
-            out.counter("laggard_gpu_pcie_replay_total", "PCIe replays", gpu, replays)
+            out.counter("laggard_gpu_pcie_replay_total", "PCIe replays.", gpu, replays)
         for direction, constant in (("transmit", "NVML_PCIE_UTIL_TX_BYTES"),
                                     ("receive", "NVML_PCIE_UTIL_RX_BYTES")):
             rate = get("nvmlDeviceGetPcieThroughput", getattr(nvml, constant))
             if rate is not None:
                 out.gauge("laggard_gpu_pcie_throughput_bytes_per_second",
-                          "PCIe throughput over NVML's last 20 ms window",
+                          "PCIe throughput over NVML's last 20 ms window, in bytes per second.",
                           {**gpu, "direction": direction}, rate * KIB)
 
     def _links(self, get: Any, nvml: Any, gpu: dict[str, str], out: _Families) -> None:
@@ -300,15 +311,17 @@ class NvmlCollector:
             return  # no NVLink on this GPU
         active = sum(get("nvmlDeviceGetNvLinkState", link) == nvml.NVML_FEATURE_ENABLED
                      for link in range(int(links)))
-        out.gauge("laggard_gpu_nvlink_links", "NVLink links of the GPU", gpu, links)
-        out.gauge("laggard_gpu_nvlink_active_links", "NVLink links up", gpu, active)
+        out.gauge("laggard_gpu_nvlink_links", "NVLink links of the GPU.", gpu, links)
+        out.gauge("laggard_gpu_nvlink_active_links", "NVLink links up.", gpu, active)
         for kind in ("replay", "recovery", "crc_flit", "crc_data"):
             if (count := answers.get(kind)) is not None:
                 out.counter("laggard_gpu_nvlink_errors_total",
-                            "NVLink data-link errors, all links", {**gpu, "type": kind}, count)
+                            "NVLink data-link errors, all links, by type.",
+                            {**gpu, "type": kind}, count)
         for name in ("transmitted", "received"):
             if (kib := answers.get(name)) is not None:
-                out.counter(f"laggard_gpu_nvlink_{name}_bytes_total", f"NVLink data {name}",
+                out.counter(f"laggard_gpu_nvlink_{name}_bytes_total",
+                            f"NVLink data {name}, in bytes.",
                             gpu, kib * KIB)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -50,10 +51,14 @@ def promtool() -> Callable[[str], None]:
 
 @pytest.fixture
 def golden() -> Callable[[str, str], None]:
-    """Compare a whole exposition with ``tests/fixtures/<name>``."""
+    """Compare a whole exposition with ``tests/fixtures/<name>``; ``LAGGARD_UPDATE_GOLDEN=1``
+    rewrites the file instead (then read its diff: every changed line is a changed exposition)."""
 
     def compare(name: str, text: str) -> None:
-        expected = (Path(FIXTURES) / name).read_text(encoding="utf-8")
+        path = Path(FIXTURES) / name
+        if os.environ.get("LAGGARD_UPDATE_GOLDEN") == "1":
+            path.write_text(text, encoding="utf-8")
+        expected = path.read_text(encoding="utf-8")
         assert text == expected, f"exposition differs from golden file {name}"
 
     return compare
