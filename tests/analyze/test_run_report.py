@@ -15,7 +15,12 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from laggard.analyze.run_report import load_windows, write_report  # noqa: E402
+from laggard.analyze.run_report import (  # noqa: E402
+    heatmap_figure,
+    load_windows,
+    render_html,
+    write_report,
+)
 from laggard.detectors.window import STEP_COLUMN_NAMES  # noqa: E402
 
 STAT = {name: i for i, name in enumerate(STEP_COLUMN_NAMES)}
@@ -68,7 +73,33 @@ def test_report_of_a_600_step_run_is_self_contained_and_small(tmp_path: Path) ->
     assert not re.search(r"(src|href)=['\"]?(https?:|//)", text)
     assert "<script" not in text
     assert "rank 2: forward+backward 25% slower" in text
-    assert "1 unreadable lines skipped" in text
+    assert "1 unreadable line skipped" in text
+    # transfer was not measured, data loading is the same on every rank: a line each, and
+    # only compute drawn
+    assert "collective transfer (link): not measured in this run." in text
+    assert "data loading: every rank within 0.1% of the median rank" in text
+    assert "time outside the timed phases" in text
+
+
+def test_every_heatmap_has_a_step_axis_and_unmeasured_signals_take_no_panel(
+        tmp_path: Path) -> None:
+    windows = tmp_path / "windows.jsonl"
+    write_windows(windows)
+    run = load_windows(windows)
+    run.values["data_seconds"][:, 1] *= 3  # rank 1 loads slower: a second panel
+    fig, _, notes = heatmap_figure(run)
+    fig.canvas.draw()
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == 2 and notes == ["collective transfer (link): not measured in this run."]
+    for ax in panels:
+        assert "step" in ax.get_xlabel()
+        assert any(t.get_visible() and t.get_text() for t in ax.get_xticklabels())
+    run.values["compute_seconds"][:] = np.nan
+    run.values["data_seconds"][:] = np.nan
+    fig, _, notes = heatmap_figure(run)
+    assert fig is None and len(notes) == 3
+    page = render_html(run, title="nothing measured")
+    assert page.count("data:image/png;base64,") == 2  # the timeline and the phases only
 
 
 def test_report_command_errors_are_clear(tmp_path: Path) -> None:
@@ -77,7 +108,13 @@ def test_report_command_errors_are_clear(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "laggard.cli", "report"]
     out = subprocess.run([*cmd, str(empty), "--html", str(tmp_path / "a.html")],
                          capture_output=True, text=True, check=False)
-    assert out.returncode == 1 and "no window found" in out.stderr
+    assert out.returncode == 1 and "no window found (1 unreadable line)" in out.stderr
+    nothing = tmp_path / "nothing.jsonl"
+    nothing.write_text("")
+    out = subprocess.run([*cmd, str(nothing), "--html", str(tmp_path / "a.html")],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 1 and "an empty file" in out.stderr
+    assert out.stderr.count(str(nothing)) == 1  # the path once
     out = subprocess.run([*cmd, str(tmp_path / "missing.jsonl"), "--html",
                           str(tmp_path / "b.html")], capture_output=True, text=True, check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr
@@ -87,6 +124,19 @@ def test_report_command_errors_are_clear(tmp_path: Path) -> None:
     out = subprocess.run([*cmd, str(binary), "--html", str(tmp_path / "c.html")],
                          capture_output=True, text=True, check=False)
     assert out.returncode == 2 and "bad.bin" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_truncated_windows_file_says_in_the_terminal_what_was_skipped(tmp_path: Path) -> None:
+    windows = tmp_path / "windows.jsonl"
+    write_windows(windows)
+    windows.write_bytes(windows.read_bytes()[:-40])  # the last line cut mid-write
+    out = subprocess.run([sys.executable, "-m", "laggard.cli", "report", str(windows), "--html",
+                          str(tmp_path / "r.html")], capture_output=True, text=True, check=False)
+    assert out.returncode == 0
+    assert ("2 unreadable lines skipped (lines 8, 121 of 121); the last line is cut short"
+            in out.stderr)
+    assert "wrote" in out.stdout
+    assert "2 unreadable lines skipped." in (tmp_path / "r.html").read_text()
 
 
 @pytest.mark.slow

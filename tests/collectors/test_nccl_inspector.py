@@ -55,11 +55,13 @@ def test_collector_output_passes_promtool(tmp_path, expose, promtool):
     promtool(expose(NcclInspectorCollector(str(tmp_path))))
 
 
-def test_collector_without_directory_reports_no_data(tmp_path):
-    with pytest.raises(NoDataError):
+def test_collector_without_directory_reports_no_data_naming_the_flag(tmp_path):
+    # The agent logs this message: it names the flag to give, not an internal field.
+    with pytest.raises(NoDataError, match=r"--collector\.nccl_inspector\.dir .*absent: no such"):
         list(NcclInspectorCollector(str(tmp_path / "absent")).collect())
-    with pytest.raises(NoDataError):
+    with pytest.raises(NoDataError, match=r"--collector\.nccl_inspector\.dir DIR") as caught:
         list(NcclInspectorCollector("").collect())
+    assert "AgentConfig" not in str(caught.value)
 
 
 def test_golden_exposition_of_every_jsonl_sample(tmp_path, expose, golden):
