@@ -472,6 +472,9 @@ def _start_agents(cluster: EmulatedCluster, workdir: Path, deadline: float) -> N
             sys.executable, "-m", "laggard.cli", "agent",
             "--web.listen-address", f"{node.address}:{AGENT_PORT}",
             "--intake-address", f"127.0.0.1:{INTAKE_PORT}",
+            # the nodes share one file system: each takes its job's records over its own
+            # loopback UDP, none the host's default socket; each node's link is a veth (eth0)
+            "--intake.socket", "", "--collector.netdev.device-include", "eth0",
             "--node", node.name, "--collect-interval", "0.5", *off],
             stdout=log, stderr=subprocess.STDOUT))
     for node, agent in zip(cluster.nodes, agents, strict=True):

@@ -160,7 +160,9 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     agent = None if args.use_agent else children.start(
         [sys.executable, "-m", "laggard.cli", "agent",
          "--web.listen-address", metrics_address, "--intake-address", intake_address,
-         "--collect-interval", "0.5", *fake_gpus],
+         # the demo's ranks send to this agent's UDP port: it leaves the node's default
+         # socket (/run/laggard/intake.sock) to the node's own agent
+         "--intake.socket", "", "--collect-interval", "0.5", *fake_gpus],
         stdout=agent_log.open("w"), stderr=subprocess.STDOUT,
     )
     if not _wait_for_agent(metrics_url, agent):
