@@ -361,6 +361,17 @@ def _shown_source(source: str, root: str | None) -> str:
     return ", ".join(os.path.basename(part) for part in source.split(", "))
 
 
+def _source_cell(source: str) -> str:
+    """A cross-file finding's source list (``a, b, c and 4 more``) as one cell: the first file
+    and how many others (``a +6``), so the column stays narrow and names a file."""
+    parts = source.split(", ")
+    if len(parts) == 1:
+        return source
+    more = re.fullmatch(r"(.*) and (\d+) more", parts[-1])
+    others = len(parts) - 1 + (int(more[2]) if more else 0)
+    return f"{parts[0]} +{others}"
+
+
 def _where(finding: Finding) -> str:
     """Where a rank-named culprit ran, from NCCL's ``Init COMPLETE`` lines: ``rank 2 on node-b
     GPU 0000:3b:00 (cudaDev 0)``; empty when the inputs do not say."""
@@ -392,9 +403,7 @@ def _table(findings: list[Finding], errors: bool = False, show_source: bool = Fa
         + (["SOURCE"] if show_source else [])
     rows = []
     for f in findings:
-        source = f.source or ""
-        if root:
-            source = _shown_source(source, root)
+        source = _source_cell(_shown_source(f.source or "", root) if root else f.source or "")
         row = [f.severity.value, f.kind] + ([f.node or "-"] if show_host else []) \
             + [f.subject or ""] + ([source] if show_source else [])
         rows.append((row, f.message))
