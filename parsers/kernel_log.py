@@ -26,7 +26,8 @@ is kept):
   NVRM: Xid ...``, ``gpu-node-07: [Sun Feb 23 16:24:18 2025] ...`` of ``dmesg -T``). A word
   before ``: `` is read as such a host only when a stamp, a kernel tag (``NVRM:``,
   ``nvidia-nvswitchN:``, ``kernel:``) or an indented continuation follows it, and never when it
-  is itself one of those tags, so ``NVRM: Xid ...`` of ``dmesg -t`` keeps no host.
+  is itself one of those tags, so ``NVRM: Xid ...`` of ``dmesg -t`` keeps no host; a number
+  (``srun --label``'s task id, ``3: ...``) is not a host either.
 
 Hosts: every event carries ``host``, the host name the line names (the pdsh/clush prefix first,
 else the syslog/journal HOSTNAME field), or None for plain ``dmesg`` and ``/dev/kmsg``, which
@@ -244,6 +245,9 @@ _FALLEN_END = "fallen off the bus"
 _FALLEN_NEXT = ("NVRM: (PCI ID", "NVRM: installed", "NVRM: fallen")
 #: Lines a pending "fallen off the bus" message may span before it is given up.
 _FALLEN_MAX_LINES = 4
+#: Input lines (of any host) a host's unfinished multi-line message waits for its next line in
+#: an aggregated log before it is given up (it keeps every line on the slow path meanwhile).
+PARKED_MESSAGE_LINES = 256
 
 
 @dataclass(slots=True)
@@ -303,7 +307,7 @@ class KernelLogParser:
         # (an aggregated log interleaves hosts' lines: one host's line must not end or extend
         # another host's message).
         self._pending_host: str | None = None
-        self._parked: dict[str | None, tuple[list[str], list[str], str, _Stamp]] = {}
+        self._parked: dict[str | None, tuple[list[str], list[str], str, _Stamp, int]] = {}
         self._wrapped: tuple[str, _Stamp, str] | None = None  # an Xid line cut in its header
         # switch pci -> (sxid, what its last SXid line was: head / entry / data9 / data)
         self._sxid_last: dict[str, tuple[int, str]] = {}
@@ -327,12 +331,17 @@ class KernelLogParser:
         events = self._feed(line.rstrip("\r\n"))
         if self._orphans and self.lines % 8 == 0:
             events += self._expire(self.lines - SXID_ORPHAN_LINES)
+        if self._parked and self.lines % 8 == 0:  # messages other hosts never finished
+            for host in [h for h, p in self._parked.items()
+                         if self.lines - p[4] > PARKED_MESSAGE_LINES]:
+                del self._parked[host]
         return events
 
     def _feed(self, line: str) -> list[KernelEvent]:
         host: str | None = None
+        # A number is srun --label's task id, not a host.
         if (pdsh := _PDSH.match(line)) and pdsh["host"] not in _KERNEL_TAGS \
-                and not pdsh["host"].startswith("nvidia-nvswitch"):
+                and not pdsh["host"].startswith("nvidia-nvswitch") and not pdsh["host"].isdigit():
             host = pdsh["host"]
             line = line[pdsh.end():]
         kmsg = _KMSG.match(line)
@@ -526,9 +535,14 @@ class KernelLogParser:
             if len(self._parked) >= 1024:
                 del self._parked[next(iter(self._parked))]
             self._parked[self._pending_host] = (self._pending, self._pending_text,
-                                                self._pending_pci, self._pending_stamp)
-        self._pending, self._pending_text, self._pending_pci, self._pending_stamp = \
-            self._parked.pop(host, ([], [], "", _Stamp(None, None)))
+                                                self._pending_pci, self._pending_stamp,
+                                                self.lines)
+        parked = self._parked.pop(host, None)
+        if parked is not None and self.lines - parked[4] <= PARKED_MESSAGE_LINES:
+            self._pending, self._pending_text, self._pending_pci, self._pending_stamp, _ = parked
+        else:
+            self._pending, self._pending_text, self._pending_pci = [], [], ""
+            self._pending_stamp = _Stamp(None, None)
         self._pending_host = host
 
     def _drop_pending(self) -> None:

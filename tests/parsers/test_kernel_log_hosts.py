@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from laggard.parsers.kernel_log import KernelLogParser, parse_kernel_log
+from laggard.parsers.kernel_log import PARKED_MESSAGE_LINES, KernelLogParser, parse_kernel_log
 
 NOW = datetime(2026, 12, 3, tzinfo=timezone.utc).timestamp()
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=<unknown>, name=<unknown>, GPU has fallen off the bus."
@@ -52,6 +52,7 @@ def test_the_message_and_stamps_are_read_after_the_host():
     "kern  :warn  : [12345.678901] " + XID, "4,1234,12345678901,-;" + XID,
     "kernel: " + XID, "[Wed Dec  2 11:38:47 2026] " + XID,
     "<4>1 2026-12-02T11:38:47Z - kernel - - - " + XID,  # RFC 5424's nil HOSTNAME
+    "3: [12345.678901] " + XID,  # srun --label's task id
 ])
 def test_a_kernel_tag_is_never_taken_for_a_host(line):
     (event,) = parse_kernel_log([line], now=NOW)
@@ -76,6 +77,16 @@ def test_interleaved_hosts_keep_their_own_multi_line_messages():
             "commands."]
     (e,) = parse_kernel_log(pdsh)
     assert (e.host, e.pci_bus_id, e.uptime_seconds) == ("gpu-node-12", "0000:86:00", 322.400001)
+
+
+def test_a_message_another_host_never_finishes_is_given_up():
+    parser = KernelLogParser(now=NOW)
+    parser.feed("Dec  2 11:38:40 gpu-node-07 kernel: NVRM: The NVIDIA GPU 0000:b3:00.0")
+    for i in range(PARKED_MESSAGE_LINES + 16):
+        parser.feed(f"Dec  2 11:38:41 gpu-node-12 kernel: eth0: line {i}")
+    assert not parser.waiting  # the rest of a large log is not kept on the slow path
+    assert parser.feed("Dec  2 11:38:47 gpu-node-07 kernel: NVRM: fallen off the bus and is "
+                       "not responding to commands.") == []
 
 
 def test_the_parser_says_the_host_of_the_last_line():
