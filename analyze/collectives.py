@@ -281,7 +281,9 @@ def _timeout_view(pg: str, seq: int | None, first: WatchdogTimeout,
 
 
 def _culprit_ranks(view: _TimeoutView, lower_seq_in_pg: bool) -> list[int]:
-    """The ranks :func:`_culprit` names (none for a bring-up failure or a bare group)."""
+    """The ranks at fault in one timed-out collective, the subject :func:`_culprit` names: the
+    ranks behind; else, without a sequence number or when the group timed out earlier, the
+    reporting ranks; else the ranks that did not report (none for a bring-up failure)."""
     if view.seq == 1 or bool(view.comp and min(view.comp.values()) == -1):
         return []
     if view.seq is None or (not view.behind and lower_seq_in_pg):
@@ -298,14 +300,9 @@ def _culprit(view: _TimeoutView, lower_seq_in_pg: bool) -> tuple[str, str, bool]
                 "it hung on the first collective: a bring-up failure (NCCL could not connect "
                 "the ranks: check the network interfaces, firewalls and that every rank "
                 "started), not a slow rank", True)
-    if view.seq is None:
-        culprit = ranks_text(view.ranks)
-    elif view.behind:
-        culprit = ranks_text(view.behind)
-    elif lower_seq_in_pg:
-        culprit = ranks_text(view.ranks)
-    else:
-        culprit = ranks_text(view.silent) if view.silent else f"{view.pg_text} seq {view.seq}"
+    ranks = _culprit_ranks(view, lower_seq_in_pg)
+    culprit = (ranks_text(ranks) if ranks or view.seq is None
+               else f"{view.pg_text} seq {view.seq}")
     if view.behind:
         return (culprit, f"{ranks_text(view.behind)} are behind (last enqueued "
                          f"{min(enq.values())} vs {max(enq.values())} on "

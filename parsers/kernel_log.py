@@ -310,9 +310,10 @@ class KernelLogParser:
         self._parked: dict[str | None, tuple[list[str], list[str], str, _Stamp, int]] = {}
         self._wrapped: tuple[str, _Stamp, str] | None = None  # an Xid line cut in its header
         # switch pci -> (sxid, what its last SXid line was: head / entry / data9 / data)
-        self._sxid_last: dict[str, tuple[int, str]] = {}
+        # (host, switch pci) -> ...: two hosts' switches of one bus id are two switches
+        self._sxid_last: dict[tuple[str | None, str], tuple[int, str]] = {}
         # (switch pci, sxid) -> dump lines with no headline: (line number, batch, event)
-        self._orphans: dict[tuple[str, int], list[tuple[int, int, SXidEvent]]] = {}
+        self._orphans: dict[tuple[str | None, str, int], list[tuple[int, int, SXidEvent]]] = {}
         self._generation = 0
 
     # -- public ----------------------------------------------------------------------------
@@ -597,16 +598,17 @@ class KernelLogParser:
         data = None if entry else _SXID_DATA.match(rest)
         if entry is None and data is None:
             # Dump lines of this code still waiting belong to a headline cut from the excerpt.
-            self._orphans.pop((pci, sxid), None)
-            self._sxid_last[pci] = (sxid, "head")
+            self._orphans.pop((stamp.host, pci, sxid), None)
+            self._sxid_last[(stamp.host, pci)] = (sxid, "head")
             return _sxid_event(m, rest, stamp, raw)
         words = len(data["words"].split(",")) if data else 0
-        last = self._sxid_last.get(pci)
+        last = self._sxid_last.get((stamp.host, pci))
         follows = last is not None and last[0] == sxid and (
             (entry is not None and last[1] == "head")
             or (data is not None and last[1] in ("head", "entry"))
             or (data is not None and last[1] == "data9" and words == 8))
-        self._sxid_last[pci] = (sxid, "entry" if entry else "data9" if words == 9 else "data")
+        self._sxid_last[(stamp.host, pci)] = (sxid, "entry" if entry else "data9" if words == 9
+                                              else "data")
         if follows:
             return None
         printed = None if entry is None else "fatal" if entry["sev"] == "1" else "nonfatal"
@@ -615,7 +617,7 @@ class KernelLogParser:
             severity=printed, timestamp=stamp.timestamp, uptime_seconds=stamp.uptime,
             message=rest.strip(), raw=raw, device=m.group("device"), host=stamp.host)
         if len(self._orphans) < 1024:
-            self._orphans.setdefault((pci, sxid), []).append(
+            self._orphans.setdefault((stamp.host, pci, sxid), []).append(
                 (self.lines, self._generation, event))
         return None
 

@@ -107,3 +107,15 @@ def test_odd_prefixes_are_skipped_not_raised(line):
     parser = KernelLogParser(now=NOW)
     parser.feed(line)
     parser.flush()
+
+
+def test_an_sxid_dump_line_follows_only_its_own_hosts_headline():
+    head = "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up"
+    data = ("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Data {0x00000001, 0x00a0b0c0, "
+            "0x00000000, 0x00000000, 0x00000007, 0x00000000, 0x00000000, 0x00000000, "
+            "0x00000000}")
+    lines = ["gpu-node-07: [ 1.0] " + head, "gpu-node-12: [ 2.0] " + data,
+             "gpu-node-07: [ 1.0] " + data]
+    found = sorted((e.host, e.sxid, e.severity) for e in parse_kernel_log(lines))
+    # gpu-node-07's Data line is its headline's follow-up; gpu-node-12's has no headline
+    assert found == [("gpu-node-07", 20034, "fatal"), ("gpu-node-12", 20034, None)]
