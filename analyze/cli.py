@@ -8,7 +8,12 @@ and flight-recorder dumps of one directory, are compared across ranks together, 
 rank's log alone cannot say who is behind.
 
 Exit status: 0 nothing found, 1 findings, 2 an input could not be read (findings of the other
-inputs are still printed).
+inputs are still printed). A file found in a directory is an input like a file named: one of no
+known kind (binary, empty, no marker) is an error and status 2 either way (``docs/analyze.md``).
+
+The table has a HOST column where a finding names a host (``Finding.node``: the syslog or
+journal HOSTNAME, a pdsh/clush prefix, NCCL's hostname), and a SOURCE column when more than one
+file, or a directory, was read.
 """
 
 from __future__ import annotations
@@ -82,6 +87,8 @@ class _Inputs:
     kineto: dict[str, list[traces.TraceSummary]] = field(default_factory=lambda: defaultdict(list))
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    files: int = 0  # files walked (named or found in a directory)
+    directories: list[str] = field(default_factory=list)  # the directories among the paths
 
 
 def _walk(paths: list[str], inputs: _Inputs) -> Iterator[tuple[str, bool]]:
@@ -89,6 +96,7 @@ def _walk(paths: list[str], inputs: _Inputs) -> Iterator[tuple[str, bool]]:
     count = 0
     for path in paths:
         if os.path.isdir(path):
+            inputs.directories.append(path)
             for root, dirs, files in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 for name in sorted(files):
@@ -98,9 +106,11 @@ def _walk(paths: list[str], inputs: _Inputs) -> Iterator[tuple[str, bool]]:
                     if count > MAX_FILES:
                         inputs.notes.append(f"stopped after {MAX_FILES} files")
                         return
+                    inputs.files = count
                     yield os.path.join(root, name), False
         elif os.path.exists(path):
             count += 1
+            inputs.files = count
             yield path, True
         else:
             inputs.errors.append(f"{path}: no such file or directory")
@@ -132,7 +142,7 @@ def _read_log(path: str, kind: str, inputs: _Inputs) -> None:
         if "NVRM" in line or "Xid" in line or kernel.waiting:
             for event in kernel.feed(line):
                 evidence.add(event)
-            evidence.add_line(line)
+            evidence.add_line(line, kernel.host)
         if nccl is not None:
             for nccl_event in nccl.feed(line):
                 log.add(nccl_event)
@@ -262,10 +272,9 @@ def analyze_paths(paths: list[str],
             inputs.errors.append(f"{path}: cannot read: {exc}")
             continue
         except filetype.FileKindError as exc:
-            if explicit:
-                inputs.errors.append(f"{path}: unknown kind: {exc}")
-            else:
-                inputs.notes.append(f"{path}: skipped ({exc})")
+            # An input of no known kind could not be read, whether it was named or found in a
+            # directory: the exit status must not depend on how the file was given.
+            inputs.errors.append(f"{path}: unknown kind: {exc}")
             continue
         except OSError as exc:
             inputs.errors.append(f"{path}: {exc.strerror or exc}")
@@ -331,16 +340,81 @@ def _cross_file_findings(inputs: _Inputs) -> list[Finding]:
     return findings
 
 
-def _table(findings: list[Finding], errors: bool = False) -> str:
+#: Widest the SEVERITY .. SOURCE columns of the table get (the message is never cut).
+_COLUMN_WIDTH = 40
+
+
+def _cell(text: str, width: int, *, keep_end: bool = False) -> str:
+    """``text`` cut to ``width`` (from the left when ``keep_end``: a path keeps its file name)."""
+    if len(text) <= width:
+        return text.ljust(width)
+    return ("..." + text[-(width - 3):]) if keep_end else text[:width]
+
+
+def _shown_source(source: str, root: str | None) -> str:
+    """A finding's source as the table shows it: relative to ``root`` (the one directory
+    given) where there is one, else each file's base name (a cross-file finding's source is a
+    list, ``a, b and 3 more``)."""
+    prefix = os.path.join(root, "") if root else None
+    if prefix and prefix != os.sep:
+        return source.replace(prefix, "")
+    return ", ".join(os.path.basename(part) for part in source.split(", "))
+
+
+def _source_cell(source: str) -> str:
+    """A cross-file finding's source list (``a, b, c and 4 more``) as one cell: the first file
+    and how many others (``a +6``), so the column stays narrow and names a file."""
+    parts = source.split(", ")
+    if len(parts) == 1:
+        return source
+    more = re.fullmatch(r"(.*) and (\d+) more", parts[-1])
+    others = len(parts) - 1 + (int(more[2]) if more else 0)
+    return f"{parts[0]} +{others}"
+
+
+def _where(finding: Finding) -> str:
+    """Where a rank-named culprit ran, from NCCL's ``Init COMPLETE`` lines: ``rank 2 on node-b
+    GPU 0000:3b:00 (cudaDev 0)``; empty when the inputs do not say."""
+    located = finding.evidence.get("culprit_locations") or finding.evidence.get("locations")
+    if not isinstance(located, dict) or not located:
+        return ""
+    items = sorted(located.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else -1)
+    text = ", ".join(f"rank {rank} on {where}" for rank, where in items[:8])
+    return text + (f" and {len(items) - 8} more" if len(items) > 8 else "")
+
+
+def _table(findings: list[Finding], errors: bool = False, show_source: bool = False,
+           root: str | None = None) -> str:
+    """The findings as a table, then the culprits.
+
+    Args:
+        findings: sorted findings.
+        errors: some input could not be read (said when nothing was found).
+        show_source: add the SOURCE column (a directory or several files were read).
+        root: the one directory given, if so: SOURCE is shown relative to it.
+
+    Returns:
+        The text to print.
+    """
     if not findings:
         return "No findings in the inputs that could be read." if errors else "No findings."
-    rows = [("SEVERITY", "KIND", "SUBJECT", "MESSAGE")]
-    rows += [(f.severity.value, f.kind, f.subject, f.message) for f in findings]
-    width = [max(len(r[i]) for r in rows) for i in range(3)]
-    width = [min(w, 40) for w in width]
-    lines = []
-    for r in rows:
-        lines.append("  ".join(r[i][:width[i]].ljust(width[i]) for i in range(3)) + "  " + r[3])
+    show_host = any(f.node for f in findings)
+    header = ["SEVERITY", "KIND"] + (["HOST"] if show_host else []) + ["SUBJECT"] \
+        + (["SOURCE"] if show_source else [])
+    rows = []
+    for f in findings:
+        source = _source_cell(_shown_source(f.source or "", root) if root else f.source or "")
+        row = [f.severity.value, f.kind] + ([f.node or "-"] if show_host else []) \
+            + [f.subject or ""] + ([source] if show_source else [])
+        rows.append((row, f.message))
+    width = [min(max(len(r[i]) for r in [header] + [row for row, _ in rows]), _COLUMN_WIDTH)
+             for i in range(len(header))]
+    source_column = len(header) - 1 if show_source else -1
+    lines = ["  ".join(_cell(h, w) for h, w in zip(header, width, strict=True)) + "  MESSAGE"]
+    for row, message in rows:
+        cells = (_cell(c, w, keep_end=i == source_column)
+                 for i, (c, w) in enumerate(zip(row, width, strict=True)))
+        lines.append("  ".join(cells) + "  " + message)
     # The culprits: what is critical, or, where nothing is, what is named as at fault.
     culprits = ([f for f in findings if f.severity.value == "critical"]
                 or [f for f in findings if f.severity.value == "warning"])
@@ -349,9 +423,11 @@ def _table(findings: list[Finding], errors: bool = False) -> str:
         lines.append("Culprits:")
         seen = set()
         for f in culprits:
-            if f.subject not in seen:
-                seen.add(f.subject)
-                lines.append(f"  {f.subject}: {f.kind} ({os.path.basename(f.source or '')})")
+            where = _where(f)
+            if (f.subject, where) not in seen:
+                seen.add((f.subject, where))
+                lines.append(f"  {f.subject}: {f.kind} ({_shown_source(f.source or '', root)})"
+                             + (f"; {where}" if where else ""))
     return "\n".join(lines)
 
 
@@ -363,7 +439,9 @@ def run(args: argparse.Namespace) -> int:
             json.dump([report_dict(f) for f in findings], sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
         else:
-            print(_table(findings, errors=bool(inputs.errors)))
+            print(_table(findings, errors=bool(inputs.errors),
+                         show_source=bool(inputs.directories) or inputs.files > 1,
+                         root=inputs.directories[0] if len(inputs.directories) == 1 else None))
         sys.stdout.flush()
     except BrokenPipeError:  # `laggard analyze ... | head`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -13,6 +13,7 @@ from typing import Any
 
 from laggard.analyze.findings import (
     incident,
+    location_host,
     ranks_text,
     sources_text,
 )
@@ -279,6 +280,17 @@ def _timeout_view(pg: str, seq: int | None, first: WatchdogTimeout,
                         silent=silent, behind=behind, ahead=ahead)
 
 
+def _culprit_ranks(view: _TimeoutView, lower_seq_in_pg: bool) -> list[int]:
+    """The ranks at fault in one timed-out collective, the subject :func:`_culprit` names: the
+    ranks behind; else, without a sequence number or when the group timed out earlier, the
+    reporting ranks; else the ranks that did not report (none for a bring-up failure)."""
+    if view.seq == 1 or bool(view.comp and min(view.comp.values()) == -1):
+        return []
+    if view.seq is None or (not view.behind and lower_seq_in_pg):
+        return list(view.ranks)
+    return list(view.behind or view.silent)
+
+
 def _culprit(view: _TimeoutView, lower_seq_in_pg: bool) -> tuple[str, str, bool]:
     """(subject, explanation, bring_up) for one timed-out collective."""
     enq, comp = view.enq, view.comp
@@ -288,14 +300,9 @@ def _culprit(view: _TimeoutView, lower_seq_in_pg: bool) -> tuple[str, str, bool]
                 "it hung on the first collective: a bring-up failure (NCCL could not connect "
                 "the ranks: check the network interfaces, firewalls and that every rank "
                 "started), not a slow rank", True)
-    if view.seq is None:
-        culprit = ranks_text(view.ranks)
-    elif view.behind:
-        culprit = ranks_text(view.behind)
-    elif lower_seq_in_pg:
-        culprit = ranks_text(view.ranks)
-    else:
-        culprit = ranks_text(view.silent) if view.silent else f"{view.pg_text} seq {view.seq}"
+    ranks = _culprit_ranks(view, lower_seq_in_pg)
+    culprit = (ranks_text(ranks) if ranks or view.seq is None
+               else f"{view.pg_text} seq {view.seq}")
     if view.behind:
         return (culprit, f"{ranks_text(view.behind)} are behind (last enqueued "
                          f"{min(enq.values())} vs {max(enq.values())} on "
@@ -324,15 +331,21 @@ def _timeout_finding(source: str, view: _TimeoutView, locations: dict[int, str],
         "world_size": view.world, "progress_only_ranks": view.progress_only,
         "bring_up": bring_up, "culprit": culprit,
     }
+    node = None
     if locations:
         ev["locations"] = {str(r): locations[r] for r in sorted(set(view.ranks) | set(view.silent))
                            if r in locations}
+        culprits = {str(r): locations[r] for r in _culprit_ranks(view, lower_seq_in_pg)
+                    if r in locations}
+        if culprits:
+            ev["culprit_locations"] = culprits
+            node = location_host(culprits)
     values = [ms for ms in view.elapsed.values() if ms is not None]
     span = f"{min(values)}-{max(values)} ms" if values else "?"
     head = (f"{first.op} #{view.seq} of {view.pg_text} timed out ({first.timeout_ms} ms) on "
             f"{ranks_text(view.ranks)} after {span}")
     return incident(source=source, kind="collective_timeout", severity=Severity.CRITICAL,
-                    subject=culprit, evidence=ev, message=f"{head}; {tail}")
+                    subject=culprit, evidence=ev, message=f"{head}; {tail}", node=node)
 
 
 def _bring_up_findings(logs: list[tuple[str, NcclLog]]) -> list[Finding]:
@@ -409,7 +422,7 @@ def _ib_completion_finding(key: tuple, items: list[tuple[str, NcclWarning]]) -> 
     return incident(
         source=sources_text(s for s, _ in items),
         kind="nccl_network_error", severity=Severity.CRITICAL,
-        subject=f"{host} GPU {dev} <-> {peer}",
+        subject=f"{host} GPU {dev} <-> {peer}", node=host,
         evidence={"host": host, "device": dev, "peer": peer, "peer_ports": ports,
                   "count": len(items), "wc_status": status, "wc_status_name": status_name,
                   "vendor_err": vendor, "direction": direction, "nccl_result": results,
@@ -451,7 +464,7 @@ def _net_warning_finding(host: Any, dev: Any, items: list[tuple[str, NcclWarning
     return incident(
         source=sources_text(s for s, _ in items),
         kind="nccl_network_error", severity=Severity.WARNING,
-        subject=f"{host} GPU {dev}",
+        subject=f"{host} GPU {dev}", node=host,
         evidence={"host": host, "device": dev, "count": len(items), "message": w.message[:300],
                   "source_line": w.source, "nccl_result": w.result},
         message=f"{len(items)}x NCCL network warning on {host} GPU {dev}: {w.message[:200]}")

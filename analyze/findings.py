@@ -25,7 +25,7 @@ DETECTOR = "analyze"
 
 
 def incident(*, source: str, kind: str, severity: Severity, subject: str,
-             evidence: dict[str, Any], message: str) -> Finding:
+             evidence: dict[str, Any], message: str, node: str | None = None) -> Finding:
     """One line of ``laggard analyze``'s report, as the project's one result type.
 
     Args:
@@ -35,20 +35,24 @@ def incident(*, source: str, kind: str, severity: Severity, subject: str,
         subject: what is at fault (``GPU 0000:9b:00``, ``ranks 9, 14``, ``mlx5_1 port 1``).
         evidence: the numbers (JSON-serialisable).
         message: one line a person can act on.
+        node: the host at fault, where the input names one (a syslog HOSTNAME, a pdsh prefix,
+            NCCL's hostname).
 
     Returns:
         A :class:`~laggard.detectors.finding.Finding` with ``detector="analyze"``.
     """
     return Finding(detector=DETECTOR, kind=kind, severity=severity, message=message,
-                   subject=subject, source=source, evidence=evidence)
+                   subject=subject, source=source, evidence=evidence, node=node)
 
 
 def report_dict(finding: Finding) -> dict[str, Any]:
-    """The ``--json`` form of one finding: exactly ``source, kind, severity, subject, evidence,
-    message`` (the schema ``laggard analyze --json`` has always printed)."""
+    """The ``--json`` form of one finding: ``source, kind, severity, subject, evidence,
+    message`` (the schema ``laggard analyze --json`` has always printed), and ``node``: the
+    host at fault, or None where the input names none (added in issue 25; keys are only
+    ever added)."""
     return {"source": finding.source or "", "kind": finding.kind,
             "severity": finding.severity.value, "subject": finding.subject or "",
-            "evidence": finding.evidence, "message": finding.message}
+            "evidence": finding.evidence, "message": finding.message, "node": finding.node}
 
 
 def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
@@ -72,3 +76,11 @@ def sources_text(sources: Iterable[str]) -> str:
     if len(unique) > 4:
         return ", ".join(unique[:3]) + f" and {len(unique) - 3} more"
     return ", ".join(unique)
+
+
+def location_host(locations: dict[str, str]) -> str | None:
+    """The one host of ``{rank: "host GPU dddd:bb:dd (cudaDev N)"}`` locations (what
+    ``collectives.rank_locations`` builds), or None when they are empty or span several hosts:
+    a finding's ``node``."""
+    hosts = {where.split(" GPU ", 1)[0] for where in locations.values()}
+    return hosts.pop() if len(hosts) == 1 else None

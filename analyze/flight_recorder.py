@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from laggard.analyze.findings import incident, ranks_text
+from laggard.analyze.findings import incident, location_host, ranks_text
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.flight_recorder import (
     FrAnalysis,
@@ -91,7 +91,8 @@ def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
     return incident(
         source=source, kind="collective_timeout",
         severity=Severity.CRITICAL if primary else Severity.WARNING,
-        subject=ranks_text(lag.missing), evidence=ev, message=msg)
+        subject=ranks_text(lag.missing), evidence=ev, message=msg,
+        node=location_host(ev.get("locations", {})))
 
 
 def _stuck_finding(source: str, st: StuckCollective, locations: dict[int, str]) -> Finding:
@@ -108,7 +109,7 @@ def _stuck_finding(source: str, st: StuckCollective, locations: dict[int, str]) 
     status = ", ".join(f"rank {r} enq {st.status[r][0]}/comp {st.status[r][1]}" for r in st.stuck)
     return incident(
         source=source, kind="collective_stuck", severity=Severity.CRITICAL,
-        subject=ranks_text(st.stuck), evidence=ev,
+        subject=ranks_text(st.stuck), evidence=ev, node=location_host(ev.get("locations", {})),
         message=f"{st.op} #{st.seq} ({_shape(st.input_sizes, st.input_dtypes)}) of "
                 f"{_group(st.pg, st.pg_desc)} was completed by {ranks_text(st.completed_by)} "
                 f"but is still running on {ranks_text(st.stuck)} ({status}): stuck on the "

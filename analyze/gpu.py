@@ -45,17 +45,28 @@ class _XidGroup:
 
 @dataclass(slots=True)
 class KernelEvidence:
-    """Xid/SXid events of one kernel log, aggregated as they stream in (bounded memory)."""
+    """Xid/SXid events of one kernel log, aggregated as they stream in (bounded memory).
 
-    xids: dict[tuple[int, str], _XidGroup] = field(default_factory=dict)
-    sxids: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
-    rm_init_failures: dict[str, dict[str, Any]] = field(default_factory=dict)
-    uuids: dict[str, str] = field(default_factory=dict)  # pci -> GPU UUID, when the log says
+    Keys carry the host the line names (``""`` where it names none: plain ``dmesg``): an
+    aggregated log's two hosts with a GPU at the same bus id are two GPUs.
+
+    Attributes:
+        xids: ``(xid, host, pci_bus_id)`` -> the group's counts, times, processes, messages.
+        sxids: ``(sxid, host, switch pci_bus_id)`` -> counts, links, severity, device.
+        rm_init_failures: ``(host, pci_bus_id with function)`` -> count and codes.
+        uuids: ``(host, pci_bus_id)`` -> GPU UUID, where the log prints it.
+    """
+
+    xids: dict[tuple[int, str, str], _XidGroup] = field(default_factory=dict)
+    sxids: dict[tuple[int, str, str], dict[str, Any]] = field(default_factory=dict)
+    rm_init_failures: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    uuids: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def add(self, event: XidEvent | SXidEvent) -> None:
         """Count one parser event."""
+        host = event.host or ""
         if isinstance(event, XidEvent):
-            group = self.xids.setdefault((event.xid, event.pci_bus_id), _XidGroup())
+            group = self.xids.setdefault((event.xid, host, event.pci_bus_id), _XidGroup())
             group.count += 1
             if event.timestamp is not None:
                 group.first = event.timestamp if group.first is None else group.first
@@ -70,7 +81,7 @@ class KernelEvidence:
                 group.messages.append(event.message)
             group.fatal_token = event.fatal_token or group.fatal_token
             return
-        key = (event.sxid, event.pci_bus_id)
+        key = (event.sxid, host, event.pci_bus_id)
         sx = self.sxids.setdefault(key, {"count": 0, "links": [], "severity": None,
                                          "device": event.device, "message": event.message,
                                          "uptime": event.uptime_seconds})
@@ -79,14 +90,21 @@ class KernelEvidence:
             sx["links"].append(event.link)
         sx["severity"] = sx["severity"] or event.severity
 
-    def add_line(self, line: str) -> None:
+    def add_line(self, line: str, host: str | None = None) -> None:
         """Look at one raw line for what the Xid parser does not report: RmInitAdapter
-        failures, and the ``NVRM: GPU at PCI:... GPU-<uuid>`` line printed before an Xid."""
+        failures, and the ``NVRM: GPU at PCI:... GPU-<uuid>`` line printed before an Xid.
+
+        Args:
+            line: the raw line.
+            host: the host it names (``KernelLogParser.host`` after feeding it), if any.
+        """
         if "GPU at PCI:" in line and (u := _GPU_UUID.search(line)):
             if len(self.uuids) < 1024:
-                self.uuids[u["pci"].lower()] = u["uuid"]
+                self.uuids[(host or "", u["pci"].lower())] = u["uuid"]
         if "RmInitAdapter" in line and (m := _RM_INIT.search(line)):
-            entry = self.rm_init_failures.setdefault(m["pci"].lower(),
+            if len(self.rm_init_failures) >= 1024:
+                return
+            entry = self.rm_init_failures.setdefault((host or "", m["pci"].lower()),
                                                      {"count": 0, "codes": []})
             entry["count"] += 1
             if m["code"] not in entry["codes"]:
@@ -100,10 +118,20 @@ def _iso(epoch: float | None) -> str | None:
         timespec="seconds")
 
 
+def gpu_name(host: str | None, pci: str) -> str:
+    """What a report calls one GPU: ``gpu-node-07 GPU 0000:3b:00``, or ``GPU 0000:3b:00`` where
+    the input names no host."""
+    return f"{host} GPU {pci}" if host else f"GPU {pci}"
+
+
 def kernel_findings(source: str, evidence: KernelEvidence) -> list[Finding]:
-    """Xid groups (by code and GPU), SXid groups (by code and switch), lost GPUs."""
+    """Xid groups (by code, host and GPU), SXid groups (by code, host and switch), lost GPUs.
+
+    Each finding's ``node`` and ``evidence["host"]`` are the host the lines name (None where
+    they name none), and its subject and message name it before the GPU.
+    """
     out = []
-    for (xid, pci), g in sorted(evidence.xids.items()):
+    for (xid, host, pci), g in sorted(evidence.xids.items()):
         info = xid_catalog.lookup(xid, g.messages[0] if g.messages else "", g.fatal_token)
         pids = [{"pid": pid, "process": proc, "count": n}
                 for (pid, proc), n in g.pids.most_common()]
@@ -112,10 +140,10 @@ def kernel_findings(source: str, evidence: KernelEvidence) -> list[Finding]:
             "xid": xid, "name": info.name, "pci_bus_id": pci, "count": g.count,
             "action": info.action.value, "first": _iso(g.first), "last": _iso(g.last),
             "first_uptime_seconds": g.first_uptime, "last_uptime_seconds": g.last_uptime,
-            "messages": g.messages,
+            "messages": g.messages, "host": host or None,
         }
-        if pci in evidence.uuids:
-            ev["uuid"] = evidence.uuids[pci]
+        if (host, pci) in evidence.uuids:
+            ev["uuid"] = evidence.uuids[(host, pci)]
         if known:
             ev["pid"] = known[0]["pid"]
             ev["process"] = known[0]["process"]
@@ -124,30 +152,32 @@ def kernel_findings(source: str, evidence: KernelEvidence) -> list[Finding]:
                         f"{' x' + str(p['count']) if p['count'] > 1 else ''}" for p in known)
         out.append(incident(
             source=source, kind="xid", severity=info.severity,
-            subject=f"GPU {pci}",
+            subject=gpu_name(host, pci), node=host or None,
             evidence=ev,
-            message=f"{g.count}x Xid {xid} ({info.name}: {info.description}) on GPU {pci}"
+            message=f"{g.count}x Xid {xid} ({info.name}: {info.description}) on "
+            f"{gpu_name(host, pci)}"
             f"{', ' + who if who else ''}; action: {info.action.value.replace('_', ' ')}"))
         if xid == 79:
-            out.append(_gpu_lost(source, pci, "fell off the bus (Xid 79)",
+            out.append(_gpu_lost(source, host, pci, "fell off the bus (Xid 79)",
                                  {"xid": 79, "count": g.count}))
-    for (sxid, pci), sx in sorted(evidence.sxids.items()):
+    for (sxid, host, pci), sx in sorted(evidence.sxids.items()):
         info = xid_catalog.sxid_lookup(sxid, sx["severity"])
         links = sorted(set(sx["links"]))
         said = sx["severity"] or f"no severity printed; {info.catalog_class} per the catalog"
+        on_host = f"{host} " if host else ""
         out.append(incident(
             source=source, kind="sxid", severity=info.severity,
-            subject=f"NVSwitch {pci}",
+            subject=f"{on_host}NVSwitch {pci}", node=host or None,
             evidence={"sxid": sxid, "name": info.name, "pci_bus_id": pci,
                       "device": sx["device"], "count": sx["count"], "links": links,
                       "severity": sx["severity"], "catalog_class": info.catalog_class,
-                      "message": sx["message"]},
+                      "message": sx["message"], "host": host or None},
             message=f"{sx['count']}x SXid {sxid} ({info.name}; {said}) on "
-                    f"{sx['device'] or 'NVSwitch'} {pci}"
+                    f"{on_host}{sx['device'] or 'NVSwitch'} {pci}"
                     f"{', link ' + ', '.join(map(str, links)) if links else ''}: "
                     f"{sx['message']}; {info.action}"))
-    for pci, entry in sorted(evidence.rm_init_failures.items()):
-        out.append(_gpu_lost(source, pci[:-2] if pci.count(".") else pci,
+    for (host, pci), entry in sorted(evidence.rm_init_failures.items()):
+        out.append(_gpu_lost(source, host, pci[:-2] if pci.count(".") else pci,
                              f"failed to initialise ({entry['count']}x RmInitAdapter failed, "
                              f"{', '.join(entry['codes'])})",
                              {"rm_init_adapter_failures": entry["count"],
@@ -155,13 +185,13 @@ def kernel_findings(source: str, evidence: KernelEvidence) -> list[Finding]:
     return out
 
 
-def _gpu_lost(source: str, pci: str, what: str, ev: dict[str, Any]) -> Finding:
+def _gpu_lost(source: str, host: str, pci: str, what: str, ev: dict[str, Any]) -> Finding:
     return incident(
         source=source, kind="gpu_lost", severity=Severity.CRITICAL,
-        subject=f"GPU {pci}",
-        evidence={"pci_bus_id": pci, **ev},
-        message=f"GPU {pci} {what}: it is unusable until the node is rebooted or the GPU "
-                   f"reset; drain the node and check the PCIe link, power and the GPU")
+        subject=gpu_name(host, pci), node=host or None,
+        evidence={"pci_bus_id": pci, **ev, "host": host or None},
+        message=f"{gpu_name(host, pci)} {what}: it is unusable until the node is rebooted or "
+                f"the GPU reset; drain the node and check the PCIe link, power and the GPU")
 
 
 #: Clock-event reasons that slow a busy GPU, with how bad each is.

@@ -17,8 +17,21 @@ is kept):
   (``kern  :warn  : msg``), ``dmesg --ctime`` (``[Sun Feb 23 16:24:18 2025] msg``, local time) and
   ``dmesg --time-format iso`` (``2025-01-21T04:41:44,283302+00:00 msg``).
 * syslog and ``journalctl``: ``Dec  2 11:38:47 host kernel: [ 219.4] msg`` (RFC 3164, no year),
-  ``Dec 02 11:38:47.123456 host kernel: msg`` (short-precise), and ISO-stamped
-  ``2025-01-21T04:41:44+0000 host kernel: msg`` (short-iso, RFC 5424 files).
+  ``Dec 02 11:38:47.123456 host kernel: msg`` (short-precise), ISO-stamped
+  ``2025-01-21T04:41:44+0000 host kernel: msg`` (short-iso, rsyslog's RFC 3339 file format),
+  ``[ 219.470994] host kernel: msg`` (short-monotonic), and RFC 5424 records
+  ``<4>1 2025-01-21T04:41:44.283302+00:00 host kernel - - - msg`` (header fields of RFC 5424
+  section 6: VERSION TIMESTAMP HOSTNAME APP-NAME PROCID MSGID STRUCTURED-DATA).
+* ``pdsh`` / ``clush`` output: ``host: `` before any of the above (``gpu-node-07: [12345.6]
+  NVRM: Xid ...``, ``gpu-node-07: [Sun Feb 23 16:24:18 2025] ...`` of ``dmesg -T``). A word
+  before ``: `` is read as such a host only when a stamp, a kernel tag (``NVRM:``,
+  ``nvidia-nvswitchN:``, ``kernel:``) or an indented continuation follows it, and never when it
+  is itself one of those tags, so ``NVRM: Xid ...`` of ``dmesg -t`` keeps no host; a number
+  (``srun --label``'s task id, ``3: ...``) is not a host either.
+
+Hosts: every event carries ``host``, the host name the line names (the pdsh/clush prefix first,
+else the syslog/journal HOSTNAME field), or None for plain ``dmesg`` and ``/dev/kmsg``, which
+name none. Continuation lines inherit the host of the line they continue.
 * continuation lines: indented lines without a stamp (the second and third line of the
   "fallen off the bus" message) inherit the stamps of the line before.
 
@@ -106,6 +119,8 @@ class XidEvent:
         caused_by: N of a "caused by previous Xid N" suffix, else None.
         gpu_instance: MIG GPU instance id (``GPU-I:``), else None.
         compute_instance: MIG compute instance id (``GPU-CI:``), else None.
+        host: the host the line names (pdsh/clush prefix, syslog/journal HOSTNAME), else None;
+            two hosts' GPUs of the same bus id are two GPUs.
     """
 
     xid: int
@@ -120,6 +135,7 @@ class XidEvent:
     caused_by: int | None = None
     gpu_instance: int | None = None
     compute_instance: int | None = None
+    host: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +152,7 @@ class SXidEvent:
         message: the text after the severity/link fields.
         raw: the input line.
         device: the switch device name (``"nvidia-nvswitch1"``).
+        host: the host the line names, else None (see :class:`XidEvent`).
     """
 
     sxid: int
@@ -147,6 +164,7 @@ class SXidEvent:
     message: str
     raw: str
     device: str | None = None
+    host: str | None = None
 
 
 KernelEvent = XidEvent | SXidEvent
@@ -172,7 +190,20 @@ _OTHER_BRACKET = re.compile(r"^\[[^\]]{1,40}\]\s?")
 _BSD = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?\s+")
 # "host tag[pid]: " after a syslog/journal time stamp; the host cannot end in ":" so that a
 # kernel message ("NVRM: Xid ...") is never mistaken for one.
-_HOST_TAG = re.compile(r"^[^\s:\[]+ [\w.@/-]+(?:\[\d+\])?: ")
+_HOST_TAG = re.compile(r"^(?P<host>[^\s:\[]+) [\w.@/-]+(?:\[\d+\])?: ")
+# RFC 5424 (section 6): "<PRI>1 TIMESTAMP HOSTNAME APP-NAME PROCID MSGID STRUCTURED-DATA MSG",
+# each header field "-" when nil; the TIMESTAMP is read by _ISO.
+_RFC5424_VERSION = re.compile(r"^1 (?=\d{4}-\d\d-\d\dT)")
+_RFC5424_HEADER = re.compile(
+    r"^(?P<host>\S{1,255}) \S{1,48} \S{1,128} \S{1,32} (?:-|(?:\[(?:[^\]\\]|\\.)*\])+)(?: |$)")
+# "host: " of pdsh and clush (one line per output line of each host). The lookahead is what
+# tells a host from a kernel tag: a stamp, a kernel tag or an indented continuation follows.
+_KERNEL_TAGS = frozenset({"NVRM", "kernel", "nvidia", "nvidia-modeset", "nvidia-peermem",
+                          "nvidia-uvm", "nvidia-drm"})
+_PDSH = re.compile(
+    r"^(?P<host>[A-Za-z0-9][\w.-]{0,252}): (?=\s|\[|<\d|\d+,\d+,\d+,|\d{4}-\d\d-\d\d"
+    r"|\d{9,11}\.\d|[A-Z][a-z]{2} +\d{1,2} \d\d:|[a-z]+\s*:[a-z]+\s*:"
+    r"|(?:NVRM|kernel|nvidia-nvswitch\d*): |S?Xid )")
 _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
 
@@ -214,12 +245,18 @@ _FALLEN_END = "fallen off the bus"
 _FALLEN_NEXT = ("NVRM: (PCI ID", "NVRM: installed", "NVRM: fallen")
 #: Lines a pending "fallen off the bus" message may span before it is given up.
 _FALLEN_MAX_LINES = 4
+#: Input lines (of any host) a host's unfinished multi-line message waits for its next line in
+#: an aggregated log before it is given up (it keeps every line on the slow path meanwhile).
+PARKED_MESSAGE_LINES = 256
 
 
 @dataclass(slots=True)
 class _Stamp:
+    """When and where a line was logged: epoch and uptime seconds, and the host it names."""
+
     timestamp: float | None
     uptime: float | None
+    host: str | None = None
 
 
 def _pci(dom: str, bus: str, dev: str) -> str:
@@ -250,11 +287,15 @@ class KernelLogParser:
     Attributes:
         lines: physical lines fed.
         skipped: lines that name an Xid or SXid but could not be parsed (truncated, garbled).
+        host: the host the last line fed names (its pdsh/clush prefix or syslog HOSTNAME; a
+            continuation line's is the line it continues), else None: for callers that read
+            more of a line than the events (``laggard analyze``'s RmInitAdapter lines).
     """
 
     def __init__(self, *, now: float | None = None, boot_time: float | None = None) -> None:
         self.lines = 0
         self.skipped = 0
+        self.host: str | None = None
         self._now = now  # None: the wall clock at each line (a long-running agent)
         self._boot_time = boot_time
         self._last = _Stamp(None, None)
@@ -262,11 +303,17 @@ class KernelLogParser:
         self._pending_text: list[str] = []
         self._pending_pci = ""
         self._pending_stamp = _Stamp(None, None)
+        # The host whose unfinished message the four fields above hold, and the other hosts'
+        # (an aggregated log interleaves hosts' lines: one host's line must not end or extend
+        # another host's message).
+        self._pending_host: str | None = None
+        self._parked: dict[str | None, tuple[list[str], list[str], str, _Stamp, int]] = {}
         self._wrapped: tuple[str, _Stamp, str] | None = None  # an Xid line cut in its header
         # switch pci -> (sxid, what its last SXid line was: head / entry / data9 / data)
-        self._sxid_last: dict[str, tuple[int, str]] = {}
+        # (host, switch pci) -> ...: two hosts' switches of one bus id are two switches
+        self._sxid_last: dict[tuple[str | None, str], tuple[int, str]] = {}
         # (switch pci, sxid) -> dump lines with no headline: (line number, batch, event)
-        self._orphans: dict[tuple[str, int], list[tuple[int, int, SXidEvent]]] = {}
+        self._orphans: dict[tuple[str | None, str, int], list[tuple[int, int, SXidEvent]]] = {}
         self._generation = 0
 
     # -- public ----------------------------------------------------------------------------
@@ -281,35 +328,51 @@ class KernelLogParser:
             Events completed by this line (usually zero or one).
         """
         self.lines += 1
+        self.host = None
         events = self._feed(line.rstrip("\r\n"))
         if self._orphans and self.lines % 8 == 0:
             events += self._expire(self.lines - SXID_ORPHAN_LINES)
+        if self._parked and self.lines % 8 == 0:  # messages other hosts never finished
+            for host in [h for h, p in self._parked.items()
+                         if self.lines - p[4] > PARKED_MESSAGE_LINES]:
+                del self._parked[host]
         return events
 
     def _feed(self, line: str) -> list[KernelEvent]:
+        host: str | None = None
+        # A number is srun --label's task id, not a host.
+        if (pdsh := _PDSH.match(line)) and pdsh["host"] not in _KERNEL_TAGS \
+                and not pdsh["host"].startswith("nvidia-nvswitch") and not pdsh["host"].isdigit():
+            host = pdsh["host"]
+            line = line[pdsh.end():]
         kmsg = _KMSG.match(line)
         if kmsg:
             uptime = int(kmsg.group(3)) / 1e6
-            stamp = _Stamp(self._from_uptime(uptime), uptime)
+            stamp = _Stamp(self._from_uptime(uptime), uptime, host)
             text = _KMSG_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), kmsg.group(4))
+            self.host = host
             events: list[KernelEvent] = []
             for i, part in enumerate(text.split("\n")):
                 events += self._message(part, stamp, raw=line, continuation=i > 0)
             return events
         if line[:1] in (" ", "\t"):
-            if self._pending or self._wrapped is not None:
-                return self._message(line.strip(), self._last, raw=line, continuation=True)
+            if self._pending or self._parked or self._wrapped is not None:
+                last = self._last if host is None else _Stamp(self._last.timestamp,
+                                                              self._last.uptime, host)
+                self.host = last.host
+                return self._message(line.strip(), last, raw=line, continuation=True)
             if "Xid" not in line:
                 return []  # an indented line outside a multi-line message: kmsg dictionary etc.
             line = line.strip()  # an indented copy of a whole line (a report, a quoted log)
-        stamp, message = self._strip_prefix(line)
+        stamp, message = self._strip_prefix(line, host)
+        self.host = stamp.host
         return self._message(message, stamp, raw=line, continuation=False)
 
     @property
     def waiting(self) -> bool:
         """True while a message is split across lines (a wrapped header, an unfinished "fallen
         off the bus"): the next line must be fed even if it names no Xid."""
-        return self._wrapped is not None or bool(self._pending)
+        return self._wrapped is not None or bool(self._pending) or bool(self._parked)
 
     def flush(self) -> list[KernelEvent]:
         """End of input: give up any unfinished multi-line message.
@@ -319,6 +382,7 @@ class KernelLogParser:
             "fallen off the bus" message is incomplete and is not reported).
         """
         self._drop_pending()
+        self._parked.clear()
         if self._wrapped is not None:
             self.skipped += 1
             self._wrapped = None
@@ -358,11 +422,23 @@ class KernelLogParser:
     def _from_uptime(self, uptime: float) -> float | None:
         return None if self._boot_time is None else self._boot_time + uptime
 
-    def _strip_prefix(self, line: str) -> tuple[_Stamp, str]:
+    def _strip_prefix(self, line: str, host: str | None = None) -> tuple[_Stamp, str]:
+        """Remove the stamps and the syslog/journal header of one line.
+
+        Args:
+            line: the physical line (a pdsh/clush prefix already removed).
+            host: the host of that prefix, if any; it wins over a HOSTNAME field.
+
+        Returns:
+            The line's stamp (with its host) and the kernel message.
+        """
         text = _DECODE.sub("", line, count=1)
         text = _PRIORITY.sub("", text, count=1)
         timestamp: float | None = None
         uptime: float | None = None
+        rfc5424 = False
+        if v := _RFC5424_VERSION.match(text):
+            text, rfc5424 = text[v.end():], True
         if m := _UPTIME.match(text):
             uptime = float(m.group(1))
         elif m := _CTIME.match(text):
@@ -380,8 +456,14 @@ class KernelLogParser:
             m = _OTHER_BRACKET.match(text)  # dmesg reltime/delta: no usable time
         if m:
             text = text[m.end():]
-        if tag := _HOST_TAG.match(text):  # "host kernel: " of syslog and journald
+        if rfc5424 and (header := _RFC5424_HEADER.match(text)):
+            text = text[header.end():]
+            if host is None and header["host"] != "-":
+                host = header["host"]
+        elif tag := _HOST_TAG.match(text):  # "host kernel: " of syslog and journald
             text = text[tag.end():]
+            if host is None:
+                host = tag["host"]
             if m := _UPTIME.match(text):  # "host kernel: [ 219.47] msg"
                 uptime = float(m.group(1))
                 text = text[m.end():]
@@ -389,7 +471,10 @@ class KernelLogParser:
             text = text[len("kernel: "):]
         if timestamp is None and uptime is not None:
             timestamp = self._from_uptime(uptime)
-        stamp = _Stamp(timestamp, uptime)
+        if rfc5424 and (m := _UPTIME.match(text)):  # "kernel - - - [ 219.47] msg"
+            uptime = float(m.group(1))
+            text = text[m.end():]
+        stamp = _Stamp(timestamp, uptime, host)
         self._last = stamp
         return stamp, text
 
@@ -411,6 +496,8 @@ class KernelLogParser:
 
     def _message(self, text: str, stamp: _Stamp, *, raw: str,
                  continuation: bool) -> list[KernelEvent]:
+        if stamp.host != self._pending_host:
+            self._switch_host(stamp.host)
         if self._pending:
             # The rest of a "fallen off the bus" message: continuation lines, or the same text
             # with its own prefix (syslog daemons repeat the prefix on every printk line).
@@ -442,6 +529,23 @@ class KernelLogParser:
                 return [self._finish_fallen()]
         return []
 
+    def _switch_host(self, host: str | None) -> None:
+        """Park the current host's unfinished message and take up ``host``'s (bounded: past
+        1024 hosts with one open, the oldest is given up)."""
+        if self._pending:
+            if len(self._parked) >= 1024:
+                del self._parked[next(iter(self._parked))]
+            self._parked[self._pending_host] = (self._pending, self._pending_text,
+                                                self._pending_pci, self._pending_stamp,
+                                                self.lines)
+        parked = self._parked.pop(host, None)
+        if parked is not None and self.lines - parked[4] <= PARKED_MESSAGE_LINES:
+            self._pending, self._pending_text, self._pending_pci, self._pending_stamp, _ = parked
+        else:
+            self._pending, self._pending_text, self._pending_pci = [], [], ""
+            self._pending_stamp = _Stamp(None, None)
+        self._pending_host = host
+
     def _drop_pending(self) -> None:
         self._pending = []
         self._pending_text = []
@@ -452,6 +556,7 @@ class KernelLogParser:
             xid=FALLEN_OFF_BUS_XID, pci_bus_id=self._pending_pci,
             timestamp=self._pending_stamp.timestamp, uptime_seconds=self._pending_stamp.uptime,
             pid=None, process=None, message=text, raw="\n".join(self._pending),
+            host=self._pending_stamp.host,
         )
         self._pending = []
         self._pending_text = []
@@ -493,25 +598,26 @@ class KernelLogParser:
         data = None if entry else _SXID_DATA.match(rest)
         if entry is None and data is None:
             # Dump lines of this code still waiting belong to a headline cut from the excerpt.
-            self._orphans.pop((pci, sxid), None)
-            self._sxid_last[pci] = (sxid, "head")
+            self._orphans.pop((stamp.host, pci, sxid), None)
+            self._sxid_last[(stamp.host, pci)] = (sxid, "head")
             return _sxid_event(m, rest, stamp, raw)
         words = len(data["words"].split(",")) if data else 0
-        last = self._sxid_last.get(pci)
+        last = self._sxid_last.get((stamp.host, pci))
         follows = last is not None and last[0] == sxid and (
             (entry is not None and last[1] == "head")
             or (data is not None and last[1] in ("head", "entry"))
             or (data is not None and last[1] == "data9" and words == 8))
-        self._sxid_last[pci] = (sxid, "entry" if entry else "data9" if words == 9 else "data")
+        self._sxid_last[(stamp.host, pci)] = (sxid, "entry" if entry else "data9" if words == 9
+                                              else "data")
         if follows:
             return None
         printed = None if entry is None else "fatal" if entry["sev"] == "1" else "nonfatal"
         event = SXidEvent(
             sxid=sxid, pci_bus_id=pci, link=int(entry["engine"]) if entry else None,
             severity=printed, timestamp=stamp.timestamp, uptime_seconds=stamp.uptime,
-            message=rest.strip(), raw=raw, device=m.group("device"))
+            message=rest.strip(), raw=raw, device=m.group("device"), host=stamp.host)
         if len(self._orphans) < 1024:
-            self._orphans.setdefault((pci, sxid), []).append(
+            self._orphans.setdefault((stamp.host, pci, sxid), []).append(
                 (self.lines, self._generation, event))
         return None
 
@@ -557,6 +663,7 @@ def _xid_event(m: re.Match[str], stamp: _Stamp, raw: str) -> XidEvent:
         message=rest.strip(), raw=raw, fatal_token=fatal_token, caused_by=caused_by,
         gpu_instance=int(m.group("gi")) if m.group("gi") else None,
         compute_instance=int(m.group("ci")) if m.group("ci") else None,
+        host=stamp.host,
     )
 
 
@@ -577,7 +684,7 @@ def _sxid_event(m: re.Match[str], rest: str, stamp: _Stamp, raw: str) -> SXidEve
     return SXidEvent(
         sxid=int(m.group("sxid")), pci_bus_id=_switch_pci(m.group("pci")), link=link,
         severity=severity, timestamp=stamp.timestamp, uptime_seconds=stamp.uptime,
-        message=message.strip(), raw=raw, device=m.group("device"),
+        message=message.strip(), raw=raw, device=m.group("device"), host=stamp.host,
     )
 
 

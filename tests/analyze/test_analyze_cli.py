@@ -38,8 +38,10 @@ def by_kind(items: list[dict], kind: str) -> list[dict]:
 def test_json_findings_have_the_documented_fields():
     rc, items = one("xid01")
     assert rc == 1
-    assert all(set(f) == {"source", "kind", "severity", "subject", "evidence", "message"}
+    # the keys of every release so far, and "node" (issue 25: keys are only ever added)
+    assert all(set(f) == {"source", "kind", "severity", "subject", "evidence", "message", "node"}
                for f in items)
+    assert all(f["node"] is None for f in items)  # plain dmesg names no host
 
 
 def test_xid01_gsp_timeouts_grouped_with_processes():
@@ -281,12 +283,17 @@ def test_bad_inputs_are_answered_with_messages_not_tracebacks(tmp_path):
         result = analyze(str(path))
         assert result.returncode == 2, (path, result.stdout, result.stderr)
         assert text in result.stderr and "Traceback" not in result.stderr
-    # inside a directory, unknown files are skipped with a note; the good files still count
+    # inside a directory the same files are the same errors (status 2, one line each), and the
+    # good file beside them is still analysed and printed
     (tmp_path / "xid.log").write_bytes((DIR / "xid01_gsp_rpc_timeout_xid119_dmesg_ctime.log")
                                        .read_bytes())
     truncated.unlink()
     result = analyze(str(tmp_path))
-    assert result.returncode == 1 and "skipped" in result.stderr
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith(
+        "laggard analyze: error: ")]
+    assert len(errors) == 2 and any("garbage.bin: unknown kind: binary" in e for e in errors)
+    assert any("notes.txt: unknown kind" in e for e in errors)
     assert "Xid 119" in result.stdout
     result = subprocess.run([sys.executable, "-m", "laggard.cli", "analyze", "--bogus"],
                             capture_output=True, text=True, timeout=60)

@@ -172,7 +172,8 @@ def test_analyze_reports_a_data_only_sxid_with_the_catalog_severity(tmp_path):
     assert by_code[12028]["evidence"]["count"] == 1
     assert by_code[12028]["evidence"]["catalog_class"] == "fatal"
     assert by_code[20001]["severity"] == "warning"
-    assert set(found[0]) == {"source", "kind", "severity", "subject", "evidence", "message"}
+    assert set(found[0]) == {"source", "kind", "severity", "subject", "evidence", "message",
+                             "node"}
 
 
 def test_analyze_joins_a_wrapped_xid_line(tmp_path):
