@@ -290,7 +290,7 @@ class KernelLogParser:
         kmsg = _KMSG.match(line)
         if kmsg:
             uptime = int(kmsg.group(3)) / 1e6
-            stamp = _Stamp(self._from_uptime(uptime), uptime)
+            stamp = self._last = _Stamp(self._from_uptime(uptime), uptime)
             text = _KMSG_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), kmsg.group(4))
             events: list[KernelEvent] = []
             for i, part in enumerate(text.split("\n")):
@@ -304,6 +304,13 @@ class KernelLogParser:
             line = line.strip()  # an indented copy of a whole line (a report, a quoted log)
         stamp, message = self._strip_prefix(line)
         return self._message(message, stamp, raw=line, continuation=False)
+
+    @property
+    def last_timestamp(self) -> float | None:
+        """Epoch seconds of the last line fed, when it carried a wall-clock time (or an uptime
+        and ``boot_time`` was given); None otherwise. Continuation lines keep the time of the
+        line they continue."""
+        return self._last.timestamp
 
     @property
     def waiting(self) -> bool:
