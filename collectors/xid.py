@@ -415,10 +415,10 @@ class XidCollector:
             since = f"its oldest {what}, at {_utc(history.start)}"
         lost = (f"; {source.lost_records} records were overwritten before they were read"
                 if source.lost_records else "")
-        log.info("kernel log %s: Xids counted from %s: %d %ss before the agent started, "
-                 "with %d Xids and %d SXids%s; each start of the agent counts this history "
-                 "afresh", source.path, since, history.lines, what, history.xids,
-                 history.sxids, lost)
+        log.info("kernel log %s: Xids counted from %s: %s before the agent started, with %s "
+                 "and %s%s; each start of the agent counts this history afresh", source.path,
+                 since, _count_of(history.lines, what), _count_of(history.xids, "Xid"),
+                 _count_of(history.sxids, "SXid"), lost)
 
     def _on_kernel_event(self, event: XidEvent | SXidEvent) -> None:
         if not self._history.done:
@@ -539,6 +539,10 @@ class XidCollector:
         self._stop.set()
         if self.kernel_log is not None:
             self.kernel_log.close()
+
+
+def _count_of(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _utc(epoch: float) -> str:
