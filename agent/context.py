@@ -34,6 +34,8 @@ MAX_LOGGED_CHARS = 400
 #: A finding that happened longer ago than this (seconds; a kernel log's history) says when.
 _HISTORY_NOTE_SECONDS = 60.0
 
+_YEAR_3000 = 32_503_680_000.0  # Unix seconds
+
 #: Log level of a raised finding, by severity; a cleared one is logged at INFO.
 LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
 _RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -205,7 +207,7 @@ class FindingLog:
         severity = str(doc.get("severity"))
         key = finding_key(doc)
         now, wall = self._clock(), self._wall()
-        if at is None or not math.isfinite(at):
+        if at is None or not 0.0 <= at < _YEAR_3000:  # NaN too: a time RFC 3339 can write
             at = wall
         with self._lock:
             if doc.get("cleared"):
@@ -225,7 +227,8 @@ class FindingLog:
         if (episode is not None and episode.cleared_at is None
                 and now - episode.last_raised < self._quiet):
             if _RANK.get(severity, 1) >= _RANK.get(episode.severity, 1):
-                episode.doc = doc  # the latest raise, unless it is milder than an earlier one
+                # the latest raise, unless it is milder than an earlier one
+                episode.doc, episode.raised_message = doc, _text(doc.get("message"))
             episode.count += 1
             episode.first_seen = min(episode.first_seen, at)
             episode.last_seen = max(episode.last_seen, at)

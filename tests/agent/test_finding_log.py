@@ -166,6 +166,9 @@ def test_a_finding_of_the_kernel_logs_history_says_when(log, caplog) -> None:
     ((_, line),) = lines(caplog)
     assert line.endswith("(at 2026-12-01T20:33:20.000Z)")
     assert log.recent()[0]["first_seen"] == "2026-12-01T20:33:20.000Z"
+    for nonsense in (float("nan"), 1e30, -5.0):  # a garbled stamp: the time it was read
+        log.add(slow_rank(rank=7), at=nonsense)
+    assert log.recent()[-1]["last_seen"] == "2026-12-01T21:33:20.000Z"
 
 
 def _send(port: int, *reports: WindowReport) -> None:
