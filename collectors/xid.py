@@ -487,36 +487,40 @@ class XidCollector:
 
     def _families(self) -> list[Metric]:
         labels = ["gpu", "pci_bus_id", "xid"]
-        total = CounterMetricFamily("laggard_gpu_xid_errors",
-                                    "Xid events reported by the NVIDIA driver, repeats included",
-                                    labels=labels)
+        total = CounterMetricFamily(
+            "laggard_gpu_xid_errors", "Xid events reported by the NVIDIA driver (NVML events and "
+            "the kernel log, its history at the agent's start included), repeats included.",
+            labels=labels)
         last = GaugeMetricFamily("laggard_gpu_xid_last_timestamp_seconds",
-                                 "when this Xid was last reported (Unix time)", labels=labels)
+                                 "When this Xid was last reported, in seconds since the "
+                                 "Unix epoch (a kernel-log line's own time).", labels=labels)
         for key, (count, wall) in sorted(self._xids.items()):
             total.add_metric(list(key), count)
             last.add_metric(list(key), wall)
         sxid = CounterMetricFamily("laggard_gpu_sxid_errors",
-                                   "NVSwitch SXid events (device = switch PCI address)",
+                                   "NVSwitch SXid events (device = the switch's PCI address).",
                                    labels=["device", "sxid"])
         for (device, code), count in sorted(self._sxids.items()):
             sxid.add_metric([device, code], count)
         lines = CounterMetricFamily("laggard_kernel_log_lines",
-                                    "kernel-log lines read by the XID collector")
+                                    "Kernel-log lines read by the XID collector, its history at "
+                                    "the agent's start included.")
         lines.add_metric([], self.parser.lines)
         skipped = CounterMetricFamily("laggard_kernel_log_malformed_lines",
-                                      "Xid-looking kernel-log lines that could not be parsed")
+                                      "Xid-looking kernel-log lines that could not be parsed.")
         skipped.add_metric([], self.parser.skipped)
         merged = CounterMetricFamily("laggard_xid_events_merged",
                                      "Xid events seen by both NVML and the kernel log, "
-                                     "counted once")
+                                     "counted once.")
         merged.add_metric([], self.counter.merged)
         dropped = CounterMetricFamily("laggard_xid_events_dropped",
-                                      "Xid events not counted: series or queue limit reached")
+                                      "Xid events not counted: the series or queue limit was "
+                                      "reached.")
         dropped.add_metric([], self._dropped_series + self._dropped_events)
         history = GaugeMetricFamily(
             "laggard_kernel_log_history_start_timestamp_seconds",
-            "oldest kernel-log record read at the agent's start (Unix time; the start, for an "
-            "empty log): the Xid counters count from it",
+            "Time of the oldest kernel-log record read at the agent's start (its start, for an "
+            "empty log), in seconds since the Unix epoch: the Xid counters count from there.",
             labels=[])
         if self._history.start is not None:
             history.add_metric([], self._history.start)
@@ -527,7 +531,7 @@ class XidCollector:
             # no index, only the bus id the kernel printed.
             lost = GaugeMetricFamily(
                 "laggard_gpu_lost", "1 when NVML reports the GPU lost, or when the kernel log says "
-                "it fell off the bus (Xid 79) and NVML lists no GPU at pci_bus_id",
+                "it fell off the bus (Xid 79) and NVML lists no GPU at pci_bus_id; 0 otherwise.",
                 labels=["gpu", "pci_bus_id"])
             for pci in unlisted:
                 lost.add_metric(["", pci], 1)
