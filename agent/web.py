@@ -57,7 +57,8 @@ def make_app(registry: CollectorRegistry, findings: FindingLog
 
     Args:
         registry: what ``/metrics`` serves.
-        findings: what ``/findings`` serves (JSON list, oldest first).
+        findings: what ``/findings`` serves: :meth:`FindingLog.recent` as a JSON list (one
+            entry per finding with its ``first_seen``, ``last_seen`` and ``count``).
 
     Returns:
         A WSGI callable.

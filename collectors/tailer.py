@@ -36,6 +36,8 @@ class FileTailer:
         restarted: True after a call in which the file was (re)opened at its start after a
             rotation or truncation: the caller resets per-file parsing state.
         oversized_lines: lines dropped for exceeding ``max_line_bytes``.
+        at_end: True after a call that read up to the end of what the file held (or found no
+            file); False while ``max_read_bytes`` per call leaves more to read (a long history).
     """
 
     def __init__(self, path: str, *, start_at_end: bool, max_read_bytes: int,
@@ -43,6 +45,7 @@ class FileTailer:
         self.path = path
         self.restarted = False
         self.oversized_lines = 0
+        self.at_end = False
         self._max_read = max_read_bytes
         self._max_line = max_line_bytes
         self._keep_open = keep_open
@@ -64,6 +67,7 @@ class FileTailer:
         """
         self.restarted = False
         if self._fd is None and not self._open():
+            self.at_end = True
             return []
         lines = self._read()
         self._check_rotation()
@@ -105,6 +109,7 @@ class FileTailer:
         except OSError:
             self.close()
             return []
+        self.at_end = len(data) < self._max_read
         self._offset += len(data)
         *complete, self._partial = (self._partial + data).split(b"\n")
         if len(self._partial) > self._max_line:

@@ -9,9 +9,25 @@ Two sources, merged:
 * **NVML events**: an event set with ``nvmlEventTypeXidCriticalError`` registered on every GPU,
   waited on with ``nvmlEventSetWait_v2`` (500 ms timeout) in a background thread;
 * **the kernel log**: ``/dev/kmsg`` (records ``prio,seq,usec,flags;message``) or a syslog or
-  journal file named by ``--path.kmsg``, read from its end at start without blocking; a rotated,
-  truncated or vanished file is reopened. Lines go through
-  :class:`~laggard.parsers.kernel_log.KernelLogParser`.
+  journal file named by ``--path.kmsg``, read without blocking; a rotated, truncated or vanished
+  file is reopened. Lines go through :class:`~laggard.parsers.kernel_log.KernelLogParser`.
+
+**History.** At start the kernel log is read from its beginning: every record ``/dev/kmsg``
+still buffers (the kernel's ring buffer, oldest first), or the whole file. So an agent started
+after a GPU fell off the bus counts that Xid and marks the GPU lost. The counters of each agent
+process start from that history: a restarted agent counts the same history again from zero
+(Prometheus' ``rate()`` and ``increase()`` take the drop as a counter reset), and
+``laggard_kernel_log_history_start_timestamp_seconds`` says from when the counts run (the
+oldest record's time; the agent logs it too, once the history is read). Records the ring buffer
+dropped before the agent started are not counted by anyone: ``dmesg`` cannot show them either.
+
+**Lost GPUs.** An Xid 79 ("GPU has fallen off the bus", NVIDIA's Xid catalog; also the driver's
+"... has fallen off the bus" message without a number) of the current boot marks that GPU lost:
+one ``gpu_lost`` finding (as ``laggard analyze`` reports the same line) and, while NVML does not
+list that PCI bus id, ``laggard_gpu_lost{gpu="",pci_bus_id}`` 1 (a GPU NVML lists is the nvml
+collector's ``laggard_gpu_lost{gpu}``). An Xid for a GPU NVML does not list keeps its
+``pci_bus_id`` label with ``gpu=""``. Lines stamped before this boot (a syslog file's older
+days) are counted, but mark nothing lost: a reboot brings a GPU back.
 
 An Xid that both sources report (same GPU, same code, within ``merge_window`` seconds) is counted
 once: each event of one source cancels at most one of the other, so three identical lines still
@@ -40,9 +56,10 @@ from prometheus_client.metrics_core import Metric
 
 from laggard.collectors.base import NoDataError
 from laggard.collectors.tailer import FileTailer
+from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.xid_catalog import sxid_finding, xid_finding
 from laggard.nvml.library import NvmlLibrary, shared_library
-from laggard.parsers.kernel_log import KernelLogParser, SXidEvent, XidEvent
+from laggard.parsers.kernel_log import FALLEN_OFF_BUS_XID, KernelLogParser, SXidEvent, XidEvent
 
 log = logging.getLogger(__name__)
 
@@ -55,29 +72,60 @@ MAX_SERIES = 1024
 MAX_QUEUED_EVENTS = 10_000
 
 
-class KernelLogSource:
-    """Non-blocking reader of new kernel-log lines.
+#: kmsg records read in one round at most; a longer ring buffer is read over several rounds.
+MAX_RECORDS_PER_ROUND = 100_000
+#: Seconds of slack on the boot time when telling this boot's lines from older ones (syslog
+#: stamps have whole seconds; the boot time is computed from two clocks).
+BOOT_SLACK_SECONDS = 60.0
 
-    ``/dev/kmsg`` (a character device) is read record by record from the end of the ring buffer;
-    any other path is read as a text file from its end at the first read, then followed across
-    rotation (new inode), truncation (shorter than our offset) and disappearance (retried each
-    round; a file that appears later is read from its start).
+
+def boot_wall_time() -> float:
+    """Unix time at which this machine booted (seconds), from ``CLOCK_BOOTTIME``."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+class KernelLogSource:
+    """Non-blocking reader of the kernel log: its history first, then new lines.
+
+    ``/dev/kmsg`` (a character device) is read record by record, one ``read()`` per record, from
+    the oldest record still in the ring buffer: that is where a fresh ``open()`` starts (kernel
+    ``Documentation/ABI/testing/dev-kmsg``; ``SEEK_END`` would skip the history, and
+    ``SEEK_DATA`` would skip what ``dmesg --clear`` cleared, which must not hide a lost GPU).
+    A record overwritten before it was read gives ``EPIPE``: counted, and reading goes on.
+
+    Any other path is read as a text file from its start, then followed across rotation (new
+    inode), truncation (shorter than our offset) and disappearance (retried each round; a file
+    that appears later is read from its start).
 
     Args:
         path: ``/dev/kmsg`` or a file.
 
     Attributes:
         lost_records: kmsg records overwritten before we read them (``EPIPE``).
+        caught_up: True once a read has reached the end of what the log held: the history is
+            read (a long one takes several rounds: :data:`MAX_RECORDS_PER_ROUND`,
+            :data:`MAX_READ_BYTES`).
+        boot_time: for ``/dev/kmsg``, the Unix time its uptime stamps count from
+            (``CLOCK_MONOTONIC``'s zero: printk's clock does not count suspend either; the
+            kernel's clock may drift from it by a little); None for a file.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.lost_records = 0
+        self.caught_up = False
+        self.boot_time: float | None = None
         self._fd: int | None = None  # /dev/kmsg
         self._file: FileTailer | None = None  # any other path
+        self._file_read = False  # a first read that fails is NoDataError, later ones retried
+
+    @property
+    def is_kmsg(self) -> bool:
+        """True when the path is the kernel's record device (after the first read)."""
+        return self._fd is not None
 
     def read_lines(self) -> list[str]:
-        """Lines added since the last call (complete lines only).
+        """Lines added since the last call (complete lines only); the history at the first.
 
         Raises:
             NoDataError: the path cannot be opened at the first read (no permission), or it is
@@ -90,8 +138,12 @@ class KernelLogSource:
         assert self._file is not None
         try:
             lines = self._file.read_lines()
-        except OSError:
+        except OSError as exc:
+            if not self._file_read:
+                raise NoDataError(f"cannot read kernel log {self.path}: {exc}") from None
             return []  # permissions changed under us: retried next round
+        self._file_read = True
+        self.caught_up = self.caught_up or self._file.at_end
         return [line.decode("utf-8", errors="replace") for line in lines]
 
     def close(self) -> None:
@@ -121,29 +173,28 @@ class KernelLogSource:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
             raise NoDataError(f"cannot read kernel log {self.path}: {exc}") from None
-        os.lseek(self._fd, 0, os.SEEK_END)  # after the newest record
+        self.boot_time = time.time() - time.monotonic()
 
     def _tailer(self) -> FileTailer:
-        tailer = FileTailer(self.path, start_at_end=True, max_read_bytes=MAX_READ_BYTES,
-                            max_line_bytes=MAX_PARTIAL_LINE)
-        try:
-            tailer.read_lines()  # opens it now: a file without permission fails at the start
-        except OSError as exc:
-            raise NoDataError(f"cannot read kernel log {self.path}: {exc}") from None
-        return tailer
+        # The first read_lines() opens it (a file without permission fails at the start) and
+        # gives the first MAX_READ_BYTES of its history.
+        return FileTailer(self.path, start_at_end=False, max_read_bytes=MAX_READ_BYTES,
+                          max_line_bytes=MAX_PARTIAL_LINE)
 
     def _read_kmsg(self) -> list[str]:
         assert self._fd is not None
         lines: list[str] = []
-        while len(lines) < 100_000:
+        while len(lines) < MAX_RECORDS_PER_ROUND:
             try:
                 record = os.read(self._fd, 8192)  # one record per read (dev-kmsg ABI)
             except BlockingIOError:
+                self.caught_up = True
                 break
             except BrokenPipeError:  # records overwritten before we read them; go on
                 self.lost_records += 1
                 continue
             if not record:
+                self.caught_up = True
                 break
             lines.append(record.decode("utf-8", errors="replace").rstrip("\n"))
         return lines
@@ -187,28 +238,46 @@ class XidCounter:
         return True
 
 
+@dataclass(slots=True)
+class _History:
+    """What the kernel log held when it was first read."""
+
+    done: bool = False
+    start: float | None = None  # Unix time of its oldest line with a time
+    lines: int = 0
+    xids: int = 0
+    sxids: int = 0
+
+
 class XidCollector:
-    """Counts Xids and SXids from NVML events and the kernel log.
+    """Counts Xids and SXids from NVML events and the kernel log (its history included).
 
     Args:
         kernel_log: the kernel-log reader, or None to use NVML events only.
         library: the NVML wrapper for events and for PCI -> GPU index mapping, or None.
-        findings: ``FindingLog``-like sink (``add``) for one finding per Xid, or None.
+        findings: ``FindingLog``-like sink (``add(finding, at=unix_seconds)``) for one finding
+            per Xid and one ``gpu_lost`` per GPU that fell off the bus, or None.
         node: node name put on findings.
         merge_window: see :class:`XidCounter`.
+        boot_time: Unix time of this boot, to tell an older boot's lines (history of a syslog
+            file) from this one's; None: from ``CLOCK_BOOTTIME``.
     """
 
     name = "xid"
 
     def __init__(self, *, kernel_log: KernelLogSource | None, library: NvmlLibrary | None,
                  findings: Any = None, node: str | None = None,
-                 merge_window: float = 10.0) -> None:
+                 merge_window: float = 10.0, boot_time: float | None = None) -> None:
         self.kernel_log = kernel_log
         self.library = library
         self.findings = findings
         self.node = node
-        self.parser = KernelLogParser()
+        self.parser = KernelLogParser()  # replaced by one with kmsg's boot time at the first read
         self.counter = XidCounter(merge_window)
+        self._started = time.time()
+        self._boot_time = boot_wall_time() if boot_time is None else boot_time
+        self._history = _History()
+        self._lost: set[str] = set()  # PCI bus ids of the GPUs an Xid 79 of this boot named
         self._xids: dict[tuple[str, str, str], list[float]] = {}  # (gpu, pci, xid) -> [n, ts]
         self._sxids: dict[tuple[str, str], int] = {}
         self._dropped_series = 0
@@ -302,11 +371,7 @@ class XidCollector:
                 log.info("%s", exc)
                 self._kernel_log_ok = False
                 lines = []
-            for line in lines:
-                for event in self.parser.feed(line):
-                    self._on_kernel_event(event)
-            for event in self.parser.settle():  # SXid dump lines no headline claimed
-                self._on_kernel_event(event)
+            self._read_history_or_lines(self.kernel_log, lines)
         if not nvml_ok and not self._kernel_log_ok:
             raise NoDataError("no NVML and no readable kernel log")
         while True:
@@ -319,7 +384,46 @@ class XidCollector:
                 self._count(index if index >= 0 else None, pci, xid, wall, "", None, "nvml")
         return self._families()
 
+    def _read_history_or_lines(self, source: KernelLogSource, lines: list[str]) -> None:
+        history = self._history
+        if not history.done and source.is_kmsg and self.parser.lines == 0:
+            self.parser = KernelLogParser(boot_time=source.boot_time)
+        for line in lines:
+            events = self.parser.feed(line)
+            if not history.done:
+                history.lines += 1
+                if history.start is None:
+                    history.start = self.parser.last_timestamp
+            for event in events:
+                self._on_kernel_event(event)
+        for event in self.parser.settle():  # SXid dump lines no headline claimed
+            self._on_kernel_event(event)
+        if not history.done and source.caught_up:
+            self._end_history(source)
+
+    def _end_history(self, source: KernelLogSource) -> None:
+        """The history is read: say once from when the counts run."""
+        history = self._history
+        history.done = True
+        what = "record" if source.is_kmsg else "line"
+        if history.lines == 0:
+            history.start = self._started  # an empty log: the counts run from the agent's start
+            since = f"the agent's start, at {_utc(self._started)} (the log was empty)"
+        elif history.start is None:
+            since = f"its oldest {what}, at an unknown time (no {what} carries one)"
+        else:
+            since = f"its oldest {what}, at {_utc(history.start)}"
+        lost = (f"; {source.lost_records} records were overwritten before they were read"
+                if source.lost_records else "")
+        log.info("kernel log %s: Xids counted from %s: %s before the agent started, with %s "
+                 "and %s%s; each start of the agent counts this history afresh", source.path,
+                 since, _count_of(history.lines, what), _count_of(history.xids, "Xid"),
+                 _count_of(history.sxids, "SXid"), lost)
+
     def _on_kernel_event(self, event: XidEvent | SXidEvent) -> None:
+        if not self._history.done:
+            self._history.sxids += isinstance(event, SXidEvent)
+            self._history.xids += isinstance(event, XidEvent)
         if isinstance(event, SXidEvent):
             key = (event.pci_bus_id, str(event.sxid))
             if key in self._sxids or len(self._sxids) < MAX_SERIES:
@@ -330,16 +434,22 @@ class XidCollector:
                 self.findings.add(sxid_finding(
                     sxid=event.sxid, pci_bus_id=event.pci_bus_id, link=event.link,
                     printed=event.severity, message=event.message, device=event.device,
-                    node=self.node))
+                    node=self.node), at=event.timestamp)
             return
         gpu = self._pci_to_gpu.get(event.pci_bus_id)
-        if self.counter.is_new(event.pci_bus_id, event.xid, "kernel_log"):
+        # A line older than the merge window (the history) cannot be the kernel's copy of an
+        # NVML event this agent received: it must not cancel a fresh one.
+        old = (event.timestamp is not None
+               and event.timestamp < self._started - self.counter.merge_window)
+        if old or self.counter.is_new(event.pci_bus_id, event.xid, "kernel_log"):
             wall = event.timestamp if event.timestamp is not None else time.time()
             self._count(gpu, event.pci_bus_id, event.xid, wall, event.message,
                         event.fatal_token, "kernel_log")
 
     def _count(self, gpu: int | None, pci: str, xid: int, wall: float, message: str,
                fatal_token: str | None, source: str) -> None:
+        if xid == FALLEN_OFF_BUS_XID and pci and wall >= self._boot_time - BOOT_SLACK_SECONDS:
+            self._mark_lost(gpu, pci, wall, source)
         key = ("" if gpu is None else str(gpu), pci, str(xid))
         entry = self._xids.get(key)
         if entry is None:
@@ -352,43 +462,95 @@ class XidCollector:
         if self.findings is not None:
             self.findings.add(xid_finding(xid=xid, pci_bus_id=pci, gpu=gpu, message=message,
                                           fatal_token=fatal_token, node=self.node,
-                                          source=source))
+                                          source=source), at=wall)
+
+    def _mark_lost(self, gpu: int | None, pci: str, wall: float, source: str) -> None:
+        """An Xid 79 of this boot: the GPU at ``pci`` is lost (one finding per GPU)."""
+        if pci in self._lost:
+            return
+        if len(self._lost) >= MAX_SERIES:
+            self._dropped_series += 1
+            return
+        self._lost.add(pci)
+        if self.findings is None:
+            return
+        where = f"GPU {gpu} ({pci})" if gpu is not None else f"GPU {pci}"
+        listed = "" if gpu is not None else " (NVML does not list it)"
+        self.findings.add(Finding(
+            detector="xid", kind="gpu_lost", severity=Severity.CRITICAL, node=self.node, gpu=gpu,
+            message=f"{where} fell off the bus (Xid 79){listed}: it is unusable until the node "
+                    f"is rebooted or the GPU reset; drain the node and check the PCIe link, "
+                    f"power and the GPU",
+            evidence={"pci_bus_id": pci, "xid": FALLEN_OFF_BUS_XID, "source": source,
+                      "listed_by_nvml": gpu is not None},
+        ), at=wall)
 
     def _families(self) -> list[Metric]:
         labels = ["gpu", "pci_bus_id", "xid"]
-        total = CounterMetricFamily("laggard_gpu_xid_errors",
-                                    "Xid events reported by the NVIDIA driver, repeats included",
-                                    labels=labels)
+        total = CounterMetricFamily(
+            "laggard_gpu_xid_errors", "Xid events reported by the NVIDIA driver (NVML events and "
+            "the kernel log, its history at the agent's start included), repeats included.",
+            labels=labels)
         last = GaugeMetricFamily("laggard_gpu_xid_last_timestamp_seconds",
-                                 "when this Xid was last reported (Unix time)", labels=labels)
+                                 "When this Xid was last reported, in seconds since the "
+                                 "Unix epoch (a kernel-log line's own time).", labels=labels)
         for key, (count, wall) in sorted(self._xids.items()):
             total.add_metric(list(key), count)
             last.add_metric(list(key), wall)
         sxid = CounterMetricFamily("laggard_gpu_sxid_errors",
-                                   "NVSwitch SXid events (device = switch PCI address)",
+                                   "NVSwitch SXid events (device = the switch's PCI address).",
                                    labels=["device", "sxid"])
         for (device, code), count in sorted(self._sxids.items()):
             sxid.add_metric([device, code], count)
         lines = CounterMetricFamily("laggard_kernel_log_lines",
-                                    "kernel-log lines read by the XID collector")
+                                    "Kernel-log lines read by the XID collector, its history at "
+                                    "the agent's start included.")
         lines.add_metric([], self.parser.lines)
         skipped = CounterMetricFamily("laggard_kernel_log_malformed_lines",
-                                      "Xid-looking kernel-log lines that could not be parsed")
+                                      "Xid-looking kernel-log lines that could not be parsed.")
         skipped.add_metric([], self.parser.skipped)
         merged = CounterMetricFamily("laggard_xid_events_merged",
                                      "Xid events seen by both NVML and the kernel log, "
-                                     "counted once")
+                                     "counted once.")
         merged.add_metric([], self.counter.merged)
         dropped = CounterMetricFamily("laggard_xid_events_dropped",
-                                      "Xid events not counted: series or queue limit reached")
+                                      "Xid events not counted: the series or queue limit was "
+                                      "reached.")
         dropped.add_metric([], self._dropped_series + self._dropped_events)
-        return [total, last, sxid, lines, skipped, merged, dropped]
+        history = GaugeMetricFamily(
+            "laggard_kernel_log_history_start_timestamp_seconds",
+            "Time of the oldest kernel-log record read at the agent's start (its start, for an "
+            "empty log), in seconds since the Unix epoch: the Xid counters count from there.",
+            labels=[])
+        if self._history.start is not None:
+            history.add_metric([], self._history.start)
+        families: list[Metric] = [total, last, sxid, lines, skipped, merged, dropped, history]
+        unlisted = sorted(pci for pci in self._lost if pci not in self._pci_to_gpu)
+        if unlisted:
+            # Beside the nvml collector's laggard_gpu_lost{gpu}: a GPU NVML does not list has
+            # no index, only the bus id the kernel printed.
+            lost = GaugeMetricFamily(
+                "laggard_gpu_lost", "1 when NVML reports the GPU lost, or when the kernel log says "
+                "it fell off the bus (Xid 79) and NVML lists no GPU at pci_bus_id; 0 otherwise.",
+                labels=["gpu", "pci_bus_id"])
+            for pci in unlisted:
+                lost.add_metric(["", pci], 1)
+            families.append(lost)
+        return families
 
     def stop(self) -> None:
         """Stop the NVML event thread and close the kernel log."""
         self._stop.set()
         if self.kernel_log is not None:
             self.kernel_log.close()
+
+
+def _count_of(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 def from_config(config: Any, context: Any) -> XidCollector:

@@ -348,7 +348,7 @@ class KernelLogParser:
         kmsg = _KMSG.match(line)
         if kmsg:
             uptime = int(kmsg.group(3)) / 1e6
-            stamp = _Stamp(self._from_uptime(uptime), uptime, host)
+            stamp = self._last = _Stamp(self._from_uptime(uptime), uptime, host)
             text = _KMSG_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), kmsg.group(4))
             self.host = host
             events: list[KernelEvent] = []
@@ -367,6 +367,13 @@ class KernelLogParser:
         stamp, message = self._strip_prefix(line, host)
         self.host = stamp.host
         return self._message(message, stamp, raw=line, continuation=False)
+
+    @property
+    def last_timestamp(self) -> float | None:
+        """Epoch seconds of the last line fed, when it carried a wall-clock time (or an uptime
+        and ``boot_time`` was given); None otherwise. Continuation lines keep the time of the
+        line they continue."""
+        return self._last.timestamp
 
     @property
     def waiting(self) -> bool:

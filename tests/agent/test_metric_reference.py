@@ -25,13 +25,6 @@ def _documented() -> set[str]:
 UNIT_WORDS = {"_bytes_per_second": "bytes per second", "_seconds": "seconds", "_bytes": "bytes",
               "_hertz": "hertz", "_watts": "watts", "_celsius": "celsius", "_joules": "joules",
               "_ratio": "ratio"}
-#: collectors/xid.py's families: their HELP is restyled with the kernel-log history change
-#: (issue 25, point 4), not here.
-XID_FAMILIES = frozenset({
-    "laggard_gpu_xid_errors_total", "laggard_gpu_xid_last_timestamp_seconds",
-    "laggard_gpu_sxid_errors_total", "laggard_kernel_log_lines_total",
-    "laggard_kernel_log_malformed_lines_total", "laggard_xid_events_merged_total",
-    "laggard_xid_events_dropped_total"})
 
 
 def help_style_problems(helps: dict[str, str]) -> list[str]:
@@ -39,8 +32,6 @@ def help_style_problems(helps: dict[str, str]) -> list[str]:
     last) that names the base unit the family's name ends with."""
     problems = []
     for name, text in sorted(helps.items()):
-        if name in XID_FAMILIES:
-            continue
         if not text or not (text[0].isupper() or text[0].isdigit()) or not text.endswith("."):
             problems.append(f"{name}: not a sentence: {text!r}")
         base = name.removesuffix("_total")

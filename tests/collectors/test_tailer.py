@@ -90,3 +90,15 @@ def test_unreadable_file_raises_oserror(tmp_path: Path) -> None:
     path.mkdir()
     with pytest.raises(OSError):
         _tailer(path).read_lines()
+
+
+def test_at_end_says_when_a_long_history_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    path.write_bytes(b"0123456789\n" * 10)  # 110 bytes
+    tailer = _tailer(path, max_read_bytes=50)
+    rounds = []
+    while not tailer.at_end:
+        rounds.append(len(tailer.read_lines()))
+    assert rounds == [4, 5, 1] and sum(rounds) == 10
+    absent = _tailer(tmp_path / "absent")
+    assert absent.read_lines() == [] and absent.at_end  # nothing to read: nothing left

@@ -1,14 +1,18 @@
-"""XID collector: a real file tailed across appends, rotation and truncation; /dev/kmsg when root;
-NVML events from the fake NVML merged with kernel-log lines; the real agent end to end."""
+"""XID collector: a real file tailed across appends, rotation and truncation, its history read at
+start; /dev/kmsg (history and new records) when root; NVML events from the fake NVML merged with
+kernel-log lines; a lost GPU the fake NVML does not list; the real agent end to end."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from support import FIXTURES
+from support import FIXTURES, scrape, stop_agent
 
 from laggard.agent.context import FindingLog
 from laggard.collectors.base import NoDataError
@@ -26,11 +30,12 @@ def append(path: Path, text: str) -> None:
         f.write(text)
 
 
-def test_source_starts_at_the_end_holds_partial_lines_and_follows_rotation(tmp_path) -> None:
+def test_source_reads_the_history_holds_partial_lines_and_follows_rotation(tmp_path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("old line, before the agent started\n")
     source = KernelLogSource(str(log))
-    assert source.read_lines() == []
+    assert source.read_lines() == ["old line, before the agent started"]
+    assert source.caught_up
     append(log, "one\ntw")
     assert source.read_lines() == ["one"]
     append(log, "o\n")
@@ -72,9 +77,9 @@ def test_three_identical_lines_count_three_with_findings(tmp_path, expose, value
     assert value(text, SERIES) == 3.0
     append(log, LINE)
     assert value(expose(collector), SERIES) == 4.0
-    recent = findings.recent()
-    assert len(recent) == 4
-    assert recent[0]["evidence"]["action"] == "restart_app" and recent[0]["node"] == "node01"
+    (recent,) = findings.recent()  # one finding, raised four times
+    assert recent["count"] == 4 and findings.counts() == {("xid", "xid", "warning"): 4}
+    assert recent["evidence"]["action"] == "restart_app" and recent["node"] == "node01"
 
 
 def test_golden_exposition_of_corpus_logs(tmp_path, expose, golden, promtool) -> None:
@@ -87,9 +92,12 @@ def test_golden_exposition_of_corpus_logs(tmp_path, expose, golden, promtool) ->
         append(log, (FIXTURES / "xid" / name).read_text())
     append(log, "[ 12.3] NVRM: Xid (PCI:0000:b9:00): garbled\n")
     text = expose(collector)
-    # xid03 has no wall-clock stamp: its Xid 79 gets the time it was read.
-    text = "\n".join(line if "0000:91:00" not in line or "last_timestamp" not in line
-                     else line.rsplit(" ", 1)[0] + " READ_TIME" for line in text.splitlines())
+    # xid03 has no wall-clock stamp: its Xid 79 gets the time it was read. The log was empty at
+    # the first read: the counts run from that time.
+    text = "\n".join(line.rsplit(" ", 1)[0] + " READ_TIME"
+                     if ("0000:91:00" in line and "last_timestamp" in line)
+                     or line.startswith("laggard_kernel_log_history_start") else line
+                     for line in text.splitlines())
     golden("xid/corpus_xid02_xid03.prom", text + "\n")
     promtool(text.replace("READ_TIME", "1.7e+09") + "\n")
 
@@ -134,17 +142,147 @@ def test_sxid_counted_per_fatal_link_line(tmp_path, expose, value) -> None:
         ("critical", 48), ("critical", 63), ("critical", 37), ("critical", 62)]
 
 
+def iso(epoch: float) -> str:
+    """``epoch`` as a journald short-iso stamp (``2026-12-01T21:42:55+0000``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S+0000", time.gmtime(epoch))
+
+
+def fallen_off(pci: str, epoch: float) -> str:
+    return (f"{iso(epoch)} node01 kernel: NVRM: Xid (PCI:{pci}): 79, pid='<unknown>', "
+            "name=<unknown>, GPU has fallen off the bus.\n")
+
+
+def test_history_at_start_counts_an_old_xid_79_and_marks_the_unlisted_gpu_lost(
+        tmp_path, expose, value, caplog) -> None:
+    """A file already holding an Xid 79 of this boot, for a GPU the fake NVML does not list
+    (it lists 0000:18:00 and 0000:28:00): counted at the first read, with its own time, the GPU
+    marked lost by its PCI bus id; an Xid 79 stamped before this boot is counted, not lost."""
+    boot = time.time() - 3600.0
+    happened = int(boot) + 1800  # half an hour before the agent starts
+    log = tmp_path / "syslog"
+    log.write_text(f"{iso(boot - 86400)} node01 kernel: Linux version 6.1 (an older boot)\n"
+                   + fallen_off("0000:4c:00", boot - 86400)
+                   + fallen_off("0000:3b:00", happened)
+                   + fallen_off("0000:18:00", happened)  # a GPU NVML lists: nvml's to mark
+                   + f"{iso(happened)} node01 kernel: {LINE.split('] ', 1)[1]}".replace(
+                       "0000:18:00", "0000:28:00"))
+    fake = FakeNvml(2)
+    findings = FindingLog()
+    collector = XidCollector(kernel_log=KernelLogSource(str(log)), library=NvmlLibrary(fake),
+                             findings=findings, node="node01", boot_time=boot)
+    try:
+        with caplog.at_level(logging.INFO):
+            text = expose(collector)
+    finally:
+        collector.stop()
+    lost = 'laggard_gpu_lost{gpu="",pci_bus_id="0000:3b:00"}'
+    # Only the unlisted GPU of this boot: not the older boot's, not the one NVML lists.
+    assert [ln for ln in text.splitlines() if ln.startswith("laggard_gpu_lost{")] == [
+        lost + " 1.0"]
+    assert value(text, 'laggard_gpu_xid_errors_total{gpu="",pci_bus_id="0000:3b:00",xid="79"}'
+                 ) == 1.0
+    assert value(text, 'laggard_gpu_xid_errors_total{gpu="",pci_bus_id="0000:4c:00",xid="79"}'
+                 ) == 1.0
+    assert value(text, 'laggard_gpu_xid_errors_total{gpu="1",pci_bus_id="0000:28:00",xid="13"}'
+                 ) == 1.0
+    assert value(text, 'laggard_gpu_xid_last_timestamp_seconds{gpu="",pci_bus_id="0000:3b:00",'
+                       'xid="79"}') == happened
+    assert value(text, "laggard_kernel_log_history_start_timestamp_seconds") == int(boot) - 86400
+    assert value(text, "laggard_kernel_log_lines_total") == 5.0
+    gone = {(f["gpu"], f["evidence"]["pci_bus_id"]): f for f in findings.recent()
+            if f["kind"] == "gpu_lost"}
+    assert set(gone) == {(None, "0000:3b:00"), (0, "0000:18:00")}
+    assert gone[(None, "0000:3b:00")]["severity"] == "critical"
+    assert gone[(None, "0000:3b:00")]["first_seen"] == rfc3339(happened)
+    history = [r.getMessage() for r in caplog.records if "counted from" in r.getMessage()]
+    assert history == [f"kernel log {log}: Xids counted from its oldest line, at "
+                       f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(int(boot) - 86400))}"
+                       ": 5 lines before the agent started, with 4 Xids and 0 SXids; each "
+                       "start of the agent counts this history afresh"]
+
+
+def test_a_long_history_is_read_over_rounds_and_said_once_read(tmp_path, monkeypatch,
+                                                              caplog) -> None:
+    monkeypatch.setattr("laggard.collectors.xid.MAX_READ_BYTES", 4096)
+    log = tmp_path / "kern.log"
+    log.write_text(LINE * 100)  # ~8.6 KiB: three rounds of 4 KiB
+    collector = XidCollector(kernel_log=KernelLogSource(str(log)), library=None)
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "counted from" in r.getMessage()]
+
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):
+            collector.collect()
+            assert said() == []
+        collector.collect()
+        append(log, LINE)
+        collector.collect()
+    (line,) = said()
+    assert "at an unknown time (no line carries one): 100 lines" in line  # dmesg uptime stamps
+    assert collector.parser.lines == 101
+
+
+KMSG_SERIES = 'laggard_gpu_xid_errors_total{gpu="",pci_bus_id="0000:ed:00",xid="31"}'
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not os.access("/dev/kmsg", os.W_OK),
                     reason="injecting a kernel-log record needs root and a writable /dev/kmsg")
-def test_dev_kmsg_record_is_counted(expose, value) -> None:
-    collector = XidCollector(kernel_log=KernelLogSource("/dev/kmsg"), library=None)
-    collector.collect()  # opens at the end of the ring buffer
-    record = "NVRM: Xid (PCI:0000:ee:00): 31, pid=1, name=laggard-test, MMU Fault (test record)"
+def test_dev_kmsg_history_and_new_records_are_counted(expose, value) -> None:
+    """A real record written to /dev/kmsg: counted live by a collector already reading, and by
+    a fresh one from the ring buffer's history, with the record's own time."""
+    live = XidCollector(kernel_log=KernelLogSource("/dev/kmsg"), library=None)
+    text = expose(live)  # the whole ring buffer (earlier runs of this test left records in it)
+    before = value(text, KMSG_SERIES) or 0.0
+    start = value(text, "laggard_kernel_log_history_start_timestamp_seconds")
+    assert start is not None and start <= time.time()
+    record = "NVRM: Xid (PCI:0000:ed:00): 31, pid=1, name=laggard-test, MMU Fault (test record)"
+    written = time.time()
     with open("/dev/kmsg", "w") as kmsg:
         kmsg.write(record + "\n")
-    text = expose(collector)
-    assert value(text, 'laggard_gpu_xid_errors_total{gpu="",pci_bus_id="0000:ee:00",xid="31"}'
-                 ) == 1.0
+    assert value(expose(live), KMSG_SERIES) == before + 1
+    fresh = XidCollector(kernel_log=KernelLogSource("/dev/kmsg"), library=None)
+    text = expose(fresh)
+    assert value(text, KMSG_SERIES) == before + 1
+    stamp = value(text, 'laggard_gpu_xid_last_timestamp_seconds{gpu="",pci_bus_id="0000:ed:00",'
+                        'xid="31"}')
+    assert stamp is not None and abs(stamp - written) < 5.0  # boot time + the record's uptime
+
+
+def rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def test_agent_reports_an_xid_79_of_the_history_logs_it_once_with_times(tmp_path, agent_factory,
+                                                                         value) -> None:
+    happened = int(time.time()) - 600
+    log = tmp_path / "syslog"
+    log.write_text(fallen_off("0000:3b:00", happened) * 3)
+    agent = agent_factory("--collect-interval", "0.1", "--path.kmsg", str(log), "--fake-gpus",
+                          "2", "--fake-gpus-scenario", "steady", "--node", "gpu-node-07")
+    lost = 'laggard_gpu_lost{gpu="",pci_bus_id="0000:3b:00"}'
+    deadline = time.monotonic() + 10.0
+    while value(text := agent.scrape(), lost) is None:
+        assert time.monotonic() < deadline, "the Xid 79 of the history was never exported"
+        time.sleep(0.1)
+    assert value(text, 'laggard_gpu_xid_errors_total{gpu="",pci_bus_id="0000:3b:00",xid="79"}'
+                 ) == 3.0
+    assert value(text, "laggard_kernel_log_history_start_timestamp_seconds") == happened
+    assert value(text, 'laggard_findings_total{detector="xid",kind="gpu_lost",'
+                       'severity="critical"}') == 1.0
+    findings = json.loads(scrape(f"http://127.0.0.1:{agent.port}/findings"))
+    xid = [f for f in findings if f["kind"] == "xid"]
+    assert [(f["count"], f["first_seen"], f["last_seen"]) for f in xid] == [
+        (3, rfc3339(happened), rfc3339(happened))]
+    status, out = stop_agent(agent)
+    assert status == 0
+    raised = [line for line in out.splitlines() if "laggard.findings: raised" in line]
+    assert len(raised) == 2, out  # the Xid and the lost GPU, each once for three lines
+    assert any(" ERROR laggard.findings: raised critical xid/gpu_lost node=gpu-node-07 "
+               "pci_bus_id=0000:3b:00: GPU 0000:3b:00 fell off the bus (Xid 79)" in line
+               for line in raised), out
+    assert all(line.endswith(f"(at {rfc3339(happened)})") for line in raised), out
+    assert "Xids counted from its oldest line" in out
 
 
 def test_agent_counts_appended_lines_within_two_seconds(tmp_path, agent_factory, value) -> None:
