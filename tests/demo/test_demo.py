@@ -163,6 +163,19 @@ def test_bad_flags_get_a_clear_error_and_status_2():
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("world", ["1", "2"])
+def test_fewer_than_three_ranks_are_refused_up_front(world):
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "laggard.cli", "demo", "--world-size", world],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["laggard demo: --world-size must be at least 3: the straggler detector "
+                     "names a rank only against the median of at least 3 ranks"], proc.stderr
+    assert proc.stdout == ""  # no agent, no launcher: refused before anything starts
+    assert time.monotonic() - started < 30
+
+
 def test_report_from_a_worker_result():
     args = argparse.Namespace(slow_rank=1, slowdown=1.5, slow_from=20, window=10,
                               compression="none")
