@@ -178,7 +178,8 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
           f"agent metrics at {metrics_url}", flush=True)
     result_path = tmp / "result.json"
     windows_path = Path(args.windows) if args.windows else tmp / "windows.jsonl"
-    windows_path.unlink(missing_ok=True)  # the monitor appends
+    if windows_path.is_file():
+        windows_path.unlink()  # the monitor appends; a device or pipe (/dev/full) is left be
     launcher = children.start(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          "--nproc_per_node", str(args.world_size),
@@ -215,6 +216,8 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     report = build_report(result, args, metrics_url)
     print(format_report(report, agent_ranks))
     status = _write_outputs(args, report, windows_path)
+    if args.windows and report["windows_file"]["unsaved"]:
+        status = 1  # an output asked for was not (wholly) written; the run itself completed
     if args.keep_agent:
         try:
             _wait_for_user(metrics_url)
@@ -237,6 +240,11 @@ def _write_outputs(args: argparse.Namespace, report: dict[str, Any], windows: Pa
     if args.html:
         from laggard.analyze.run_report import write_report
 
+        saved = report["windows_file"]
+        if saved["unsaved"] >= saved["windows"] > 0:
+            print("laggard demo: cannot write the HTML report: no window was saved (above)",
+                  file=sys.stderr)
+            return 1
         try:
             size = write_report(windows, Path(args.html), title="laggard demo run report",
                                 summary=[injected_line(report)])
