@@ -165,6 +165,22 @@ def test_bad_flags_get_a_clear_error_and_status_2():
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_disk_for_the_windows_is_said_once_and_the_run_goes_on(tmp_path):
+    proc = _start(*SHORT, "--steps", "60", "--slowdown", "1.0", "--windows", "/dev/full",
+                  "--html", str(tmp_path / "r.html"))
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 1, out[-3000:]  # an output asked for was not written
+    assert out.count("laggard: cannot write the windows file /dev/full: [Errno 28]") == 1, out
+    assert ("windows file: no window was saved to /dev/full: [Errno 28] No space left on device "
+            "(all 6 windows lost;") in out
+    assert "injected: no slowdown; no straggler named" in out  # the run and its report complete
+    assert "cannot write the HTML report: no window was saved" in out
+    assert not (tmp_path / "r.html").exists()
+    assert os.path.exists("/dev/full") and not os.path.isfile("/dev/full")  # left be
+
+
 @pytest.mark.parametrize("world", ["1", "2"])
 def test_fewer_than_three_ranks_are_refused_up_front(world):
     started = time.monotonic()
