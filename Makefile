@@ -1,6 +1,7 @@
 # Two commands for a fresh machine, each doing its own set-up:
 #   make demo   # train a 4-rank job with one slowed rank and watch laggard name it
-#   make test   # the whole test suite
+#   make test   # the whole test suite (what CI runs), a progress line per test file
+#   make test-fast  # the pure packages' tests without the slow (multi-process) ones
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,24 +9,37 @@ PY := $(VENV)/bin/python
 # Any other torch specification pulls a multi-gigabyte CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test test-fast lint bench clean
 
 venv: $(VENV)/.installed
 
+# PYTHONWARNINGS: setuptools warns on every editable install of a package-dir layout that a
+# folder named like the package could shadow it; none here is (laggard lives in laggard_pkg/).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)" numpy
 	echo "$(TORCH_SPEC)" > $(VENV)/constraints.txt
-	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e '.[torch,test,dashboards,dev,report,trainers]'
+	PYTHONWARNINGS="ignore:Editable installation" \
+		$(PY) -m pip install -q -c $(VENV)/constraints.txt -e '.[torch,test,dashboards,dev,report,trainers]'
 	touch $@
 
 demo: venv
 	$(VENV)/bin/laggard demo $(ARGS)
 
+# A line per test file with its progress, the skips and failures explained at the end, and
+# the ten slowest tests.
+PYTEST_REPORT := -rfEs --durations=10
+
 test: venv
 	scripts/ensure-prometheus.sh
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest $(PYTEST_REPORT) $(ARGS)
+
+# The pure packages (parsers, detectors, collectors, agent) without the tests marked slow.
+FAST_TESTS := tests/parsers tests/detectors tests/collectors tests/agent
+
+test-fast: venv
+	$(PY) -m pytest $(PYTEST_REPORT) -m "not slow" $(FAST_TESTS) $(ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check laggard_pkg agent collectors parsers detectors analyze dashboards nvml \

@@ -26,11 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from laggard.demo.report import build_report, format_report, injected_line, percent
+from laggard.detectors.straggler import MIN_RANKS
 
 #: Seconds to wait for the agent's /metrics to answer after starting it.
 AGENT_START_TIMEOUT = 15.0
 #: Seconds between SIGTERM and SIGKILL when stopping a child process.
 STOP_GRACE = 5.0
+#: The fewest ranks the demo runs: the fewest the straggler detector compares.
+MIN_WORLD_SIZE = MIN_RANKS
 #: ``laggard.compression.COMPRESSORS`` (not imported: that imports torch).
 COMPRESSION_CHOICES = ("none", "fp16", "sign", "topk", "powersgd", "onebit_adam")
 
@@ -38,7 +41,7 @@ COMPRESSION_CHOICES = ("none", "fp16", "sign", "topk", "powersgd", "onebit_adam"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``laggard demo``."""
     parser.add_argument("--world-size", type=int, default=4, metavar="W",
-                        help="ranks to launch on this machine (default: 4)")
+                        help="ranks to launch on this machine, at least 3 (default: 4)")
     parser.add_argument("--steps", type=int, default=600,
                         help="training steps (default: 600)")
     parser.add_argument("--slow-rank", type=int, default=None, metavar="R",
@@ -177,7 +180,8 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
           f"agent metrics at {metrics_url}", flush=True)
     result_path = tmp / "result.json"
     windows_path = Path(args.windows) if args.windows else tmp / "windows.jsonl"
-    windows_path.unlink(missing_ok=True)  # the monitor appends
+    if windows_path.is_file():
+        windows_path.unlink()  # the monitor appends; a device or pipe (/dev/full) is left be
     launcher = children.start(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          "--nproc_per_node", str(args.world_size),
@@ -214,6 +218,8 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     report = build_report(result, args, metrics_url)
     print(format_report(report, agent_ranks))
     status = _write_outputs(args, report, windows_path)
+    if args.windows and report["windows_file"]["unsaved"]:
+        status = 1  # an output asked for was not (wholly) written; the run itself completed
     if args.keep_agent:
         try:
             _wait_for_user(metrics_url)
@@ -236,6 +242,11 @@ def _write_outputs(args: argparse.Namespace, report: dict[str, Any], windows: Pa
     if args.html:
         from laggard.analyze.run_report import write_report
 
+        saved = report["windows_file"]
+        if saved["unsaved"] >= saved["windows"] > 0:
+            print("laggard demo: cannot write the HTML report: no window was saved (above)",
+                  file=sys.stderr)
+            return 1
         try:
             size = write_report(windows, Path(args.html), title="laggard demo run report",
                                 summary=[injected_line(report)])
@@ -343,8 +354,11 @@ def _signal_tree(pid: int, descendants: list[int], signum: int) -> None:
 
 # --------------------------------------------------------------------------------- helpers
 def _check_args(args: argparse.Namespace) -> str | None:
-    if args.world_size < 1:
-        return "--world-size must be at least 1"
+    if args.world_size < MIN_WORLD_SIZE:
+        # Refused up front: with 2 ranks the median is the mean of both, so neither can stand
+        # out, and a run would train for its whole length to end "NOT found".
+        return (f"--world-size must be at least {MIN_WORLD_SIZE}: the straggler detector "
+                f"names a rank only against the median of at least {MIN_WORLD_SIZE} ranks")
     if args.slow_rank is not None and not 0 <= args.slow_rank < args.world_size:
         return f"--slow-rank must be in [0, {args.world_size - 1}]"
     if not math.isfinite(args.slowdown) or args.slowdown < 1.0:
@@ -374,8 +388,6 @@ def _check_args(args: argparse.Namespace) -> str | None:
     if emulated and (args.compression != "none" or args.inject_bitflip):
         return ("--device emulated-async runs the plain timed all-reduce only: drop "
                 "--compression and --inject-bitflip")
-    if args.world_size < 3:
-        print("laggard demo: note: naming a straggler needs at least 3 ranks", file=sys.stderr)
     return None
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 from laggard.detectors.window import STEP_COLUMN_NAMES, WindowRecord
 
-__all__ = ["build_report", "format_report", "injected_line", "percent"]
+__all__ = ["build_report", "detector_compute_slowdown", "format_report", "injected_line",
+           "percent", "windows_file_line"]
 
 
 def build_report(result: dict[str, Any], args: argparse.Namespace,
@@ -70,7 +71,34 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
         "cleared": [{"detector": f.get("detector"), "kind": f.get("kind"),
                      "rank": f.get("rank"), "step": f.get("step")}
                     for f in result.get("cleared", [])],
+        "windows_file": _windows_file(result, args),
     }
+
+
+def _windows_file(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """What became of rank 0's windows file: ``path`` (``--windows``, None for the demo's own
+    temporary one), ``windows`` gathered, ``unsaved`` (windows that could not be written) and
+    the first ``error``."""
+    monitor = result.get("monitor") or {}
+    return {"path": getattr(args, "windows", None) or None,
+            "windows": monitor.get("windows", len(result["windows"])),
+            "unsaved": monitor.get("save_errors", 0), "error": monitor.get("save_error", "")}
+
+
+def windows_file_line(report: dict[str, Any]) -> str:
+    """The report's line on a windows file that could not be written ("" when all was saved)."""
+    saved = report.get("windows_file") or {}
+    unsaved, total = saved.get("unsaved", 0), saved.get("windows", 0)
+    if not unsaved:
+        return ""
+    where = saved.get("path") or "the demo's windows file (what --html draws)"
+    error = saved.get("error") or "a write error"
+    if unsaved >= total:
+        return (f"windows file: no window was saved to {where}: {error} (all {total} windows "
+                "lost; rank 0's log said so once, training went on); `laggard report` has "
+                "nothing to read")
+    return (f"windows file: {unsaved} of {total} windows could not be saved to {where}: {error} "
+            f"(the file holds the other {total - unsaved}; `laggard report` draws those)")
 
 
 #: The device clock's columns (``laggard.detectors.window``), where the monitor has them.
@@ -132,11 +160,9 @@ def _fsdp_line(report: dict[str, Any]) -> str:
 
 def _measured_slowdown(ranks: list[dict[str, Any]], args: argparse.Namespace) -> float | None:
     """The slowed rank's compute over the other ranks' median, minus 1 (None if unslowed)."""
-    if args.slowdown <= 1.0 or not 0 <= args.slow_rank < len(ranks):
+    if args.slowdown <= 1.0:
         return None
-    own = ranks[args.slow_rank]["compute_seconds_median"]
-    others = _median([r["compute_seconds_median"] for r in ranks if r["rank"] != args.slow_rank])
-    return None if own is None or not others else own / others - 1
+    return _rank_excess({"ranks": ranks}, args.slow_rank)
 
 
 def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) -> str:
@@ -161,6 +187,9 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
                 else " (it received no step records)")
     lines.append(f"metrics: {report['metrics_url']}{received}; findings also at "
                  f"{report['metrics_url'].rsplit('/', 1)[0]}/findings and in rank 0's log above")
+    lost = windows_file_line(report)
+    if lost:
+        lines.append(lost)
     lines.append(injected_line(report))
     return "\n".join(lines)
 
@@ -176,9 +205,8 @@ def _table_lines(report: dict[str, Any]) -> list[str]:
              f"{'rank':>4}  {'compute':>8}  {'vs others':>9}  {'collective wait':>15}  "
              f"{'data':>6}  {'step':>7}"]
     for r in report["ranks"]:
-        own = r["compute_seconds_median"]
-        others = _median([o["compute_seconds_median"] for o in report["ranks"] if o is not r])
-        versus = "-" if own is None or not others else f"{100 * (own / others - 1):+.1f}%"
+        excess = _rank_excess(report, r["rank"])
+        versus = "-" if excess is None else f"{100 * excess:+.1f}%"
         lines.append(f"{r['rank']:>4}  {_ms(r['compute_seconds_median']):>8}  {versus:>9}  "
                      f"{_ms(r['collective_wait_seconds_median']):>15}  "
                      f"{_ms(r['data_seconds_median']):>6}  {_ms(r['step_seconds_median']):>7}")
@@ -233,26 +261,75 @@ def _finding_lines(report: dict[str, Any]) -> list[str]:
         seen[key] = 0
         lines.append(f"{f.get('detector') or 'straggler'}: rank {f['rank']} ({f['kind']}), "
                      f"first flagged at step {f['step']}")
-        # The detector's figure is the excess of the windows that raised the finding; the table
-        # above and the last line give it over the whole slowed period.
-        scope = (" (in the windows that raised it)"
-                 if (f.get("detector") or "straggler") == "straggler" else "")
-        lines.append(f"  {f['message']}{scope}")
+        lines.append(f"  {f['message']}")
+        figures = _slowdown_figures(report, f)
+        if figures:
+            lines.append(f"  slowdown: {figures}")
         why = _evidence_sentence(f.get("evidence") or {})
         if why:
             lines.append(f"  why: {why}")
-        ended = [c["step"] for c in report.get("cleared", [])
-                 if (c["rank"], c["kind"]) == (f["rank"], f["kind"])
-                 and c["step"] is not None and c["step"] > f["step"]]
-        if ended:
-            lines.append(f"  cleared at step {ended[0]} (evidence of recovery)")
+        ended = _cleared_step(report, f)
+        if ended is not None:
+            lines.append(f"  cleared at step {ended} (evidence of recovery)")
     for (detector, rank, kind), again in seen.items():
         if again:
             lines.append(f"  ({detector or 'straggler'} {kind} on rank {rank}: raised again in "
                          f"{again} later window{'s' if again > 1 else ''})")
-    lines += [f"also: {f['message']} (step {f['step']})"
-              for f in report["findings"] if f["rank"] is None]
+    # Whole-job findings after the rank findings: one still open at the end first, then those
+    # that cleared, each saying so (under load, the shared cores slow every rank for a while).
+    job = [f for f in report["findings"] if f["rank"] is None]
+    for f in sorted(job, key=lambda f: _cleared_step(report, f) is not None):
+        ended = _cleared_step(report, f)
+        lines.append(f"also: {f['message']} (step {f['step']}; "
+                     + ("still open at the end)" if ended is None else
+                        f"cleared at step {ended})"))
     return lines
+
+
+def _cleared_step(report: dict[str, Any], finding: dict[str, Any]) -> int | None:
+    """The step at which ``finding`` cleared, or None if it was still open at the end."""
+    return next((c["step"] for c in report.get("cleared", [])
+                 if (c["rank"], c["kind"]) == (finding["rank"], finding["kind"])
+                 and c.get("detector", finding.get("detector")) == finding.get("detector")
+                 and c["step"] is not None and finding["step"] is not None
+                 and c["step"] > finding["step"]), None)
+
+
+def detector_compute_slowdown(evidence: dict[str, Any]) -> float | None:
+    """A compute finding's own figure, as its message gives it: the rank's forward+backward over
+    the median rank's, the median of the detector's last windows when it was raised."""
+    excess, work = evidence.get("compute_slowdown"), evidence.get("median_work_seconds")
+    compute = evidence.get("median_compute_seconds")
+    if excess is None or not work or not compute:
+        return None
+    return excess * work / compute
+
+
+def _slowdown_figures(report: dict[str, Any], finding: dict[str, Any]) -> str:
+    """The compute finding's figure and the table's, each said for what it is."""
+    evidence = finding.get("evidence") or {}
+    own = detector_compute_slowdown(evidence)
+    if (finding.get("detector") or "straggler") != "straggler" or finding["kind"] != "compute" \
+            or own is None:
+        return ""
+    text = (f"{100 * own:.0f}% when raised (the finding's figure: the median of its last "
+            f"{evidence.get('windows') or 'few'} windows up to step {finding['step']}, the onset's "
+            "partly slowed windows among them)")
+    table = _rank_excess(report, finding["rank"])
+    if table is not None:
+        text += (f"; {100 * table:+.1f}% from step {report['table_from_step']} on (the table's "
+                 "'vs others', the last line's 'measured')")
+    return text
+
+
+def _rank_excess(report: dict[str, Any], rank: int | None) -> float | None:
+    """``rank``'s median compute over the other ranks' median, minus 1: the table's figure."""
+    ranks = report.get("ranks") or []
+    if rank is None or not 0 <= rank < len(ranks):
+        return None
+    own = ranks[rank]["compute_seconds_median"]
+    others = _median([r["compute_seconds_median"] for r in ranks if r["rank"] != rank])
+    return None if own is None or not others else own / others - 1
 
 
 def injected_line(report: dict[str, Any]) -> str:
@@ -269,9 +346,15 @@ def injected_line(report: dict[str, Any]) -> str:
     # Counted as slowed steps (onset included): found at step 259 for onset 200 is 60 of them.
     found = (f"found at step {first['step']}, after {first['step'] - injected['from_step'] + 1} "
              "slowed steps" if first else "NOT found")
+    own = detector_compute_slowdown(first.get("evidence") or {}) if first else None
+    if own is not None and first is not None and first.get("kind") == "compute":
+        found += f", at {100 * own:.0f}% in its last windows"
+    # the table's figure, to its precision, said over which steps
+    since = report.get("table_from_step")
+    measured_text = ("-" if measured is None else f"{100 * measured:.1f}%"
+                     + (f" from step {since} on (the table)" if since is not None else ""))
     return (f"injected: rank {injected['rank']} {percent(injected['slowdown'] - 1)} slower compute "
-            f"from step {injected['from_step']}; measured "
-            f"{'-' if measured is None else percent(measured)}; {found}")
+            f"from step {injected['from_step']}; measured {measured_text}; {found}")
 
 
 def _evidence_sentence(evidence: dict[str, Any]) -> str:

@@ -394,6 +394,9 @@ def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, An
             "send_errors": monitor.stats.send_errors,
             "windows": monitor.stats.windows,
             "internal_errors": monitor.stats.internal_errors,
+            # windows that could not be appended to --windows, and the first error
+            "save_errors": monitor.stats.save_errors,
+            "save_error": monitor.save_error,
         },
     }
 

@@ -633,7 +633,8 @@ class StragglerDetector:
         slowdown = float(typical[signal])
         message = _message(signal=signal, where=where, slowdown=slowdown, job_work=job_work,
                            signal_seconds=float(medians[signal]),
-                           hint=self.config.compute_hint)
+                           hint=self.config.compute_hint,
+                           windows=self.config.persistence_windows)
         t = self._test
         details: dict[str, Any] = {
             "slowdown": _round(slowdown),
@@ -674,28 +675,32 @@ class StragglerDetector:
 
 
 def _message(*, signal: int, where: str, slowdown: float, job_work: float,
-             signal_seconds: float, hint: str) -> str:
-    """A rank finding's message: one number for the slowdown, then what to check.
+             signal_seconds: float, hint: str, windows: int) -> str:
+    """A rank finding's message: one number for the slowdown, said over which windows, then
+    what to check.
 
     Args:
-        slowdown: the rank's excess as a fraction of the median rank's work per step.
+        slowdown: the rank's excess as a fraction of the median rank's work per step (its
+            median over the last ``windows`` windows).
         job_work: the median rank's work (compute + data) per step, seconds.
         signal_seconds: the median rank's seconds per step of this signal.
+        windows: the windows that median is taken over (``persistence_windows``).
     """
     extra_ms = 1e3 * slowdown * job_work
+    over = f"in its last {windows} windows"  # the median of those windows
     if signal == _COMPUTE:
         # compute: this rank's forward+backward over the median rank's
         pct = 100 * slowdown * job_work / signal_seconds if signal_seconds > 0 else 100 * slowdown
-        return (f"{where}: forward+backward {pct:.0f}% slower than the median rank "
+        return (f"{where}: forward+backward {pct:.0f}% slower than the median rank {over} "
                 f"(+{extra_ms:.1f} ms per step), and every other rank waits for it in the "
                 f"gradient collective: {hint}")
     if signal == _DATA:
-        return (f"{where}: data loading +{extra_ms:.1f} ms per step over the median rank "
+        return (f"{where}: data loading +{extra_ms:.1f} ms per step over the median rank {over} "
                 f"({100 * slowdown:.0f}% of a step's work), and every other rank waits for it: "
                 "check its input pipeline (loader workers, storage, host CPU)")
     return (f"{where}: collective transfer +{extra_ms:.1f} ms per step over the median rank "
-            f"({100 * slowdown:.0f}% of a step's work), and every other rank waits for it: "
-            "check its network link (NIC, cable, switch port)")
+            f"{over} ({100 * slowdown:.0f}% of a step's work), and every other rank waits for "
+            "it: check its network link (NIC, cable, switch port)")
 
 
 def _sort_windows(history: np.ndarray) -> np.ndarray:
@@ -746,10 +751,11 @@ class _RankContext:
 
 
 def _cleared(finding: Finding, step: int | None, reason: str) -> Finding:
-    what = f"rank {finding.rank}" if finding.rank is not None else "whole job"
+    what = (f"rank {finding.rank}: {finding.kind} slowdown" if finding.rank is not None
+            else "whole-job slowdown")
     return finding.clear(
         step=step, reason=reason,
-        message=f"{what}: {finding.kind} slowdown cleared ({reason.replace('_', ' ')})")
+        message=f"{what} cleared ({reason.replace('_', ' ')})")
 
 
 def _round(value: float) -> float | None:

@@ -177,6 +177,9 @@ class TrainingMonitor:
         stats: :class:`MonitorStats`.
         findings: on rank 0, every finding raised so far (oldest first, at most 256).
         cleared: on rank 0, the findings that have cleared since (``Finding.cleared``).
+        save_error: on rank 0, the first error that kept a window out of
+            ``Config.windows_path`` (``"[Errno 28] No space left on device"``), "" if none;
+            ``stats.save_errors`` counts them.
         windows: on rank 0, the last ``history_windows`` gathered
             :class:`~laggard.detectors.window.WindowRecord` s (their width-1 columns).
         participants: the hosted participants, in gather order.
@@ -289,6 +292,7 @@ class TrainingMonitor:
         self.stats = MonitorStats()
         self.findings: list[Finding] = []
         self.cleared: list[Finding] = []
+        self.save_error = ""
         self.windows: collections.deque[WindowRecord] = collections.deque(
             maxlen=self.config.history_windows)
         dist_mod = _initialized_dist()
@@ -454,9 +458,7 @@ class TrainingMonitor:
             if self._fsdp_markers is not None:
                 self._fsdp_markers.uninstall()
                 self._fsdp_markers = None
-            if self._windows_file is not None:
-                self._windows_file.close()
-                self._windows_file = None
+            self._close_windows_file()
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
@@ -660,8 +662,8 @@ class TrainingMonitor:
                 log.warning("laggard: %s (step %s)", finding.message, finding.step)
                 self.cleared.append(finding)
             else:
-                log.warning("laggard: %s: %s (step %s; evidence %s)", finding.detector,
-                            finding.message, finding.step, finding.evidence)
+                log.warning("laggard: %s: %s (step %s; %s)", finding.detector,
+                            finding.message, finding.step, _evidence_text(finding.evidence))
                 self.findings.append(finding)
         del self.findings[:-256], self.cleared[:-256]
         self.windows.append(record.scalars())
@@ -690,11 +692,29 @@ class TrainingMonitor:
                 "notes": notes,
             }
             self._windows_file.write(json.dumps(doc) + "\n")
+            # A full disk fails here, not in write(): the line sat in the file's buffer.
             self._windows_file.flush()
         except (OSError, TypeError, ValueError) as exc:
             self.stats.save_errors += 1
-            self._log_once("save", "laggard: cannot save windows to %s: %s (counting, not "
-                           "retrying)", self.config.windows_path, exc)
+            self.save_error = self.save_error or str(exc)
+            self._log_once("save", "laggard: cannot write the windows file %s: %s; windows "
+                           "that cannot be written are counted (stats.save_errors), not "
+                           "retried, and training goes on", self.config.windows_path, exc)
+            if isinstance(exc, OSError):
+                # Drop the unwritten bytes: the next window reopens the file and tries anew
+                # with its own line, rather than after a stale, partly written buffer.
+                self._close_windows_file(count=False)  # this window's error, counted above
+
+    def _close_windows_file(self, count: bool = True) -> None:
+        """Close the windows file; a flush that fails on close (a full disk) is counted as a
+        save error (``count``), never raised."""
+        file, self._windows_file = self._windows_file, None
+        if file is None:
+            return
+        try:
+            file.close()  # closed even when its final flush fails
+        except OSError:
+            self.stats.save_errors += count
 
     # ------------------------------------------------------------------------- helpers
     def _internal_error(self, where: str, exc: BaseException) -> None:
@@ -706,6 +726,30 @@ class TrainingMonitor:
         if key not in self._logged:
             self._logged.add(key)
             log.warning(msg, *args)
+
+
+def _evidence_text(evidence: dict[str, Any]) -> str:
+    """A finding's evidence for a log line, in words (the record keeps every field).
+
+    A straggler finding says how far its test got and against what noise; its slowdown is the
+    message's own figure, so not repeated. Any other finding lists its scalar fields, numbers
+    to four significant digits.
+    """
+    test, interval = evidence.get("evidence"), evidence.get("decision_interval")
+    if isinstance(test, (int, float)) and isinstance(interval, (int, float)) and interval > 0:
+        # the test's accumulated excess in units of its decision interval: raised at 1
+        text = f"evidence {test / interval:.2f} of 1 decision interval"
+        noise = evidence.get("noise")
+        if isinstance(noise, (int, float)):
+            text += f", rank-to-rank noise {100 * noise:.1f}% of a step's work"
+        return text
+    fields = []
+    for key, value in evidence.items():
+        if isinstance(value, bool) or value is None or isinstance(value, (dict, list, tuple)):
+            continue
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        fields.append(f"{key.replace('_', ' ')} {shown}")
+    return "evidence: " + (", ".join(fields) if fields else "none")
 
 
 class _StepContext:

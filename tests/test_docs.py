@@ -94,6 +94,30 @@ def test_readme_keeps_the_two_commands() -> None:
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_readme_names_the_fast_target_the_makefile_has() -> None:
+    """`make test-fast` is named in the README with a duration beside `make test`'s."""
+    readme = README.read_text()
+    assert "make test-fast" in readme
+    assert re.search(r"^test-fast:", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert re.search(r"make test-fast`.{0,200}?\d+ s\b", readme, re.DOTALL)
+
+
+def test_every_data_folder_of_a_package_is_listed_as_a_package() -> None:
+    """A folder of package data that is not in `packages` makes setuptools warn on every
+    install (its BuildBackendWarning, once per file: ~95 lines during `make demo`)."""
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = set(config["packages"])
+    for name, folder in config["package-dir"].items():
+        for sub in sorted(p for p in (ROOT / folder).iterdir()
+                          if p.is_dir() and p.name != "__pycache__"):
+            if any(f.is_file() and f.suffix != ".pyc" for f in sub.iterdir()):
+                assert f"{name}.{sub.name}" in packages, f"{name}.{sub.name} not in packages"
+                # its files travel as package data of that package
+                if not (sub / "__init__.py").exists():
+                    assert f"{name}.{sub.name}" in config["package-data"]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_relative_links_resolve(page: Path) -> None:
     assert not broken_links(page), broken_links(page)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 from support import free_port, scrape
@@ -18,6 +19,7 @@ pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
 from laggard.demo import local as demo  # noqa: E402
+from laggard.demo.report import format_report  # noqa: E402
 
 #: Short runs: 3 ranks (the fewest that can outvote one), 10-step windows.
 SHORT = ["--world-size", "3", "--window", "10", "--slow-rank", "1"]
@@ -163,6 +165,35 @@ def test_bad_flags_get_a_clear_error_and_status_2():
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_disk_for_the_windows_is_said_once_and_the_run_goes_on(tmp_path):
+    proc = _start(*SHORT, "--steps", "60", "--slowdown", "1.0", "--windows", "/dev/full",
+                  "--html", str(tmp_path / "r.html"))
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 1, out[-3000:]  # an output asked for was not written
+    assert out.count("laggard: cannot write the windows file /dev/full: [Errno 28]") == 1, out
+    assert ("windows file: no window was saved to /dev/full: [Errno 28] No space left on device "
+            "(all 6 windows lost;") in out
+    assert "injected: no slowdown; no straggler named" in out  # the run and its report complete
+    assert "cannot write the HTML report: no window was saved" in out
+    assert not (tmp_path / "r.html").exists()
+    assert os.path.exists("/dev/full") and not os.path.isfile("/dev/full")  # left be
+
+
+@pytest.mark.parametrize("world", ["1", "2"])
+def test_fewer_than_three_ranks_are_refused_up_front(world):
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "laggard.cli", "demo", "--world-size", world],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["laggard demo: --world-size must be at least 3: the straggler detector "
+                     "names a rank only against the median of at least 3 ranks"], proc.stderr
+    assert proc.stdout == ""  # no agent, no launcher: refused before anything starts
+    assert time.monotonic() - started < 30
+
+
 def test_report_from_a_worker_result():
     args = argparse.Namespace(slow_rank=1, slowdown=1.5, slow_from=20, window=10,
                               compression="none")
@@ -206,16 +237,15 @@ def test_report_from_a_worker_result():
     assert "cleared at step 59" in text
     assert report["cleared"] == [{"detector": "straggler", "kind": "compute", "rank": 1,
                                   "step": 59}]
-    assert ("injected: rank 1 50% slower compute from step 20; measured 53%; found at step 39, "
-            "after 20 slowed steps") in text
+    assert ("injected: rank 1 50% slower compute from step 20; measured 53.3% from step 20 on "
+            "(the table); found at step 39, after 20 slowed steps") in text
+    assert "+53.3%" in next(line for line in text.splitlines() if line.startswith("   1 "))
     assert report["injected"]["measured_slowdown"] == pytest.approx(0.046 / 0.03 - 1)
     assert "why: its excess added up" not in text  # this finding carries no test evidence
     assert "ranks 0-2" in text
 
 
 def test_a_finding_is_explained_in_one_sentence_with_two_numbers():
-    from laggard.demo.report import format_report
-
     finding = {"detector": "straggler", "kind": "compute", "rank": 2, "step": 259,
                "message": "rank 2: forward+backward 25% slower than the median rank",
                "evidence": {"noise": 0.014, "evidence": 0.09, "wait_deficit": 0.88,
@@ -230,8 +260,74 @@ def test_a_finding_is_explained_in_one_sentence_with_two_numbers():
             "rank-to-rank noise of 1.4% of a step's work; it waits 18.1 ms per step less than "
             "the median rank in the collective") in text
     assert "transfer_slowdown" not in text and "evidence:" not in text
-    assert text.endswith("injected: rank 2 25% slower compute from step 200; measured 25%; "
-                         "found at step 259, after 60 slowed steps")
+    assert text.endswith("injected: rank 2 25% slower compute from step 200; measured 25.4% from "
+                         "step 200 on (the table); found at step 259, after 60 slowed steps")
+
+
+def _rank(rank: int, compute: float) -> dict[str, Any]:
+    return {"rank": rank, "compute_seconds_median": compute, "collective_wait_seconds_median":
+            0.01, "data_seconds_median": 0.001, "step_seconds_median": 0.05}
+
+
+def _report(findings: list[dict[str, Any]], cleared: list[dict[str, Any]],
+            windows_file: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A default-run report: rank 2 23.2% slower than the others' median from step 200."""
+    return {"table_from_step": 200, "findings": findings, "cleared": cleared,
+            "ranks": [_rank(0, 0.020), _rank(1, 0.0201), _rank(2, 0.02464), _rank(3, 0.0199)],
+            "comm": {"bytes": None}, "loss": {"first": 5.8, "last": 1.5},
+            "metrics_url": "http://127.0.0.1:1/metrics", "windows_file": windows_file,
+            "injected": {"rank": 2, "slowdown": 1.25, "from_step": 200,
+                         "measured_slowdown": 0.02464 / 0.020 - 1}}
+
+
+#: The detector's compute finding of a default run: 18% over its last 5 windows.
+COMPUTE = {"detector": "straggler", "kind": "compute", "rank": 2, "step": 279,
+           "message": "rank 2: forward+backward 18% slower than the median rank in its last 5 "
+                      "windows (+3.6 ms per step), ...",
+           "evidence": {"compute_slowdown": 0.1714, "median_work_seconds": 0.021,
+                        "median_compute_seconds": 0.020, "windows": 5, "noise": 0.01,
+                        "evidence": 0.2, "decision_interval": 0.19}}
+JOB = {"detector": "straggler", "kind": "job_slowdown", "rank": None, "step": 119,
+       "message": "whole job 14.0% slower than its best (...), not one rank: ...",
+       "evidence": {"slowdown": 0.14}}
+
+
+def test_each_slowdown_figure_is_said_for_what_it_is():
+    text = format_report(_report([JOB, COMPUTE], []))
+    lines = text.splitlines()
+    table = next(line for line in lines if line.startswith("   2 "))
+    assert "+23.2%" in table
+    assert ("  slowdown: 18% when raised (the finding's figure: the median of its last 5 windows "
+            "up to step 279, the onset's partly slowed windows among them); +23.2% from step "
+            "200 on (the table's 'vs others', the last line's 'measured')") in lines
+    assert lines[-1] == ("injected: rank 2 25% slower compute from step 200; measured 23.2% from "
+                         "step 200 on (the table); found at step 279, after 80 slowed steps, at "
+                         "18% in its last windows")
+    # the whole-job finding raised first comes after the rank finding, said open or cleared
+    rank_at = lines.index("straggler: rank 2 (compute), first flagged at step 279")
+    also = [i for i, line in enumerate(lines) if line.startswith("also: whole job")]
+    assert also and also[0] > rank_at
+    assert lines[also[0]].endswith("(step 119; still open at the end)")
+    cleared = {"detector": "straggler", "kind": "job_slowdown", "rank": None, "step": 179}
+    text = format_report(_report([JOB, COMPUTE], [cleared]))
+    assert "also: whole job 14.0% slower than its best (...), not one rank: ... (step 119; " \
+           "cleared at step 179)" in text
+
+
+def test_a_windows_file_that_could_not_be_written_is_said_with_what_was_lost():
+    from laggard.demo.report import windows_file_line
+
+    lost = {"path": "/dev/full", "windows": 30, "unsaved": 30,
+            "error": "[Errno 28] No space left on device"}
+    text = format_report(_report([COMPUTE], [], lost))
+    assert ("windows file: no window was saved to /dev/full: [Errno 28] No space left on device "
+            "(all 30 windows lost; rank 0's log said so once, training went on); `laggard "
+            "report` has nothing to read") in text.splitlines()
+    some = {**lost, "unsaved": 4}
+    assert windows_file_line({"windows_file": some}).startswith(
+        "windows file: 4 of 30 windows could not be saved to /dev/full: ")
+    assert windows_file_line({"windows_file": {**lost, "unsaved": 0}}) == ""
+    assert windows_file_line({}) == ""
 
 
 def test_fake_gpu_flags_tie_the_throttle_to_the_slowed_rank() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -277,6 +278,21 @@ def test_rank0_logs_a_straggler_once_when_raised_and_once_when_cleared(receiver,
     assert reports[-1].comm["bytes"] == 1e6
     assert reports[-1].detector_stats["windows"] == len(reports)  # rank 0 counts every window
     monitor.close()
+    # the log says the evidence in words, not as a Python dict
+    assert "{" not in raised[0] and "':" not in raised[0], raised[0]
+    assert re.search(r"forward\+backward \d+% slower than the median rank in its last 5 "
+                     r"windows .*\(step \d+; evidence \d\.\d\d of 1 decision interval, "
+                     r"rank-to-rank noise \d+\.\d% of a step's work\)$", raised[0]), raised[0]
+    assert cleared[0].startswith("laggard: rank 2: compute slowdown cleared (recovered)")
+
+
+def test_other_findings_log_their_evidence_fields_in_words():
+    from laggard.integrations.monitor import _evidence_text
+
+    text = _evidence_text({"slowdown": 0.123456, "threshold": 0.1, "ranks": 4,
+                           "gpu_state": {"reason": "x"}, "cause": None})
+    assert text == "evidence: slowdown 0.1235, threshold 0.1, ranks 4"
+    assert _evidence_text({}) == "evidence: none"
 
 
 @pytest.mark.slow
@@ -338,6 +354,30 @@ def test_an_unwritable_windows_path_is_counted_never_raised(receiver, tmp_path):
         monitor.analyse(_window(rng, 20 * i + 19, None))
     assert monitor.stats.save_errors == 3
     monitor.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_disk_is_counted_per_window_logged_once_and_training_goes_on(receiver, caplog):
+    """/dev/full opens and takes a write into the file's buffer: the error comes at the flush."""
+    port = receiver.getsockname()[1]
+    config = TrainingMonitor.Config(agent_address=f"127.0.0.1:{port}", detect=False,
+                                    windows_path="/dev/full")
+    monitor = TrainingMonitor(config, rank=0, world_size=4)
+    rng = np.random.default_rng(3)
+    with caplog.at_level(logging.WARNING, logger="laggard.integrations.monitor"):
+        for i in range(4):
+            monitor.analyse(_window(rng, 20 * i + 19, None))
+        monitor.close()
+    assert monitor.stats.save_errors == 4  # every window, none twice
+    assert monitor.save_error == "[Errno 28] No space left on device"
+    assert monitor.stats.internal_errors == 0  # close() did not trip over the unflushed file
+    said = [r.getMessage() for r in caplog.records if "windows file" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith("laggard: cannot write the windows file /dev/full: ")
+    assert "No space left on device" in said[0]
+    assert len(monitor.windows) == 4  # the windows were still analysed and kept
+    assert all(isinstance(decode_datagram(receiver.recv(65536)), WindowReport)
+               for _ in range(4))  # and sent to the agent
 
 
 class _CountingParticipant(WindowParticipant):
