@@ -208,23 +208,12 @@ class PowerSGDCompression(CompressionState):
         w, r = self.world_size, self.approximation_rank
         stage1.div_(w)
         stage2 = torch.empty(plan.stage2, dtype=torch.float32, device=stage1.device)
-        ms = [buffer[mat.start : mat.end].view(mat.rows, mat.cols) for mat in plan.matrices]
-        ps = [stage1[mat.p_start : mat.p_start + mat.rows * r].view(mat.rows, r)
-              for mat in plan.matrices]
-        qs = [stage2[mat.q_start : mat.q_start + mat.cols * r].view(mat.cols, r)
-              for mat in plan.matrices]
+        ms, ps, qs = _views(plan, buffer, stage1, stage2, r)
         for m, p, q in zip(ms, ps, qs, strict=True):
             p.copy_(torch.linalg.qr(p).Q)
             torch.mm(m.t(), p, out=q)
         if plan.stage2:
-            if self.integrity is not None:
-                self.integrity.allreduce_sent(index, stage2, stage=1)
-            second = dist.all_reduce(stage2, group=self._worker.group, async_op=True)
-            # wait on the tracked future: its completion is recorded before DDP takes the step
-            self.timer.track(second.get_future(), ring_allreduce_bytes(stage2.numel() * 4, w),
-                             "allreduce", raw_bytes=0, bucket_ready=False).wait()
-            if self.integrity is not None:
-                self.integrity.allreduce_received(index, stage2, stage=1)
+            self._reduce_stage_two(index, stage2)
             if not all_finite(stage2):  # Q = M^T P overflowed somewhere
                 return buffer.fill_(math.nan)
             stage2.div_(w)
@@ -239,6 +228,18 @@ class PowerSGDCompression(CompressionState):
             e.sub_(m)  # e = M - approx
         return buffer
 
+    def _reduce_stage_two(self, index: int, stage2: torch.Tensor) -> None:
+        """Sum every rank's Q = M^T P (stage 2) in place, fingerprinted and timed; waits on the
+        tracked future, so its completion is recorded before DDP takes the step."""
+        if self.integrity is not None:
+            self.integrity.allreduce_sent(index, stage2, stage=1)
+        second = dist.all_reduce(stage2, group=self._worker.group, async_op=True)
+        w = self.world_size
+        self.timer.track(second.get_future(), ring_allreduce_bytes(stage2.numel() * 4, w),
+                         "allreduce", raw_bytes=0, bucket_ready=False).wait()
+        if self.integrity is not None:
+            self.integrity.allreduce_received(index, stage2, stage=1)
+
     def _finish_on_device(self, index: int, plan: BucketPlan, buffer: torch.Tensor,
                           residual: torch.Tensor, stage1: torch.Tensor) -> torch.Tensor:
         """:meth:`_finish` without a host read (module docstring): stage 2 runs on every rank
@@ -249,23 +250,13 @@ class PowerSGDCompression(CompressionState):
         ok = finite_flag(stage1)
         stage1.div_(w)
         stage2 = torch.empty(plan.stage2, dtype=torch.float32, device=stage1.device)
-        ms = [buffer[mat.start : mat.end].view(mat.rows, mat.cols) for mat in plan.matrices]
-        ps = [stage1[mat.p_start : mat.p_start + mat.rows * r].view(mat.rows, r)
-              for mat in plan.matrices]
-        qs = [stage2[mat.q_start : mat.q_start + mat.cols * r].view(mat.cols, r)
-              for mat in plan.matrices]
+        ms, ps, qs = _views(plan, buffer, stage1, stage2, r)
         for m, p, q in zip(ms, ps, qs, strict=True):
             # a flagged P is orthogonalised as zeros (QR of NaN is the solver's business)
             p.copy_(torch.linalg.qr(torch.where(ok, p, 0.0)).Q)
             torch.mm(m.t(), p, out=q)
         if plan.stage2:
-            if self.integrity is not None:
-                self.integrity.allreduce_sent(index, stage2, stage=1)
-            second = dist.all_reduce(stage2, group=self._worker.group, async_op=True)
-            self.timer.track(second.get_future(), ring_allreduce_bytes(stage2.numel() * 4, w),
-                             "allreduce", raw_bytes=0, bucket_ready=False).wait()
-            if self.integrity is not None:
-                self.integrity.allreduce_received(index, stage2, stage=1)
+            self._reduce_stage_two(index, stage2)
             ok = ok & finite_flag(stage2)
             stage2.div_(w)
         for start, end, at in plan.dense:
@@ -313,3 +304,15 @@ class PowerSGDCompression(CompressionState):
         """Stop the stage-two thread and destroy its group: collective, every rank, after the
         last ``backward()``."""
         self._worker.close()
+
+
+def _views(plan: BucketPlan, buffer: torch.Tensor, stage1: torch.Tensor, stage2: torch.Tensor,
+           rank: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Each matrix's M (in the bucket), P (in stage 1) and Q (in stage 2) as views:
+    ``(rows, cols)``, ``(rows, rank)`` and ``(cols, rank)`` float32."""
+    ms = [buffer[mat.start : mat.end].view(mat.rows, mat.cols) for mat in plan.matrices]
+    ps = [stage1[mat.p_start : mat.p_start + mat.rows * rank].view(mat.rows, rank)
+          for mat in plan.matrices]
+    qs = [stage2[mat.q_start : mat.q_start + mat.cols * rank].view(mat.cols, rank)
+          for mat in plan.matrices]
+    return ms, ps, qs
