@@ -77,42 +77,26 @@ def mark_stalls(model: torch.nn.Module, clock: Any) -> int:
         from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
     except ImportError:
         return 0
-    from laggard.integrations import phases
+    from laggard.integrations.fsdp_device import stall_marked
 
-    start = getattr(phases, "STALL_START", "stall_start")
-    end = getattr(phases, "STALL_END", "stall_end")
+    def stalled_class(base: type, name: str) -> type:
+        """A subclass of FSDP2's comm ``base`` whose calls are device stalls."""
 
-    def stalled(inner: Any, name: str) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            clock.mark(start, name)
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                clock.mark(end, name)
-        return call
+        class Stalled(base):  # type: ignore[misc,valid-type]
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+                self.call = stall_marked(inner, clock, name)
 
-    class StalledAllGather(AllGather):  # type: ignore[misc]
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-            self.call = stalled(inner, "all_gather")
+            def allocate(self, *args: Any, **kwargs: Any) -> Any:
+                return self.inner.allocate(*args, **kwargs)
 
-        def allocate(self, *args: Any, **kwargs: Any) -> Any:
-            return self.inner.allocate(*args, **kwargs)
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                return self.call(*args, **kwargs)
 
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            return self.call(*args, **kwargs)
+        return Stalled
 
-    class StalledReduceScatter(ReduceScatter):  # type: ignore[misc]
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-            self.call = stalled(inner, "reduce_scatter")
-
-        def allocate(self, *args: Any, **kwargs: Any) -> Any:
-            return self.inner.allocate(*args, **kwargs)
-
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            return self.call(*args, **kwargs)
-
+    StalledAllGather = stalled_class(AllGather, "all_gather")
+    StalledReduceScatter = stalled_class(ReduceScatter, "reduce_scatter")
     count = 0
     for module in model.modules():
         if not isinstance(module, FSDPModule):

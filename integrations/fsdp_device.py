@@ -101,24 +101,30 @@ class FsdpStallMarkers:
         self.installed.clear()
 
     def _wrap(self, original: Callable[..., Any], name: str) -> Callable[..., Any]:
-        clock = self.clock
+        return stall_marked(original, self.clock, name)
 
-        @functools.wraps(original)
-        def marked(*args: Any, **kwargs: Any) -> Any:
+
+def stall_marked(call: Callable[..., Any], clock: Any, name: str) -> Callable[..., Any]:
+    """``call`` between a :data:`STALL_START` and a :data:`STALL_END` device mark
+    (``clock.mark(kind, name)``): the device clock's compute is the step's device time minus
+    what lies between them. A failing mark is ignored: a marker never fails FSDP."""
+
+    @functools.wraps(call)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            clock.mark(STALL_START, name)
+        except Exception:  # noqa: BLE001 - a marker never fails FSDP
+            pass
+        try:
+            return call(*args, **kwargs)
+        finally:
             try:
-                clock.mark(STALL_START, name)
-            except Exception:  # noqa: BLE001 - a marker never fails FSDP
+                clock.mark(STALL_END, name)
+            except Exception:  # noqa: BLE001
                 pass
-            try:
-                return original(*args, **kwargs)
-            finally:
-                try:
-                    clock.mark(STALL_END, name)
-                except Exception:  # noqa: BLE001
-                    pass
 
-        marked._laggard_stall = True  # type: ignore[attr-defined]
-        return marked
+    marked._laggard_stall = True  # type: ignore[attr-defined]
+    return marked
 
 
-__all__ = ["WAIT_POINTS", "FsdpStallMarkers"]
+__all__ = ["WAIT_POINTS", "FsdpStallMarkers", "stall_marked"]
