@@ -197,7 +197,7 @@ def build_job(args: argparse.Namespace, rank: int) -> Job:
     if device is not None and args.parallel == "fsdp":
         from laggard.demo.fsdp import mark_stalls
 
-        mark_stalls(model, getattr(monitor, "device_clock", None))
+        mark_stalls(model, monitor.device_clock)
     optimizer = make_optimizer(state, model)
     return Job(model=model, ddp=ddp, batches=batches, optimizer=optimizer, monitor=monitor,
                hook_state=state, integrity=integrity, tracer=tracer, per_step=[],
@@ -381,7 +381,7 @@ def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, An
         "cleared": [f.to_dict() for f in monitor.cleared],
         "parallel": args.parallel, "prefetch": args.prefetch,
         "device": args.device,
-        "phase_clock": getattr(monitor, "phase_clock", monitor.config.phase_clock),
+        "phase_clock": monitor.phase_clock,
         "device_clock": (job.device.default_stream().clock if job.device is not None
                          else None),
         # per step after --slow-from (all steps when it is 0): median seconds of each
