@@ -666,24 +666,25 @@ class TrainingMonitor:
                             finding.message, finding.step, _evidence_text(finding.evidence))
                 self.findings.append(finding)
         del self.findings[:-256], self.cleared[:-256]
-        self.windows.append(record.scalars())
+        kept = record.scalars()
+        self.windows.append(kept)
         if self._sock is not None:
             for report in _window_reports(record, outcome, self.run):
                 self._send(report.encode())
         if self.config.windows_path:
-            self._save_window(record, outcome)
+            self._save_window(kept, outcome)
 
-    def _save_window(self, record: WindowRecord, outcome: WindowOutcome) -> None:
-        """Append one window to ``Config.windows_path`` as a JSON line (rank 0)."""
+    def _save_window(self, kept: WindowRecord, outcome: WindowOutcome) -> None:
+        """Append one window (its width-1 columns, ``kept``) to ``Config.windows_path`` as a
+        JSON line (rank 0)."""
         notes = {name: float(np.mean(v)) for name, v in self._notes.items() if v}
         self._notes = {name: [] for name in self._notes}
         try:
             if self._windows_file is None:
                 self._windows_file = open(self.config.windows_path, "a", encoding="utf-8")
-            kept = record.scalars()
             names = list(kept.columns)
             doc = {
-                "step": record.step, "world_size": self.world_size, "stat_names": names,
+                "step": kept.step, "world_size": self.world_size, "stat_names": names,
                 # each rank's window value of each column (the medians of the step columns)
                 "medians": [[v if np.isfinite(v) else None for v in row]
                             for row in kept.table(names).tolist()],
