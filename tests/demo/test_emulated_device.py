@@ -346,7 +346,9 @@ def test_demo_on_the_emulated_device(tmp_path) -> None:  # type: ignore[no-untyp
     report = json.loads(report_path.read_text())
     assert report["device"] == "emulated-async"
     cpu = report["clocks"]["cpu"][1]["excess"]
-    assert cpu is not None and abs(cpu) < 0.15  # the loop only launched: nothing to see
+    # the loop only launched: the CPU clock sees no slowdown. One-sided: a rank whose loop waits
+    # on its stream can read a little faster than the median on the CPU clock (-0.17 seen in CI)
+    assert cpu is not None and cpu < 0.15
     assert report["phase_clock"] == "device"
     device = report["clocks"]["device"][1]["excess"]
     assert device is not None and device > 0.25  # 50% injected
