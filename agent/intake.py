@@ -41,6 +41,7 @@ from laggard.collectors.histogram import DURATION_BUCKETS_SECONDS, Histogram
 from laggard.detectors.finding import JOB_FINDING_KINDS, Severity
 from laggard.nvml.library import normalise_bus_id
 from laggard.wire import (
+    Heartbeat,
     RecordError,
     StepRecord,
     WindowReport,
@@ -256,6 +257,8 @@ class RankTable:
             with self._lock:
                 if isinstance(item, WindowReport):
                     self._apply_window(item)
+                elif isinstance(item, Heartbeat):
+                    pass  # liveness: read by the stall tracking (issue 24), not a step
                 else:
                     self._apply_step(item, sender, gpu)
                 self.accepted += 1

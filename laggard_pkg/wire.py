@@ -24,6 +24,20 @@ joins the rank to its GPU's series.
 A second datagram type, ``{"v": 1, "type": "window", ...}`` (:class:`WindowReport`), is sent by
 the rank that runs the in-job detectors (rank 0) once per detection window: straggler scores per
 rank and the findings raised or cleared in that window. A datagram without ``"type"`` is a step.
+
+A third, ``{"v": 1, "type": "heartbeat", ...}`` (:class:`Heartbeat`), is sent by every rank about
+once a second from a thread of its own, whether or not the training thread makes progress: the
+step and phase the training thread is in and since when, and per watched process group how far
+the rank has issued and completed its collectives (:class:`GroupProgress`). A rank whose steps
+stop while its heartbeats go on is *stalled*; one whose heartbeats stop too, while its process
+lives, holds the GIL or is stuck in native code::
+
+    {"v": 1, "type": "heartbeat", "run": "train-42", "rank": 3, "world_size": 8, "pid": 4242,
+     "step": 4812, "phase": "data", "phase_seconds": 95.2, "step_seconds": 0.41,
+     "groups": [{"group": "dp", "issued": 20536, "completed": 20536, "op": "allreduce",
+                 "issued_age_seconds": 95.1, "completed_age_seconds": 95.1},
+                {"group": "pp", "peer": 7, "issued": 301, "completed": 300, "op": "send",
+                 "issued_age_seconds": 0.2, "completed_age_seconds": 0.3}]}
 """
 
 from __future__ import annotations
@@ -182,7 +196,7 @@ class StepRecord:
         """
         item = decode_datagram(payload)
         if not isinstance(item, StepRecord):
-            raise RecordError("schema", "a window report, not a step record")
+            raise RecordError("schema", f"a {type(item).__name__}, not a step record")
         return item
 
     @classmethod
@@ -347,6 +361,162 @@ class WindowReport:
                    comm=checked_comm, detector_stats=dict(stats), run=run)
 
 
+#: Most group entries (collective groups and P2P pairs) one Heartbeat carries.
+MAX_HEARTBEAT_GROUPS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProgress:
+    """How far one rank has issued and completed the collectives of one process group.
+
+    The counters are the rank's own: a sequence number per group, incremented at every
+    collective the rank issues in it, the same on every member that issued the same collectives
+    (as ``collective_seq_id`` in PyTorch's flight recorder). For point-to-point traffic (a
+    pipeline group) they count one *pair* only (``peer`` set): send/recv sequence numbers are
+    per pair and their completion is not a watermark, so they are never compared across all
+    members of the group (see ``../shared/ENVIRONMENT.md``, flight-recorder format facts).
+
+    Attributes:
+        group: the group's label, the same on every member (the tracer's
+            :attr:`~laggard.integrations.tracer.GroupInfo.label`: ``dp``, ``tp``, ``pg3``...).
+        issued: sequence number of the last collective this rank issued in the group (0: none).
+        completed: collectives of the group completed on this rank, in issue order (the
+            highest ``n`` such that collectives ``1..n`` all completed); ``completed <= issued``.
+        op: the last issued collective's op (``allreduce``, ``send``...), if any.
+        issued_age_seconds: seconds since the last collective was issued, on the sender's
+            monotonic clock; None when none was.
+        completed_age_seconds: seconds since the last completion; None when none was.
+        peer: for a P2P pair, the other rank (global); None for a collective group.
+    """
+
+    group: str
+    issued: int
+    completed: int
+    op: str | None = None
+    issued_age_seconds: float | None = None
+    completed_age_seconds: float | None = None
+    peer: int | None = None
+
+    @property
+    def pending(self) -> int:
+        """Collectives issued and not completed (``issued - completed``)."""
+        return self.issued - self.completed
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON object of this entry (optional fields left out when unset)."""
+        doc: dict[str, Any] = {"group": self.group, "issued": self.issued,
+                               "completed": self.completed}
+        for key in ("op", "issued_age_seconds", "completed_age_seconds", "peer"):
+            value = getattr(self, key)
+            if value is not None:
+                doc[key] = value
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Any, world_size: int) -> GroupProgress:
+        """Validate one ``groups`` entry of a heartbeat.
+
+        Raises:
+            RecordError: ``schema`` for a missing or mistyped field, ``range`` for a counter out
+                of range (``completed > issued``, a peer outside the world size).
+        """
+        if not isinstance(doc, dict):
+            raise RecordError("schema", "group progress must be an object")
+        issued = _int(doc, "issued", 0, MAX_WIRE_NUMBER)
+        completed = _int(doc, "completed", 0, issued)
+        op = doc.get("op")
+        ages = [doc.get(k) for k in ("issued_age_seconds", "completed_age_seconds")]
+        peer = doc.get("peer")
+        return cls(
+            group=_name(doc.get("group")),
+            issued=issued,
+            completed=completed,
+            op=None if op is None else _name(op),
+            issued_age_seconds=None if ages[0] is None else _duration(ages[0], "age"),
+            completed_age_seconds=None if ages[1] is None else _duration(ages[1], "age"),
+            peer=None if peer is None else _int(doc, "peer", 0, world_size - 1),
+        )
+
+
+@dataclass(slots=True)
+class Heartbeat:
+    """A rank's liveness and collective progress, sent about once a second off the training thread.
+
+    Attributes:
+        rank: global rank, 0 <= rank < world_size.
+        world_size: number of ranks in the job.
+        step: the step the training thread is in (the last one it began), 0 before the first.
+        run: training run id (:func:`check_run`); ``""`` when the sender names none.
+        pid: the sending process' id (the agent checks ``/proc/PID`` when heartbeats stop);
+            None when unknown.
+        node: host name of this rank, if known.
+        phase: the phase the training thread is in (``data``, ``forward``, ``backward``,
+            ``optimizer``, ``collective_wait``, ``outside``: between steps), if known.
+        phase_seconds: seconds the training thread has been in ``phase``.
+        step_seconds: the rank's typical step time (seconds; the median of its recent steps),
+            from which a stall threshold is set; None before the first steps.
+        groups: progress per watched group and P2P pair, at most :data:`MAX_HEARTBEAT_GROUPS`.
+    """
+
+    rank: int
+    world_size: int
+    step: int
+    run: str = ""
+    pid: int | None = None
+    node: str | None = None
+    phase: str | None = None
+    phase_seconds: float | None = None
+    step_seconds: float | None = None
+    groups: list[GroupProgress] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        """Serialise to one datagram payload (compact JSON, UTF-8)."""
+        doc: dict[str, Any] = {"v": WIRE_VERSION, "type": "heartbeat"}
+        if self.run:
+            doc["run"] = self.run
+        doc.update(rank=self.rank, world_size=self.world_size, step=self.step)
+        for key in ("pid", "node", "phase", "phase_seconds", "step_seconds"):
+            value = getattr(self, key)
+            if value is not None:
+                doc[key] = value
+        if self.groups:
+            doc["groups"] = [g.to_doc() for g in self.groups]
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Heartbeat:
+        """Validate an already-parsed ``"type": "heartbeat"`` document.
+
+        Raises:
+            RecordError: a field of the wrong type or out of range.
+        """
+        run = check_run(doc.get("run", ""))
+        world_size = _int(doc, "world_size", 1, MAX_RANKS_ON_WIRE)
+        rank = _int(doc, "rank", 0, world_size - 1)
+        step = _int(doc, "step", 0, MAX_WIRE_NUMBER)
+        pid = None if doc.get("pid") is None else _int(doc, "pid", 1, (1 << 31) - 1)
+        node = doc.get("node")
+        if node is not None and (not isinstance(node, str) or len(node) > _MAX_NAME_LEN):
+            raise RecordError("schema", "node must be a short string")
+        phase = doc.get("phase")
+        phase_seconds, step_seconds = doc.get("phase_seconds"), doc.get("step_seconds")
+        groups_doc = doc.get("groups", [])
+        if not isinstance(groups_doc, list) or len(groups_doc) > MAX_HEARTBEAT_GROUPS:
+            raise RecordError("schema", "groups must be a short list")
+        return cls(
+            rank=rank,
+            world_size=world_size,
+            step=step,
+            run=run,
+            pid=pid,
+            node=node,
+            phase=None if phase is None else _name(phase),
+            phase_seconds=None if phase_seconds is None else _duration(phase_seconds, "phase"),
+            step_seconds=None if step_seconds is None else _duration(step_seconds, "step"),
+            groups=[GroupProgress.from_doc(g, world_size) for g in groups_doc],
+        )
+
+
 def check_run(value: Any) -> str:
     """Validate a run id from the wire.
 
@@ -401,8 +571,9 @@ def _device_id(doc: dict[str, Any], key: str) -> str | None:
     return value
 
 
-def decode_datagram(payload: bytes) -> StepRecord | WindowReport:
-    """Parse one datagram into a :class:`StepRecord` or a :class:`WindowReport`.
+def decode_datagram(payload: bytes) -> StepRecord | WindowReport | Heartbeat:
+    """Parse one datagram into a :class:`StepRecord`, a :class:`WindowReport` or a
+    :class:`Heartbeat`.
 
     Total: whatever the bytes, it returns a record or raises :class:`RecordError`, never
     anything else (the intake thread counts the reason and goes on).
@@ -418,7 +589,7 @@ def decode_datagram(payload: bytes) -> StepRecord | WindowReport:
         raise RecordError("decoder_error", f"{type(exc).__name__}: {exc}"[:120]) from None
 
 
-def _decode(payload: bytes) -> StepRecord | WindowReport:
+def _decode(payload: bytes) -> StepRecord | WindowReport | Heartbeat:
     if len(payload) > MAX_DATAGRAM_BYTES:
         raise RecordError("oversized", f"{len(payload)} bytes > {MAX_DATAGRAM_BYTES}")
     if json_depth(payload) > MAX_JSON_DEPTH:
@@ -431,8 +602,13 @@ def _decode(payload: bytes) -> StepRecord | WindowReport:
         raise RecordError("not_json", "top level is not an object")
     if doc.get("v") != WIRE_VERSION:
         raise RecordError("version", f"unsupported version {str(doc.get('v'))[:20]}")
-    if doc.get("type") == "window":
+    kind = doc.get("type")
+    if kind == "window":
         return WindowReport.from_doc(doc)
+    if kind == "heartbeat":
+        return Heartbeat.from_doc(doc)
+    if kind is not None:
+        raise RecordError("schema", f"unknown datagram type {str(kind)[:20]}")
     return StepRecord.from_doc(doc)
 
 

@@ -92,3 +92,35 @@ def test_the_old_import_path_still_gives_the_same_classes() -> None:
 
     for name in moved.__all__:
         assert getattr(moved, name) is getattr(wire, name), name
+
+
+def test_heartbeat_round_trips_with_collective_groups_and_p2p_pairs() -> None:
+    from laggard.wire import GroupProgress, Heartbeat
+
+    beat = Heartbeat(rank=3, world_size=8, step=4812, run="train-42", pid=4242, node="n1",
+                     phase="data", phase_seconds=95.2, step_seconds=0.41,
+                     groups=[GroupProgress("dp", 20536, 20536, "allreduce", 95.1, 95.1),
+                             GroupProgress("pp", 301, 300, "send", 0.2, 0.3, peer=7)])
+    back = decode_datagram(beat.encode())
+    assert back == beat
+    assert back.groups[1].pending == 1 and back.groups[0].pending == 0
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b'{"v":1,"type":"heartbeat","rank":0,"world_size":2,"step":1,'
+         b'"groups":[{"group":"dp","issued":3,"completed":4}]}', "range"),  # completed > issued
+        (b'{"v":1,"type":"heartbeat","rank":0,"world_size":2,"step":1,'
+         b'"groups":[{"group":"pp","issued":3,"completed":3,"peer":2}]}', "range"),
+        (b'{"v":1,"type":"heartbeat","rank":0,"world_size":2,"step":1,"pid":0}', "range"),
+        (b'{"v":1,"type":"heartbeat","rank":0,"world_size":2,"step":1,"groups":{}}', "schema"),
+        (b'{"v":1,"type":"heartbeat","rank":0,"world_size":2,"step":1,"phase_seconds":-1}',
+         "range"),
+        (b'{"v":1,"type":"beacon","rank":0,"world_size":2,"step":1}', "schema"),
+    ],
+)
+def test_bad_heartbeats_are_rejected_with_a_reason(payload: bytes, reason: str) -> None:
+    with pytest.raises(RecordError) as err:
+        decode_datagram(payload)
+    assert err.value.reason == reason
