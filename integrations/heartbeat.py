@@ -176,6 +176,10 @@ class RankSnapshot:
             ``phase_seconds`` and the ages of its groups' last issue and completion.
         groups: progress per group and P2P pair, ages in seconds.
         members: group key -> its members (global ranks), where known.
+        pending_seconds: per entry of ``groups``, seconds since its oldest pending collective
+            was issued (None: none pending, or unknown).
+        wall: ``time.time()`` when the snapshot was taken (rank 0 ages the pending times of
+            a key by it: the ranks' wall clocks are taken to agree to well under a second).
     """
 
     step: int
@@ -185,6 +189,8 @@ class RankSnapshot:
     quiet_seconds: float
     groups: tuple[GroupProgress, ...] = ()
     members: Mapping[str, tuple[int, ...]] | None = None
+    pending_seconds: tuple[float | None, ...] = ()
+    wall: float = 0.0
 
 
 def take_snapshot(source: Any, now: float | None = None) -> RankSnapshot:
@@ -202,10 +208,12 @@ def take_snapshot(source: Any, now: float | None = None) -> RankSnapshot:
         The snapshot; raises only on a source without those attributes.
     """
     now = time.perf_counter() if now is None else now
+    wall = time.time()
     phase, since = source.where
     phase_seconds = max(0.0, now - since)
     quiet = phase_seconds
     groups: list[GroupProgress] = []
+    pending: list[float | None] = []
     members: dict[str, tuple[int, ...]] = {}
     tracer = source.tracer
     if tracer is not None:
@@ -220,11 +228,13 @@ def take_snapshot(source: Any, now: float | None = None) -> RankSnapshot:
             groups.append(GroupProgress(group=p.key, issued=p.issued, completed=p.completed,
                                         op=p.op, issued_age_seconds=issued_age,
                                         completed_age_seconds=completed_age, peer=p.peer))
+            pending.append(None if p.pending_at is None else max(0.0, now - p.pending_at))
             members.setdefault(p.key, p.ranks)
     typical = source.typical_step_seconds()
     return RankSnapshot(step=int(source.step_index), phase=_short(str(phase)),
                         phase_seconds=phase_seconds, step_seconds=typical, quiet_seconds=quiet,
-                        groups=tuple(groups), members=members)
+                        groups=tuple(groups), members=members, pending_seconds=tuple(pending),
+                        wall=wall)
 
 
 def heartbeat_datagram(snapshot: RankSnapshot, *, rank: int, world_size: int, run: str,
@@ -274,18 +284,20 @@ def encode_key(snapshot: RankSnapshot, *, rank: int, run: str, pid: int, beat: i
                closed: bool = False) -> bytes:
     """One rank's store key value: compact JSON, about 150 bytes plus 40 per group.
 
-    ``{"v":1,"r":RUN,"k":RANK,"p":PID,"b":BEAT,"c":0|1,"s":STEP,"ph":PHASE,"pa":PHASE_AGE,
-    "q":QUIET,"t":TYPICAL_STEP,"g":[[GROUP,ISSUED,COMPLETED,OP,PEER,MEMBERS],...]}`` with ages
-    in seconds, MEMBERS a list of ``[start, count, stride]`` runs of global ranks (or null).
+    ``{"v":1,"r":RUN,"k":RANK,"p":PID,"b":BEAT,"c":0|1,"w":WALL,"s":STEP,"ph":PHASE,
+    "pa":PHASE_AGE,"q":QUIET,"t":TYPICAL_STEP,"g":[[GROUP,ISSUED,COMPLETED,OP,PEER,MEMBERS,
+    PENDING_AGE],...]}`` with ages in seconds, WALL the writer's ``time.time()``, MEMBERS a
+    list of ``[start, count, stride]`` runs of global ranks (or null).
     """
     members = snapshot.members or {}
+    ages = snapshot.pending_seconds or (None,) * len(snapshot.groups)
     groups = [[g.group, g.issued, g.completed, g.op, g.peer,
-               _runs(members.get(g.group)) if g.peer is None else None]
-              for g in snapshot.groups]
+               _runs(members.get(g.group)) if g.peer is None else None, _round(age)]
+              for g, age in zip(snapshot.groups, ages, strict=True)]
     doc = {"v": KEY_VERSION, "r": run, "k": rank, "p": pid, "b": beat, "c": int(closed),
-           "s": snapshot.step, "ph": snapshot.phase, "pa": round(snapshot.phase_seconds, 3),
-           "q": round(snapshot.quiet_seconds, 3), "t": _round(snapshot.step_seconds),
-           "g": groups}
+           "w": round(snapshot.wall, 3), "s": snapshot.step, "ph": snapshot.phase,
+           "pa": round(snapshot.phase_seconds, 3), "q": round(snapshot.quiet_seconds, 3),
+           "t": _round(snapshot.step_seconds), "g": groups}
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -317,14 +329,16 @@ def decode_key(payload: bytes, *, run: str, rank: int) -> RankKey:
     if doc.get("k") != rank:
         raise BadKey(f"rank {doc.get('k')!r}'s key under rank {rank}'s name")
     groups: list[GroupProgress] = []
+    pending: list[float | None] = []
     members: dict[str, tuple[int, ...]] = {}
     raw_groups = doc.get("g")
     if not isinstance(raw_groups, list) or len(raw_groups) > 2 * MAX_HEARTBEAT_GROUPS:
         raise BadKey("groups must be a short list")
     for entry in raw_groups:
-        if not isinstance(entry, list) or len(entry) != 6:
-            raise BadKey("a group entry must be [group, issued, completed, op, peer, members]")
-        name, issued, completed, op, peer, runs = entry
+        if not isinstance(entry, list) or len(entry) != 7:
+            raise BadKey("a group entry must be [group, issued, completed, op, peer, members, "
+                         "pending age]")
+        name, issued, completed, op, peer, runs, age = entry
         if not isinstance(name, str) or not name or len(name) > 64:
             raise BadKey("bad group name")
         if not (_count(issued) and _count(completed) and completed <= issued):
@@ -333,8 +347,11 @@ def decode_key(payload: bytes, *, run: str, rank: int) -> RankKey:
             raise BadKey("bad op")
         if peer is not None and not _count(peer):
             raise BadKey("bad peer")
+        if age is not None and not _age(age):
+            raise BadKey("bad pending age")
         groups.append(GroupProgress(group=name, issued=issued, completed=completed, op=op,
                                     peer=peer))
+        pending.append(None if age is None else float(age))
         if peer is None and runs is not None:
             ranks = _unruns(runs)
             if ranks is None:
@@ -348,12 +365,13 @@ def decode_key(payload: bytes, *, run: str, rank: int) -> RankKey:
         raise BadKey("bad step, pid or beat")
     if not isinstance(phase, str) or not 0 < len(phase) <= 64:
         raise BadKey("bad phase")
-    if not all(_age(a) for a in ages) or not (typical is None or _age(typical)):
+    wall = doc.get("w")
+    if not all(_age(a) for a in (*ages, wall)) or not (typical is None or _age(typical)):
         raise BadKey("bad ages")
     snapshot = RankSnapshot(step=step, phase=phase, phase_seconds=float(ages[0]),
                             step_seconds=None if typical is None else float(typical),
                             quiet_seconds=float(ages[1]), groups=tuple(groups),
-                            members=members)
+                            members=members, pending_seconds=tuple(pending), wall=float(wall))
     return RankKey(rank=rank, run=key_run, pid=pid, beat=beat, closed=bool(doc.get("c")),
                    snapshot=snapshot, members=members)
 
@@ -409,7 +427,8 @@ class HangWatch:
         self._restarted.clear()
 
     def observe(self, now: float, payloads: Mapping[int, bytes | None], *, own_quiet: float,
-                hang_after: float, own_step: int) -> HangReport | None:
+                hang_after: float, own_step: int, wall: float | None = None,
+                ) -> HangReport | None:
         """Read one round of keys; the report when this round shows a hang to report.
 
         Args:
@@ -419,11 +438,13 @@ class HangWatch:
             own_quiet: seconds since rank 0's training thread last made progress.
             hang_after: the hang threshold, seconds.
             own_step: rank 0's step (the report's step when the culprits name none).
+            wall: rank 0's ``time.time()`` (None: now), to age the keys' pending times.
 
         Returns:
             A :class:`HangReport` the first time in an episode that the job is quiet past the
             threshold and the rules name culprits; else None. Never raises on bad keys.
         """
+        wall = time.time() if wall is None else wall
         if self._watch_since is None:
             self._watch_since = now
         watched = now - self._watch_since
@@ -457,18 +478,19 @@ class HangWatch:
             unchanged = min(now - since, watched)
             if unchanged >= self.silent_after:
                 silent += 1
-                states[rank] = self._state(rank, key, silent_seconds=unchanged)
+                states[rank] = self._state(rank, key, wall, silent_seconds=unchanged)
             elif key is None:
                 return None  # no key yet, not yet silent: wait for it
             elif key.snapshot.quiet_seconds < quiet_after:
                 return None  # this rank moved recently: slow, or not yet a consistent moment
             else:
-                states[rank] = self._state(rank, key)
+                states[rank] = self._state(rank, key, wall)
         self.stats.classifications += 1
         self.stats.silent_ranks += silent
         try:
             rules = self.classify or hang_rules.classify_hang
-            verdict = rules(states, world_size=self.world_size)
+            verdict = rules(states, world_size=self.world_size,
+                            silent_after_seconds=self.silent_after)
         except Exception as exc:  # noqa: BLE001 - the rules' failure is no hang
             self.stats.classify_errors += 1
             self._log_once("classify", "laggard: the hang rules failed (%r); no hang report",
@@ -495,16 +517,18 @@ class HangWatch:
                                key.rank, g.group, before[1], g.issued)
             self._issued[where] = (key.pid, g.issued)
 
-    def _state(self, rank: int, key: RankKey | None,
+    def _state(self, rank: int, key: RankKey | None, wall: float,
                silent_seconds: float | None = None) -> RankState:
         if key is None:
             return RankState(rank=rank, silent_seconds=silent_seconds)
         snap = key.snapshot
+        since = max(0.0, wall - snap.wall)  # the key's age on the wall clocks
         groups = tuple(
             GroupState(group=g.group, issued=g.issued, completed=g.completed,
                        desc=_desc(g.group), members=key.members.get(g.group), peer=g.peer,
-                       op=g.op)
-            for g in snap.groups if g.group not in self._restarted)
+                       op=g.op, pending_seconds=None if age is None else age + since)
+            for g, age in zip(snap.groups, snap.pending_seconds, strict=True)
+            if g.group not in self._restarted)
         return RankState(rank=rank, groups=groups, silent_seconds=silent_seconds,
                          step=snap.step, phase=snap.phase, phase_seconds=snap.phase_seconds)
 

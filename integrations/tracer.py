@@ -146,6 +146,8 @@ class GroupProgress:
         op: the last issued op, None before the first.
         issued_at, completed_at: ``time.perf_counter()`` of the last issue and completion,
             seconds (None: none yet).
+        pending_at: ``time.perf_counter()`` of the issue of the oldest collective not
+            completed (``completed + 1``); None when none is pending (or its time was dropped).
     """
 
     key: str
@@ -157,12 +159,13 @@ class GroupProgress:
     op: str | None
     issued_at: float | None
     completed_at: float | None
+    pending_at: float | None = None
 
 
 class _Counter:
     """One group's (or pair's) progress; mutated under the tracer's lock only."""
 
-    __slots__ = ("ahead", "completed", "completed_at", "issued", "issued_at", "op")
+    __slots__ = ("ahead", "completed", "completed_at", "issued", "issued_at", "op", "times")
 
     def __init__(self) -> None:
         self.issued = 0
@@ -171,12 +174,20 @@ class _Counter:
         self.issued_at: float | None = None
         self.completed_at: float | None = None
         self.ahead: set[int] = set()
+        self.times: dict[int, float] = {}  # seq -> issue time, for the collectives pending
 
     def issue(self, op: str, now: float) -> int:
         self.issued += 1
         self.op = op
         self.issued_at = now
+        self.times[self.issued] = now
+        if len(self.times) > 2 * _MAX_AHEAD:
+            del self.times[min(self.times)]  # bounded: the oldest pending's age is then unknown
         return self.issued
+
+    @property
+    def pending_at(self) -> float | None:
+        return self.times.get(self.completed + 1) if self.issued > self.completed else None
 
     def complete(self, seq: int, now: float) -> None:
         if seq <= self.completed or seq > self.issued:
@@ -189,6 +200,9 @@ class _Counter:
         while self.completed + 1 in self.ahead:
             self.completed += 1
             self.ahead.discard(self.completed)
+            self.times.pop(self.completed, None)
+        if len(self.times) > self.issued - self.completed:
+            self.times = {s: t for s, t in self.times.items() if s > self.completed}
 
 
 @dataclass(slots=True)
@@ -489,7 +503,7 @@ class CollectiveTracer:
                 return [GroupProgress(
                     key=info.key, desc=info.short_desc, ranks=info.ranks, peer=peer,
                     issued=c.issued, completed=c.completed, op=c.op, issued_at=c.issued_at,
-                    completed_at=c.completed_at)
+                    completed_at=c.completed_at, pending_at=c.pending_at)
                     for (_, peer), (info, c) in self._progress.items()]
         except Exception:  # noqa: BLE001 - a reader on another thread never fails
             return []

@@ -27,19 +27,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the stand-in rules
-
-import hang_standin  # noqa: E402
-
-from laggard.integrations.comm_timing import CommTimer, allreduce_timing_hook  # noqa: E402
-from laggard.integrations.monitor import TrainingMonitor  # noqa: E402
-from laggard.integrations.tracer import CollectiveTracer  # noqa: E402
+from laggard.integrations.comm_timing import CommTimer, allreduce_timing_hook
+from laggard.integrations.monitor import TrainingMonitor
+from laggard.integrations.tracer import CollectiveTracer
 
 
 def main(out: Path, cfg: dict) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(name)s %(levelname)s %(message)s")
-    hang_standin.install()  # the real rules once they are merged, else the stand-in
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     metrics = dist.new_group(backend="gloo", group_desc="metrics")

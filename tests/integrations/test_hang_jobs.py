@@ -3,7 +3,7 @@ through the job's own store, while the job hangs; a long step on every rank is n
 heartbeat datagrams arrive on a real Unix datagram socket. Every process is killed at the end.
 
 One process per rank (``hang_worker.py``), rendezvous over TCP on loopback (rank 0 hosts the
-store); the hang rules are the real ones once merged, else ``tests/hang_standin.py``.
+store), the hang rules of ``laggard.detectors.hang``.
 """
 
 from __future__ import annotations

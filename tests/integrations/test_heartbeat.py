@@ -1,7 +1,7 @@
 """The heartbeat's pieces on plain data: the tracer's per-group progress, the store keys, rank 0's
-HangWatch (with the stand-in rules until the real ones are merged), the log line, the store
-thread's reads against a fake store, and the monitor's phase publication and datagrams on a real
-Unix datagram socket. The real multi-process hangs are in test_hang_jobs.py."""
+HangWatch with the hang rules of ``laggard.detectors.hang``, the log line, the store thread's
+reads against a fake store, and the monitor's phase publication and datagrams on a real Unix
+datagram socket. The real multi-process hangs are in test_hang_jobs.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 
 pytest.importorskip("torch")
 
-import hang_standin  # noqa: E402
 from support import wait_for  # noqa: E402
 
 from laggard.detectors.hang import HangCulprit, HangVerdict, RankState  # noqa: E402
@@ -111,6 +110,23 @@ def test_completion_only_sources_count_issued_and_completed_at_once():
     assert _progress(tracer) == {("dp:0", None): (2, 2, "allreduce")}
 
 
+def test_the_oldest_pending_collective_keeps_its_issue_time():
+    tracer, (dp,) = _tracer(DP)
+    works = [FakeWork() for _ in range(3)]
+    for w in works:
+        tracer.track(w, "allreduce", dp, 64)
+    first = tracer._in_flight[next(iter(tracer._in_flight))][2]
+    [p] = tracer.progress()
+    assert p.pending_at == first and p.issued_at > first
+    works[0].finish()
+    [p] = tracer.progress()
+    assert first < p.pending_at <= p.issued_at
+    works[1].finish()
+    works[2].finish()
+    [p] = tracer.progress()
+    assert p.pending_at is None and tracer._progress[(0, None)][1].times == {}
+
+
 def test_a_call_that_raises_or_an_evicted_collective_is_not_left_pending():
     tracer, (dp,) = _tracer(DP)
     with pytest.raises(RuntimeError), tracer.timed("allgather", dp, 8):
@@ -193,7 +209,7 @@ def _keys(states: dict[int, RankSnapshot], beat: int, run: str = "r1",
 
 def _watch(world=4, interval=2.0) -> HangWatch:
     return HangWatch(run="r1", world_size=world, interval=interval,
-                     classify=hang_standin.classify, stats=HeartbeatStats())
+                     stats=HeartbeatStats())
 
 
 def _hung(missing=(1,), quiet=30.0) -> dict[int, RankSnapshot]:
@@ -222,6 +238,31 @@ def test_one_rank_behind_is_reported_once_per_episode():
     assert _observe(watch, 102.0, _keys(_hung(), beat=2)) is None  # same episode
     watch.end_episode()
     assert _observe(watch, 300.0, _keys(_hung(), beat=3)) is not None
+
+
+def test_a_skipped_collective_is_told_from_the_wait_it_caused_by_the_pending_ages():
+    """Rank 2 skipped allreduce #5 of group a and waits in group b's #8, which the others never
+    issue: a wait cycle, broken at the oldest wait (the others', in a)."""
+    def snap(rank):
+        if rank == 2:
+            groups = (GroupProgress(group="a:1", issued=4, completed=4, op="allreduce"),
+                      GroupProgress(group="b:2", issued=8, completed=7, op="allgather"))
+            pending = (None, 29.0)
+        else:
+            groups = (GroupProgress(group="a:1", issued=5, completed=4, op="allreduce"),
+                      GroupProgress(group="b:2", issued=7, completed=7, op="allgather"))
+            pending = (30.0, None)
+        return RankSnapshot(step=9, phase="backward" if rank == 2 else "metrics",
+                            phase_seconds=29.0, step_seconds=0.1, quiet_seconds=29.0,
+                            groups=groups, pending_seconds=pending, wall=1000.0)
+
+    keys = {r: encode_key(snap(r), rank=r, run="r1", pid=100 + r, beat=1) for r in range(4)}
+    report = _watch().observe(100.0, keys, own_quiet=29.0, hang_after=10.0, own_step=9,
+                              wall=1001.0)
+    assert report is not None and report.verdict.cycle
+    assert [(c.rank, c.kind, c.group, c.seq) for c in report.verdict.culprits] == [
+        (2, "missing", "a:1", 5)]
+    assert report.states[0].groups[0].pending_seconds == 31.0  # aged by the 1 s since written
 
 
 def test_a_level_job_is_slow_not_hung():
@@ -288,7 +329,7 @@ def test_keys_of_another_run_are_counted_and_read_as_absent():
 
 
 def test_rules_that_raise_are_counted_and_report_nothing():
-    def broken(ranks, *, world_size=None):
+    def broken(ranks, **options):
         raise NotImplementedError("rules to come")
 
     watch = HangWatch(run="r1", world_size=4, interval=2.0, classify=broken)
@@ -351,7 +392,7 @@ def _source(phase="data", since=0.0, step=3):
 def test_rank_0_reads_keys_that_exist_and_checks_the_rest_one_by_one():
     store = FakeStore()
     threads = HeartbeatThreads(_source(), rank=0, world_size=3, run="r1", store=store,
-                               store_seconds=2.0, classify=hang_standin.classify)
+                               store_seconds=2.0)
     for rank in (0, 2):
         store.set(f"hb/{rank}", encode_key(_snap(), rank=rank, run="r1", pid=1, beat=1))
     payloads = threads._read(store)
@@ -366,7 +407,7 @@ def test_an_unreachable_store_is_counted_and_reports_nothing():
     store = FakeStore()
     store.down = True
     threads = HeartbeatThreads(_source(since=-1000.0), rank=0, world_size=3, run="r1",
-                               store=store, classify=hang_standin.classify)
+                               store=store)
     snap = take_snapshot(threads.source)
     assert threads._write(store, snap) is False
     assert threads._watch(store, HangWatch(run="r1", world_size=3, interval=2.0), snap) is False
@@ -382,8 +423,8 @@ def test_the_store_thread_reports_through_on_hang_and_survives_a_raising_callbac
         raise RuntimeError("user callback bug")
 
     threads = HeartbeatThreads(_source(since=-1000.0), rank=0, world_size=4, run="r1",
-                               store=store, on_hang=on_hang, classify=hang_standin.classify)
-    watch = HangWatch(run="r1", world_size=4, interval=2.0, classify=hang_standin.classify,
+                               store=store, on_hang=on_hang)
+    watch = HangWatch(run="r1", world_size=4, interval=2.0,
                       stats=threads.stats)
     for rank, payload in _keys(_hung(), beat=1).items():
         store.set(f"hb/{rank}", payload)
