@@ -58,6 +58,7 @@ Prometheus are the path.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import logging
@@ -650,7 +651,10 @@ class HeartbeatThreads:
         self._known: set[int] = set()  # ranks whose key is known to exist
 
     def start(self) -> HeartbeatThreads:
-        """Start the threads (daemon threads: a job that never closes exits anyway)."""
+        """Start the threads. They are daemon threads, and :meth:`close` is also registered
+        with ``atexit``: a job that never closes its monitor exits anyway, its threads joined
+        before the interpreter finalizes (none is left inside a store call) and its key marked
+        closed (rank 0 reads a rank that finished as gone, not silent)."""
         if self._send is not None and self.heartbeat_seconds > 0:
             self._threads.append(threading.Thread(target=self._beat_loop, daemon=True,
                                                   name="laggard-heartbeat"))
@@ -659,6 +663,8 @@ class HeartbeatThreads:
                                                   name="laggard-hang-store"))
         for thread in self._threads:
             thread.start()
+        if self._threads:
+            atexit.register(self.close)
         return self
 
     def close(self, timeout: float = 2.0) -> None:
@@ -669,6 +675,7 @@ class HeartbeatThreads:
         for thread in self._threads:
             thread.join(timeout)
         self._threads = []
+        atexit.unregister(self.close)
 
     def hang_after(self) -> float:
         """The hang threshold now: ``hang_seconds``, else ``max(10 s, 5 x`` the typical
