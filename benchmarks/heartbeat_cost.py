@@ -104,6 +104,8 @@ def worker(args: argparse.Namespace) -> None:
     for block in range(args.blocks):
         for arm in orders[block % 2]:
             toggle(arm == "on")
+            counters = monitor._heartbeat.stats if monitor._heartbeat is not None else None
+            before = (counters.sent, counters.store_writes) if counters is not None else (0, 0)
             block_cpu = block_wall = 0.0
             for _ in range(args.block):
                 w, c = step()
@@ -111,9 +113,9 @@ def worker(args: argparse.Namespace) -> None:
                 block_wall += w
             cpu[arm].append(block_cpu / args.block)
             wall[arm].append(block_wall / args.block)
-            if monitor._heartbeat is not None:
-                beats += monitor._heartbeat.stats.sent
-                writes += monitor._heartbeat.stats.store_writes
+            if counters is not None:
+                beats += counters.sent - before[0]
+                writes += counters.store_writes - before[1]
     toggle(False)
 
     # One beat and one key write, directly (the threads' work, off the training thread).
