@@ -16,8 +16,8 @@ __all__ = ["AgentConfig", "DEFAULT_LISTEN_ADDRESS", "DEFAULT_INTAKE_ADDRESS",
 #: 9400 is dcgm-exporter's and 9100 node_exporter's; laggard takes the next free pair.
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1:9477"
 #: Exposition samples the intake's per-rank families may hold (``--intake.max-series``): about
-#: 65 ranks with five phases and two ops each (a node runs 8); at most ~1.3 MB of text even with
-#: 64-character names, rendered in ~0.1 s of CPU.
+#: 60 ranks with five phases, two ops and two heartbeat groups each (a node runs 8); at most
+#: ~1.3 MB of text even with 64-character names, rendered in ~0.1 s of CPU.
 DEFAULT_MAX_SERIES = 10_000
 #: Seconds after its last record at which a rank is forgotten (``--intake.rank-ttl``): longer
 #: than a checkpoint save or an evaluation pause, short enough that a finished job's straggler
@@ -141,8 +141,8 @@ class AgentConfig:
     """Most exposition samples the intake's per-rank families may hold (the series budget)."""
 
     rank_ttl_seconds: float = DEFAULT_RANK_TTL_SECONDS
-    """Seconds without a record after which a rank (and its run's flags, and a run with
-    nothing left) are forgotten."""
+    """Seconds without a record or heartbeat after which a rank whose process is not alive (and
+    its run's flags, and a run with nothing left) are forgotten."""
 
     max_runs: int = DEFAULT_MAX_RUNS
     """Most training runs the intake tracks; records of further runs are rejected and

@@ -138,7 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intake.rank-ttl", dest="rank_ttl", type=float,
                         default=DEFAULT_RANK_TTL_SECONDS, metavar="SECONDS",
                         help="forget a rank, its series and straggler flags after this long "
-                             "without a record (default %(default)s)")
+                             "without a record or heartbeat, unless its process lives "
+                             "(default %(default)s)")
     parser.add_argument("--intake.stall-seconds", dest="stall_seconds", type=float,
                         default=DEFAULT_STALL_SECONDS, metavar="SECONDS",
                         help="a rank without progress (no step, no collective completed) for "

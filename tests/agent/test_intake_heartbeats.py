@@ -368,3 +368,23 @@ def test_older_senders_without_heartbeats_are_never_silent(clock, proc):
     clock.now += 11
     assert _value(table, "laggard_steps_total") is None
     assert table.forgotten == {"stale": 1}
+
+
+def test_the_stall_flags_reach_the_config_and_are_checked():
+    import argparse
+
+    from laggard.agent.config import AgentConfig
+    from laggard.agent.daemon import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(
+        ["--intake.stall-seconds", "2.5", "--intake.stall-step-factor", "4"]))
+    assert (config.stall_seconds, config.stall_step_factor) == (2.5, 4.0)
+    defaults = config_from_args(parser.parse_args([]))
+    assert (defaults.stall_seconds, defaults.stall_step_factor) == (5.0, 3.0)
+    for bad in ({"stall_seconds": 0.1}, {"stall_seconds": 1e6}, {"stall_step_factor": 0.5}):
+        with pytest.raises(ValueError, match="stall"):
+            AgentConfig(**bad)
+    with pytest.raises(ValueError, match="stall"):
+        RankTable(max_ranks=1, findings=FindingLog(), default_node="n0", stall_seconds=0)
