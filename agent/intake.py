@@ -896,8 +896,9 @@ class RankTable:
                 phase_seconds = p.current_phase_seconds(now)
                 if phase_seconds is not None and p.phase is not None:
                     phase.add_metric([name, r, p.phase], phase_seconds)
-                for (group, peer), seen in sorted(p.groups.items(),
-                                                  key=lambda kv: (kv[0][0], kv[0][1] or -1)):
+                for (group, peer), seen in sorted(
+                        p.groups.items(),
+                        key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1])):
                     seconds = seen.inflight_seconds(now)
                     op = seen.op or ""
                     if peer is None:

@@ -148,3 +148,7 @@ def test_the_hung_jobs_culprits_are_named_by_prometheus(
         ranks = {(a["metric"]["run"], a["metric"]["rank"]) for a in prometheus.query(
             'ALERTS{alertname="LaggardJobHung"}')}
         assert ranks == {("hang-missing", "3"), ("hang-silent", "1")}
+    # Every rule evaluated on real data without an error (a many-to-many match, a duplicate
+    # series): Prometheus logs those at warn.
+    log = prometheus.log_path.read_text(errors="replace")
+    assert "Evaluating rule failed" not in log, log[-3000:]
