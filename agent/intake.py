@@ -812,7 +812,8 @@ class RankTable:
                 info.add_sample("laggard_rank_info", {**s.labels, **labels}, 1)
                 steps.add_metric([name, r], s.steps)
                 last_step.add_metric([name, r], s.last_step)
-                last_seen.add_metric([name, r], s.last_seen)
+                if s.steps:  # a rank known from heartbeats alone has sent no step record
+                    last_seen.add_metric([name, r], s.last_seen)
                 for phase_name, h in sorted(s.phases.items()):
                     phase.add_metric([name, r, phase_name], h.cumulative_buckets(), h.sum)
                 if s.step_seconds.count:

@@ -107,6 +107,11 @@ def test_a_heartbeat_exports_the_ranks_progress_per_group_and_pair(clock, proc):
     assert _value(table, "laggard_rank_stalled_seconds") == 0
     assert _process_state(table) == "unknown"  # no pid
     assert table.series == RANK_SAMPLES + 2 * GROUP_SAMPLES
+    # Known from its heartbeat alone (hung in its first step): no step record, no last-seen
+    # time (a dashboard's "seconds since the last step record" would read 1970).
+    assert _value(table, "laggard_steps_total") == 0
+    assert _value(table, "laggard_rank_last_step") == -1
+    assert _value(table, "laggard_rank_last_seen_timestamp_seconds") is None
 
 
 def test_steps_stop_heartbeats_go_on_stalled_and_kept_past_the_ttl(clock, proc):
