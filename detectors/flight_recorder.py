@@ -512,12 +512,13 @@ def _stuck_groups(verdict: HangVerdict, states: dict[int, RankState],
     """Per group, the device culprits and the first collective they did not complete."""
     out = []
     for pg, culprits in sorted(_collective_culprits(verdict).items()):
-        device = [c for c in culprits if c.kind == "device" and c.seq is not None]
+        status = _status(states, pg)
+        device = [c for c in culprits if c.kind == "device" and c.seq is not None
+                  and c.rank in status and status[c.rank][1] < c.seq <= status[c.rank][0]]
         if not device:
-            continue
+            continue  # a group a device culprit holds up by never issuing: in ``lagging``
         seq = min(c.seq for c in device if c.seq is not None)
         stuck = tuple(sorted(c.rank for c in device if c.seq == seq))
-        status = _status(states, pg)
         own = lookup.first(stuck, pg, seq)
         sample = own[0] if own else None
         out.append(StuckCollective(
