@@ -236,3 +236,24 @@ def test_nvrx_set_ties_loose_pg_uids_in_creation_order():
     # never compared across members, so no rank of them is read as stuck or behind
     assert all(not (c.group in ("0", "42", "57") and c.peer is None)
                for c in analysis.verdict.culprits)
+
+
+def test_bad_counters_and_broken_entries_are_counted_not_raised(tmp_path):
+    groups = megatron_groups()
+    ranks = [Rank(r, groups) for r in range(8)]
+    megatron_steps(ranks, groups, 2)
+    for r in ranks:
+        r.entries = [e for e in r.entries if not e["profiling_name"].startswith("nccl:all")]
+        for e in r.entries:
+            e["record_id"] += 1000  # a wrapped ring buffer: pg_status is what counts
+    write(ranks, tmp_path)
+    import pickle
+
+    broken = pickle.loads((tmp_path / "nccl_trace_rank_3").read_bytes())
+    for status in broken["pg_status"].values():
+        status["last_enqueued_collective"] = -7  # impossible
+    broken["entries"].append({"collective_seq_id": "x", "profiling_name": None})
+    (tmp_path / "nccl_trace_rank_3").write_bytes(pickle.dumps(broken))
+    analysis = analyze_dumps(dumps_in(tmp_path))
+    assert analysis.verdict.bad_states >= 1
+    assert analysis.verdict.culprits == []
