@@ -257,3 +257,14 @@ def test_bad_counters_and_broken_entries_are_counted_not_raised(tmp_path):
     analysis = analyze_dumps(dumps_in(tmp_path))
     assert analysis.verdict.bad_states >= 1
     assert analysis.verdict.culprits == []
+
+
+def test_a_member_without_a_dump_is_silent_even_where_nobody_waits_on_it(tmp_path):
+    groups = megatron_groups()
+    ranks = [Rank(r, groups) for r in range(8)]
+    megatron_steps(ranks, groups, 2)
+    write([r for r in ranks if r.rank != 3], tmp_path)
+    analysis = analyze_dumps(dumps_in(tmp_path))
+    assert by_rank(analysis) == {3: {"silent"}}
+    _, found = analyze_json(str(tmp_path))
+    assert [(f["kind"], f["subject"]) for f in found] == [("rank_silent", "rank 3")]
