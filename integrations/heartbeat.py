@@ -59,6 +59,7 @@ Prometheus are the path.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import datetime
 import json
 import logging
@@ -72,7 +73,13 @@ from typing import Any
 
 from laggard.detectors import hang as hang_rules
 from laggard.detectors.hang import GroupState, HangCulprit, HangVerdict, RankState
-from laggard.wire import MAX_HEARTBEAT_GROUPS, GroupProgress, Heartbeat, check_run
+from laggard.wire import (
+    CLOSED_PHASE,
+    MAX_HEARTBEAT_GROUPS,
+    GroupProgress,
+    Heartbeat,
+    check_run,
+)
 
 log = logging.getLogger(__name__)
 #: The logger of the hang report (one WARNING line per hang episode, on rank 0).
@@ -691,27 +698,37 @@ class HeartbeatThreads:
 
     # ----------------------------------------------------------------------- heartbeat
     def _beat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_seconds):
+        while True:
+            stopping = self._stop.wait(self.heartbeat_seconds)
             try:
-                payload = heartbeat_datagram(take_snapshot(self.source), rank=self.rank,
+                snapshot = take_snapshot(self.source)
+                if stopping:  # the goodbye: the agent lets the rank expire, not stall
+                    snapshot = dataclasses.replace(snapshot, phase=CLOSED_PHASE)
+                payload = heartbeat_datagram(snapshot, rank=self.rank,
                                              world_size=self.world_size, run=self.run,
                                              pid=self.pid, node=self.node)
             except Exception as exc:  # noqa: BLE001 - never fail, never stop beating
                 self._error("beat", exc)
+                if stopping:
+                    return
                 continue
-            try:
-                self._send(payload)  # type: ignore[misc]
-            except OSError as exc:  # EAGAIN: the agent's queue is full; else no agent
-                full = isinstance(exc, BlockingIOError)
-                self.stats.send_dropped += full
-                self.stats.send_errors += not full
-                if not full:
-                    self._log_once("send", "laggard: cannot send heartbeats (%s); counting, "
-                                   "not retrying", exc)
-                continue
-            except Exception as exc:  # noqa: BLE001
-                self._error("send", exc)
-                continue
+            self._send_beat(payload)
+            if stopping:
+                return
+
+    def _send_beat(self, payload: bytes) -> None:
+        try:
+            self._send(payload)  # type: ignore[misc]
+        except OSError as exc:  # EAGAIN: the agent's queue is full; else no agent
+            full = isinstance(exc, BlockingIOError)
+            self.stats.send_dropped += full
+            self.stats.send_errors += not full
+            if not full:
+                self._log_once("send", "laggard: cannot send heartbeats (%s); counting, "
+                               "not retrying", exc)
+        except Exception as exc:  # noqa: BLE001
+            self._error("send", exc)
+        else:
             self.stats.sent += 1
 
     # ----------------------------------------------------------------------- the store

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -30,7 +31,7 @@ from laggard.integrations.heartbeat import (  # noqa: E402
 )
 from laggard.integrations.monitor import TrainingMonitor  # noqa: E402
 from laggard.integrations.tracer import CollectiveTracer, GroupInfo  # noqa: E402
-from laggard.wire import GroupProgress, Heartbeat, decode_datagram  # noqa: E402
+from laggard.wire import CLOSED_PHASE, GroupProgress, Heartbeat, decode_datagram  # noqa: E402
 
 DP = GroupInfo(index=0, name="0", backend="gloo", ranks=(0, 1, 2, 3), desc="dp")
 PP = GroupInfo(index=1, name="5", backend="gloo", ranks=(0, 1), desc="pp")
@@ -434,6 +435,22 @@ def test_the_store_thread_reports_through_on_hang_and_survives_a_raising_callbac
     assert threads.stats.hangs_reported == 1
     assert [r.message for r in caplog.records if r.name == "laggard.hang"] == [
         "laggard: " + got[0].message]
+
+
+def test_closing_sends_a_goodbye_heartbeat_the_agent_lets_expire():
+    """The last datagram says ``phase: closed`` (``laggard.wire.CLOSED_PHASE``): the agent then
+    forgets the rank after its TTL instead of keeping it as stalled while the process lives."""
+    sent: list[bytes] = []
+    threads = HeartbeatThreads(_source(phase="optimizer"), rank=1, world_size=2, run="r1",
+                               send=sent.append, heartbeat_seconds=0.05, store_seconds=0)
+    threads.start()
+    deadline = time.monotonic() + 10
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    threads.close()
+    phases = [decode_datagram(p).phase for p in sent]
+    assert phases[0] == "optimizer" and phases[-1] == CLOSED_PHASE
+    assert phases.count(CLOSED_PHASE) == 1 and not threads._threads
 
 
 # ------------------------------------------------------------------ the monitor
