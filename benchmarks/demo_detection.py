@@ -66,6 +66,7 @@ class Run:
     window: int = 20
     steps: int = 0
     device: str = "cpu"
+    parallel: str = "ddp"
     paired_with: str | None = None  # the stem of the concurrent run (paired mode)
     first_step: int | None = None  # first finding on the slowed rank after onset
     flaps: int = 0
@@ -91,7 +92,7 @@ def demo_config() -> StragglerDetector.Config:
 
 
 def demo_command(stem: Path, *, slowdown: float, slow_rank: int, seed: int, steps: int,
-                 window: int, slow_from: int, device: str) -> list[str]:
+                 window: int, slow_from: int, device: str, parallel: str = "ddp") -> list[str]:
     """The ``laggard demo`` command line of one run whose windows and report land at ``stem``."""
     command = [sys.executable, "-m", "laggard.cli", "demo", "--steps", str(steps),
                "--window", str(window), "--slowdown", str(slowdown),
@@ -99,6 +100,8 @@ def demo_command(stem: Path, *, slowdown: float, slow_rank: int, seed: int, step
                "--seed", str(seed), "--windows", f"{stem}.jsonl", "--report", f"{stem}.json"]
     if device != "cpu":
         command += ["--device", device]
+    if parallel != "ddp":
+        command += ["--parallel", parallel]
     return command
 
 
@@ -124,18 +127,17 @@ class LoadSampler:
 
 
 def run_demos(out: Path, specs: list[dict[str, Any]], *, steps: int, window: int,
-              slow_from: int, device: str) -> list[dict[str, Any]]:
+              slow_from: int, device: str, parallel: str = "ddp") -> list[dict[str, Any]]:
     """Real ``laggard demo`` runs started together (a pair runs concurrently); each one's
     windows, report and metadata land in ``out``."""
     sampler = LoadSampler()
     started = time.perf_counter()
     procs = []
     for spec in specs:
-        stem = out / (f"{device}_x{spec['slowdown']:g}_seed{spec['seed']}_rank{spec['slow_rank']}"
-                      if device != "cpu" else
-                      f"x{spec['slowdown']:g}_seed{spec['seed']}_rank{spec['slow_rank']}")
+        prefix = "".join(f"{v}_" for v in (parallel, device) if v not in ("ddp", "cpu"))
+        stem = out / f"{prefix}x{spec['slowdown']:g}_seed{spec['seed']}_rank{spec['slow_rank']}"
         command = demo_command(stem, steps=steps, window=window, slow_from=slow_from,
-                               device=device, **spec)
+                               device=device, parallel=parallel, **spec)
         log = open(f"{stem}.log", "w")  # noqa: SIM115 (closed below, after the run)
         procs.append((stem, log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                   text=True)))
@@ -152,7 +154,8 @@ def run_demos(out: Path, specs: list[dict[str, Any]], *, steps: int, window: int
     load = sampler.stop()
     for meta, spec in zip(metas, specs, strict=True):
         meta.update(spec, steps=steps, slow_from=slow_from, window=window, device=device,
-                    load=load, paired_with=[m["stem"] for m in metas if m is not meta] or None)
+                    parallel=parallel, load=load,
+                    paired_with=[m["stem"] for m in metas if m is not meta] or None)
         Path(out / f"{meta['stem']}.meta.json").write_text(json.dumps(meta))
         if meta["status"] != 0:
             print(Path(out / f"{meta['stem']}.log").read_text()[-2000:], file=sys.stderr)
@@ -209,6 +212,7 @@ def score(meta: dict[str, Any], jsonl: Path, config: StragglerDetector.Config) -
               load=(min(meta["load"]), max(meta["load"])),
               wall_seconds=meta["wall_seconds"], window=meta.get("window", 20),
               steps=meta.get("steps", 0), device=meta.get("device", "cpu"),
+              parallel=meta.get("parallel", "ddp"),
               paired_with=paired[0] if paired else None)
     slowed = run.slowdown > 1.0
     for step, finding in replay(jsonl, config):
@@ -333,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                         "benchmark of issue 26)")
     p.add_argument("--device", choices=["cpu", "emulated-async"], default="cpu",
                    help="the demos' --device (emulated-async: the device clock)")
+    p.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp",
+                   help="the demos' --parallel (fsdp: FSDP2)")
     p.add_argument("--out", help="keep the runs' windows and reports here (default: temp)")
     p.add_argument("--replay", metavar="DIR", help="only re-score the runs saved in DIR")
     p.add_argument("--trace", metavar="JSONL",
@@ -357,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                     specs.append({"slowdown": 1.0, "slow_rank": 0,
                                   "seed": 1000 + len(slowdowns) * i + j})
                 metas = run_demos(out, specs, steps=args.steps, window=args.window,
-                                  slow_from=slow_from, device=args.device)
+                                  slow_from=slow_from, device=args.device,
+                                  parallel=args.parallel)
                 print(f"run {i} x{slowdown:g} rank {rank}: status "
                       f"{[m['status'] for m in metas]}, {metas[0]['wall_seconds']:.0f} s, "
                       f"load {metas[0]['load'][0]:.1f}-{metas[0]['load'][2]:.1f}", flush=True)
@@ -376,9 +383,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table(runs))
     paired = [r for r in runs if r.paired_with is not None and r.slowdown > 1.0]
     if paired:
-        for device in sorted({r.device for r in paired}):
-            print(f"\n### Long runs beside a concurrent clean demo (--device {device})\n")
-            print(long_table([r for r in paired if r.device == device], stems))
+        for device, parallel in sorted({(r.device, r.parallel) for r in paired}):
+            print(f"\n### Long runs beside a concurrent clean demo (--device {device} "
+                  f"--parallel {parallel})\n")
+            print(long_table([r for r in paired if (r.device, r.parallel) == (device, parallel)],
+                             stems))
     return 0
 
 
