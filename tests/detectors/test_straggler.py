@@ -546,3 +546,16 @@ def test_bad_input_neither_raises_nor_clears_on_its_own(bad: str) -> None:
     counter = {"missing": "missing_rank_reports", "nan": "invalid_durations",
                "restart": "step_regressions", "window_length": "window_length_changes"}[bad]
     assert detector.stats[counter] > 0 and clean.stats[counter] > 0
+
+
+def test_simulated_long_run_counts_flaps_false_alarms_and_onset() -> None:
+    """The simulator's long-run figure (issue 26) on a small budget: stragglers named at the
+    floor and held, clean ranks quiet."""
+    from straggler_sim import long_run
+
+    slowed = long_run(world_size=16, slowed=2, slowdown=0.10, rank_steps=2e4, seed=3)
+    assert slowed.slowed_rank_steps >= 2e4 and slowed.stragglers == 2 * slowed.jobs
+    assert slowed.named == slowed.stragglers and slowed.false_recoveries == 0
+    assert slowed.windows_to_name == [M_WINDOWS] * slowed.named
+    clean = long_run(world_size=16, slowed=0, slowdown=0.10, rank_steps=1e5, seed=3)
+    assert clean.clean_rank_steps >= 1e5 and clean.false_alarms == 0 and clean.named == 0
