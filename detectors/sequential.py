@@ -23,9 +23,14 @@ absorb), can neither raise a finding nor wipe out the evidence gathered so far; 
 windows are always needed. Clipping only shortens upward steps, so the false-alarm rate stays at or
 below the approximation's.
 
-Clearing is the mirror test (hysteresis): a second CUSUM accumulates evidence that the rank's
-excess has fallen below ``k`` (``clip(k - x_t, -c, c)``) and clears the finding when it reaches
-``h``; a quiet window or two does not clear a rank that is still slow.
+Clearing is a chart of its own (hysteresis; issue 26): a second CUSUM accumulates evidence that
+the rank's excess has fallen below ``k_r = k / 2`` (``clip(k_r - x_t, -c_r, c_r)``, Page's
+reference for a fall from ``k`` to 0) and clears the finding when it reaches ``h_r``, set by the
+same approximation for the same in-control run length: a rank whose excess stays at ``k`` or
+above recovers falsely as rarely as a clean rank raises a false alarm. ``h_r`` is at least
+``recovery_windows x k_r`` and ``c_r = h_r / (recovery_windows - 0.5)``, so that many windows are
+always needed. (Issue 14's mirror test used ``k`` and ``h`` themselves: a rank measured at its
+reference, or with a few windows near 0% on a loaded machine, was cleared while still slow.)
 
 The noise sigma is the spread of the excess across ranks in one window (median absolute
 deviation, scaled to a normal sigma with the small-sample factors of Croux & Rousseeuw,

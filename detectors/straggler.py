@@ -15,6 +15,12 @@ test's evidence of recovery (hysteresis). A slowdown of the whole job moves the 
 with it, so it is never blamed on a rank; it is reported on its own, against the best the job
 has shown (each rank's history first, then the median rank).
 
+Clearing has a chart of its own (issue 26): a CUSUM of the evidence that the rank's excess has
+fallen to half the raise reference, on the rank's own excess (not the wait-corroborated one),
+with a decision interval for a false recovery once per ``false_alarm_windows`` windows at the
+measured noise, and at least ``recovery_windows`` windows; so the finding holds while the excess
+stays above the reference, whatever one window (or a few) near 0% says.
+
 Only durations are compared, never timestamps: clocks of different hosts are not synchronised.
 
 Input: one :class:`RankWindow` per detection window. The monitor builds it from the gathered
@@ -56,6 +62,9 @@ _WAIT_DEFICIT, _WORK_SECONDS = 3, 4
 
 #: Windows of the last N in which the whole job must be over its threshold.
 _JOB_OVER_WINDOWS = 3
+#: The recovery chart's reference as a fraction of the raise chart's (chart 0): Page's k =
+#: delta / 2 for the fall from the least excess a finding stands for (the raise reference) to 0.
+_RECOVERY_REFERENCE = 0.5
 
 __all__ = ["DETECTOR", "MIN_RANKS", "SIGNAL_KINDS", "RankWindow", "StragglerDetector"]
 
@@ -72,8 +81,12 @@ class _Test:
 
     noise: np.ndarray  # (S,) pooled cross-rank sigma of the excess
     reference: np.ndarray  # (J, S) k of each chart: excess that counts as "not slow"
-    interval: np.ndarray  # (J, S) h: the evidence that raises a finding (chart 0: clears)
+    interval: np.ndarray  # (J, S) h: the evidence that raises a finding
     clip: np.ndarray  # (J, S) c: most evidence one window can add or remove
+    deficit_noise: float  # pooled cross-rank sigma of the wait deficit (NaN: unmeasured)
+    recovery_reference: np.ndarray  # (S,) the recovery chart's k: excess that counts as "fast"
+    recovery_interval: np.ndarray  # (S,) its h: the evidence of recovery that clears a finding
+    recovery_clip: np.ndarray  # (S,) its c
 
 
 class StragglerDetector:
@@ -86,9 +99,18 @@ class StragglerDetector:
     excess count only as far as the rank's wait deficit confirms it (the others waited for it).
     Each rank's excess feeds a clipped CUSUM (:mod:`laggard.detectors.sequential`): a finding is
     raised when the evidence reaches the decision interval ``h``, derived every window from the
-    measured cross-rank noise for one false alarm per ``false_alarm_windows`` rank-windows; it
-    clears when the mirror CUSUM's evidence of recovery reaches ``h``. Each window adds at most
-    ``h / (min_windows - 0.5)``, so ``min_windows`` windows are always needed either way.
+    measured cross-rank noise for one false alarm per ``false_alarm_windows`` rank-windows. Each
+    window adds at most ``h / (min_windows - 0.5)``, so ``min_windows`` windows are needed.
+
+    It clears on a recovery chart of its own: a CUSUM of ``k / 2 - x`` on the rank's excess
+    ``x`` in the finding's signal (uncorroborated: a noisy wait is no evidence of recovery),
+    ``k`` the raise reference. Page's reference for a fall from ``k`` (the least excess a
+    finding stands for) to 0 is ``k / 2``; its interval is set, like the raise chart's, for one
+    false recovery per ``false_alarm_windows`` windows of a rank whose excess stays at ``k``, and
+    is never less than ``recovery_windows`` windows of a fully recovered rank (excess 0, adding
+    ``k / 2`` each). Each window adds at most ``h_r / (recovery_windows - 0.5)``. A rank still
+    ``2k`` slow drains ``1.5 k`` per window, so the isolated windows near 0% excess a loaded
+    machine shows (another rank slow in the same window) cannot add up to a recovery.
 
     Attributes:
         scores: global rank -> straggler score in the latest window, for the ranks in it: by
@@ -146,6 +168,25 @@ class StragglerDetector:
         over 5 ms of data loading) in two consecutive windows of one rank raised 6 false
         alarms in 27 M rank-steps; with 3, none."""
 
+        recovery_windows: int = 5
+        """Fewest windows whose evidence of recovery clears a finding: a fully recovered rank
+        (excess 0) adds ``k / 2`` per window, and the recovery interval is never under this
+        many of those. On the demo's loaded 2-core machine 1 window in 20 of a 10% straggler
+        read under 2.5% (another rank slow in the same window, issue 26): five such windows
+        in a row, against a drain of 1.5 k per window at the straggler's level, is what a
+        false recovery would take."""
+
+        corroboration_sigmas: float = 2.0
+        """Slack of the wait corroboration, in units of the measured cross-rank noise of the
+        wait deficit: a window's compute or data excess is capped at ``(deficit + this x
+        sigma) / corroboration_ratio``, so the wait vetoes an excess only when it says so
+        beyond its own noise (a one-sided test at about 2.3% for 2 sigmas). On an
+        oversubscribed CPU the waits are wall time and their deficit swings by half a step's
+        work from window to window (the demo: sigma 0.45-0.6 of the median rank's work),
+        which vetoed one window in five of a real 10% straggler, its first slowed one among
+        them (issue 26); where waits are exact (a GPU job, the simulator) sigma is small and
+        the cap as strict as before."""
+
         persistence_windows: int = 5
         """N: the windows of history behind scores and evidence (per-rank medians); a rank
         absent for N windows in a row has its finding cleared (``not_reporting``). The first N
@@ -190,6 +231,10 @@ class StragglerDetector:
                 raise ValueError(f"charts must be >= 1 each, got {self.charts}")
             if self.min_windows < 1:
                 raise ValueError(f"min_windows must be >= 1, got {self.min_windows}")
+            if self.recovery_windows < 1:
+                raise ValueError(f"recovery_windows must be >= 1, got {self.recovery_windows}")
+            if self.corroboration_sigmas < 0:
+                raise ValueError("corroboration_sigmas must be >= 0")
             if self.persistence_windows < 3:
                 raise ValueError("persistence_windows must be >= 3")
             if self.noise_history_windows < 1:
@@ -247,6 +292,44 @@ class StragglerDetector:
         self._reset_state()
         return cleared
 
+    def statistics(self, rank: int) -> dict[str, Any] | None:
+        """The sequential test's figures for ``rank`` after the latest window: what raised or
+        holds its finding, window by window (``benchmarks/demo_detection.py --trace``).
+
+        Returns:
+            None before the history is warm or for a rank never seen; else, each a list over
+            :data:`SIGNAL_KINDS` (fractions of the median rank's work per step): ``excess``
+            (this window's, NaN when absent), ``confirmed`` (capped by the wait),
+            ``raise_evidence`` (the raise CUSUMs' sums, chart with most evidence relative to
+            its interval), ``raise_interval`` (that chart's h), ``raise_reference``,
+            ``recovery_evidence``, ``recovery_interval``, ``recovery_reference``; and
+            ``noise``, ``deficit_noise``, ``active`` (the finding's kind or None).
+        """
+        if not 0 <= rank < self._capacity or not np.isfinite(self._test.interval).any():
+            return None
+        t = self._test
+        by_chart = self._raise_sum[rank] / t.interval  # (J, S)
+        chart = np.argmax(np.nan_to_num(by_chart, nan=-1.0), axis=0)  # (S,)
+        columns = np.arange(len(SIGNAL_KINDS))
+
+        def listed(values: np.ndarray) -> list[float | None]:
+            return [_round(float(v)) for v in values]
+
+        active = self.active.get(rank)
+        return {
+            "excess": listed(self._last_excess[rank]),
+            "confirmed": listed(self._last_confirmed[rank]),
+            "raise_evidence": listed(self._raise_sum[rank][chart, columns]),
+            "raise_interval": listed(t.interval[chart, columns]),
+            "raise_reference": listed(t.reference[chart, columns]),
+            "recovery_evidence": listed(self._clear_sum[rank]),
+            "recovery_interval": listed(t.recovery_interval),
+            "recovery_reference": listed(t.recovery_reference),
+            "noise": listed(t.noise),
+            "deficit_noise": _round(t.deficit_noise),
+            "active": None if active is None else active.kind,
+        }
+
     # -- state -----------------------------------------------------------------------------
 
     def _reset_state(self) -> None:
@@ -265,8 +348,16 @@ class StragglerDetector:
         self._clear_sum = np.zeros((0, s))
         self._absent = np.zeros(0, dtype=np.int64)
         self._test = _Test(noise=np.full(s, np.nan), reference=np.full((j, s), c.reference),
-                           interval=np.full((j, s), np.inf), clip=np.full((j, s), np.inf))
-        self._noise = np.full((c.noise_history_windows, s), np.nan)
+                           interval=np.full((j, s), np.inf), clip=np.full((j, s), np.inf),
+                           deficit_noise=math.nan,
+                           recovery_reference=np.full(s, c.reference * _RECOVERY_REFERENCE),
+                           recovery_interval=np.full(s, np.inf),
+                           recovery_clip=np.full(s, np.inf))
+        # Pooled noise: per window, the cross-rank sigma of each signal's excess, then of the
+        # wait deficit (the last column).
+        self._noise = np.full((c.noise_history_windows, s + 1), np.nan)
+        self._last_excess = np.zeros((0, s))  # (R, S) raw, then confirmed: for statistics()
+        self._last_confirmed = np.zeros((0, s))
         self._job_baseline = math.inf  # best typical work seconds of the median rank
         self._job_over = np.zeros(n, dtype=bool)
         self._active_signal: dict[int, int] = {}
@@ -280,6 +371,10 @@ class StragglerDetector:
         self._ring = np.pad(self._ring, [(0, 0), (0, extra), (0, 0)], constant_values=np.nan)
         self._raise_sum = np.pad(self._raise_sum, [(0, extra), (0, 0), (0, 0)])
         self._clear_sum = np.pad(self._clear_sum, [(0, extra), (0, 0)])
+        self._last_excess = np.pad(self._last_excess, [(0, extra), (0, 0)],
+                                   constant_values=np.nan)
+        self._last_confirmed = np.pad(self._last_confirmed, [(0, extra), (0, 0)],
+                                      constant_values=np.nan)
         self._absent = np.pad(self._absent, [(0, extra)])
         self._capacity = capacity
 
@@ -409,7 +504,10 @@ class StragglerDetector:
         warmed_up = self._windows_seen >= self.config.persistence_windows
         if warmed_up:
             self._test = self._calibrate(ranks.size)
-            self._accumulate(ranks, self._corroborated(excess, deficit))
+            confirmed = self._corroborated(excess, deficit)
+            self._accumulate(ranks, excess, confirmed)
+            self._last_excess[:], self._last_confirmed[:] = np.nan, np.nan
+            self._last_excess[ranks], self._last_confirmed[ranks] = excess, confirmed
         findings = self._clear_ranks(window.step, ranks)
         if warmed_up:
             findings += self._raise_ranks(window, ranks, typical, job_work, medians)
@@ -438,7 +536,7 @@ class StragglerDetector:
         self._ring[slot, ranks, _WAIT_DEFICIT] = deficit
         self._ring[slot, ranks, _WORK_SECONDS] = work
         self._noise[self._windows_seen % c.noise_history_windows] = [
-            robust_sigma(excess[:, i]) for i in signals]
+            *(robust_sigma(excess[:, i]) for i in signals), robust_sigma(deficit)]
         self._absent += 1
         self._absent[ranks] = 0
         self._windows_seen += 1
@@ -460,7 +558,8 @@ class StragglerDetector:
         approximation per test, the run length split over ranks x measured signals x charts)."""
         c = self.config
         signals, charts = len(SIGNAL_KINDS), len(c.charts)
-        noise = np.array([_nanmedian(self._noise[:, i]) for i in range(signals)])
+        pooled = np.array([_nanmedian(self._noise[:, i]) for i in range(signals + 1)])
+        noise, deficit_noise = pooled[:signals], float(pooled[signals])
         measured = np.isfinite(noise)
         run_length = c.false_alarm_windows * ranks * max(int(measured.sum()), 1) * charts
         reference = np.full((charts, signals), c.reference)
@@ -471,42 +570,65 @@ class StragglerDetector:
             k = max(c.min_slowdown, multiple * c.target_slowdown / 2,
                     multiple * c.reference_sigmas * sigma)
             reference[j, i] = k
-            h = 0.0
-            if sigma > 0:
-                key = (round(k / sigma, 3), round(math.log10(run_length), 2))
-                if key not in self._intervals:
-                    if len(self._intervals) > 4096:
-                        self._intervals.clear()
-                    self._intervals[key] = decision_interval(key[0], 10 ** key[1])
-                h = self._intervals[key] * sigma
             # However quiet the job, a rank half of the chart's shift over its reference value
             # still needs min_windows windows: the noise model is normal, real tails are not.
-            interval[j, i] = max(h, c.min_windows * multiple * c.target_slowdown / 2)
+            interval[j, i] = max(self._interval(k, sigma, run_length),
+                                 c.min_windows * multiple * c.target_slowdown / 2)
+        # The recovery chart, on the first (smallest) reference: in control the rank is still
+        # at least k slow, so its increments k / 2 - x have mean -k / 2 or less, the same
+        # distance in sigmas as the raise chart's in-control increments x - k at x = k / 2;
+        # the same per-test run length, so a false recovery is as rare as a false alarm.
+        recovery_reference = reference[0] * _RECOVERY_REFERENCE
+        recovery_interval = np.full(signals, np.inf)
+        for i in np.flatnonzero(measured).tolist():
+            k_r = float(recovery_reference[i])
+            recovery_interval[i] = max(self._interval(k_r, float(noise[i]), run_length),
+                                       c.recovery_windows * k_r)
         # min_windows - 0.5: min_windows - 1 windows at the clip fall short of h, and
         # min_windows windows reach it without each having to be at the clip.
         return _Test(noise=noise, reference=reference, interval=interval,
-                     clip=interval / (c.min_windows - 0.5))
+                     clip=interval / (c.min_windows - 0.5), deficit_noise=deficit_noise,
+                     recovery_reference=recovery_reference, recovery_interval=recovery_interval,
+                     recovery_clip=recovery_interval / max(c.recovery_windows - 0.5, 0.5))
+
+    def _interval(self, k: float, sigma: float, run_length: float) -> float:
+        """Siegmund's h (excess units) for reference ``k`` at noise ``sigma`` and the per-test
+        in-control run length; 0 without noise (the callers' floors apply). Cached: a
+        bisection per window and signal would be wasted."""
+        if not sigma > 0:
+            return 0.0
+        key = (round(k / sigma, 3), round(math.log10(run_length), 2))
+        if key not in self._intervals:
+            if len(self._intervals) > 4096:
+                self._intervals.clear()
+            self._intervals[key] = decision_interval(key[0], 10 ** key[1])
+        return self._intervals[key] * sigma
 
     def _corroborated(self, excess: np.ndarray, deficit: np.ndarray) -> np.ndarray:
-        """Compute and data excess capped by what the wait confirms (deficit / ratio); the
-        transfer excess, and every signal where the wait is not measured, as they are."""
-        ratio = self.config.corroboration_ratio
-        if ratio == 0:
+        """Compute and data excess capped by what the wait confirms, (deficit + z sigma) /
+        ratio (``corroboration_sigmas``: the wait's own noise is no veto); the transfer excess,
+        and every signal where the wait is not measured, as they are."""
+        c = self.config
+        if c.corroboration_ratio == 0:
             return excess
+        slack = c.corroboration_sigmas * self._test.deficit_noise
+        slack = slack if math.isfinite(slack) else 0.0
         confirmed = excess.copy()
         with np.errstate(invalid="ignore"):
-            cap = np.where(np.isnan(deficit), np.inf, deficit / ratio)[:, None]
+            cap = np.where(np.isnan(deficit), np.inf,
+                           (deficit + slack) / c.corroboration_ratio)[:, None]
             confirmed[:, :_TRANSFER] = np.minimum(excess[:, :_TRANSFER], cap)
         return confirmed
 
-    def _accumulate(self, ranks: np.ndarray, excess: np.ndarray) -> None:
-        """Add this window's evidence: for a slowdown always, for recovery while active."""
+    def _accumulate(self, ranks: np.ndarray, excess: np.ndarray,
+                    confirmed: np.ndarray) -> None:
+        """Add this window's evidence: of a slowdown (the confirmed excess) always, of recovery
+        (the rank's own excess) while a finding is active."""
         t = self._test
         self._raise_sum[ranks] = cusum_step(self._raise_sum[ranks],
-                                            excess[:, None, :] - t.reference, t.clip)
-        # Recovery: evidence that the excess is under the first (smallest) reference value.
-        self._clear_sum[ranks] = cusum_step(self._clear_sum[ranks], t.reference[0] - excess,
-                                            t.clip[0])
+                                            confirmed[:, None, :] - t.reference, t.clip)
+        self._clear_sum[ranks] = cusum_step(self._clear_sum[ranks],
+                                            t.recovery_reference - excess, t.recovery_clip)
         inactive = np.ones(ranks.size, dtype=bool)
         inactive[np.isin(ranks, list(self.active))] = False
         self._clear_sum[ranks[inactive]] = 0.0  # recovery evidence counts only once raised
@@ -519,7 +641,7 @@ class StragglerDetector:
             signal = self._active_signal[rank]
             if self._absent[rank] >= self.config.persistence_windows:
                 reason = "not_reporting"
-            elif self._clear_sum[rank, signal] >= self._test.interval[0, signal]:
+            elif self._clear_sum[rank, signal] >= self._test.recovery_interval[signal]:
                 reason = "recovered"
             else:
                 continue
