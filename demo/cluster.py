@@ -561,22 +561,12 @@ def _arm_fault(args: argparse.Namespace, cluster: EmulatedCluster, fault_node: N
 def _train(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path, slow_rank: int,
            deadline: float, report: Report) -> None:
     result_path = workdir / "result.json"
-    env = _env()
-    jobs, pumps = [], []
     echo = threading.Event()  # rank 0's progress, until the demo stops the job itself
     echo.set()
     started = time.monotonic()
     print(f"  training {args.steps} steps on {len(cluster.nodes) * args.ranks_per_node} ranks "
           f"(compression {args.compression}); rank 0 prints:")
-    for node in cluster.nodes:
-        proc = cluster.popen(node, _worker_command(args, cluster, node, result_path, slow_rank),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        pump = threading.Thread(target=_pump, daemon=True,
-                                args=(proc.stdout, workdir / f"job-{node.name}.log",
-                                      echo if node.index == 0 else None))
-        pump.start()
-        jobs.append((node, proc))
-        pumps.append(pump)
+    jobs, pumps = _start_job(args, cluster, workdir, slow_rank, echo)
     try:
         for node, proc in jobs:
             remaining = deadline - time.monotonic()
@@ -608,22 +598,15 @@ def _env() -> dict[str, str]:
             "TORCH_CPP_LOG_LEVEL": "ERROR"}
 
 
-def _train_until_hang_named(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
-                            prometheus: PrometheusServer, deadline: float,
-                            report: Report) -> None:
-    """``--fault hang``: run the job until rank 0 has named the hang in its log and Prometheus
-    fires :data:`HANG_ALERT` for the hung rank, or ``--hang-bound`` seconds after the hang;
-    then stop the job (not gloo's timeout). Fills ``report.job`` with both figures."""
-    hang = hang_injection(args)
-    marker_path, reports_path = workdir / "hang-marker.json", workdir / "hang-reports.jsonl"
+def _start_job(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path, slow_rank: int,
+               echo: threading.Event) -> tuple[list[tuple[Node, subprocess.Popen[str]]],
+                                               list[threading.Thread]]:
+    """One launcher per node, its output to ``job-<node>.log`` (rank 0's echoed while ``echo``
+    is set); returns the (node, launcher) pairs and the output pumps."""
     jobs, pumps = [], []
-    echo = threading.Event()
-    echo.set()
-    print(f"  training on {len(cluster.nodes) * args.ranks_per_node} ranks until the hang is "
-          "named; rank 0 prints:")
     for node in cluster.nodes:
         proc = cluster.popen(node, _worker_command(args, cluster, node, workdir / "result.json",
-                                                   -1),
+                                                   slow_rank),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=_env())
         pump = threading.Thread(target=_pump, daemon=True,
@@ -632,6 +615,22 @@ def _train_until_hang_named(args: argparse.Namespace, cluster: EmulatedCluster, 
         pump.start()
         jobs.append((node, proc))
         pumps.append(pump)
+    return jobs, pumps
+
+
+def _train_until_hang_named(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
+                            prometheus: PrometheusServer, deadline: float,
+                            report: Report) -> None:
+    """``--fault hang``: run the job until rank 0 has named the hang in its log and Prometheus
+    fires :data:`HANG_ALERT` for the hung rank, or ``--hang-bound`` seconds after the hang;
+    then stop the job (not gloo's timeout). Fills ``report.job`` with both figures."""
+    hang = hang_injection(args)
+    marker_path, reports_path = workdir / "hang-marker.json", workdir / "hang-reports.jsonl"
+    echo = threading.Event()
+    echo.set()
+    print(f"  training on {len(cluster.nodes) * args.ranks_per_node} ranks until the hang is "
+          "named; rank 0 prints:")
+    jobs, pumps = _start_job(args, cluster, workdir, -1, echo)
     marker: dict[str, Any] | None = None
     alert_at: float | None = None
     alert: dict[str, Any] | None = None
