@@ -338,8 +338,13 @@ def _maybe_checkpoint(job: Job) -> None:
     if ckpt is None or ckpt.step != job.step_index or not job.step_times:
         return
     usual = float(np.median(job.step_times))
+    started = time.perf_counter()
     with job.monitor.phase("checkpoint"):
         checkpoint_save(job.model, (ckpt.factor - 1.0) * usual)
+    if job.rank == 0:
+        took = time.perf_counter() - started + usual
+        print(f"checkpoint: step {ckpt.step} took about {took:.1f} s, {took / usual:.0f}x the "
+              f"usual {usual:.3f} s step, on every rank", flush=True)
 
 
 def train_step_async(job: Job) -> float:
