@@ -46,7 +46,7 @@ KINDS = {"python": "cpu", "spin": "cpu", "data": "cpu", "skip": "cpu", "device":
 class Run:
     """One demo run, scored from its report."""
 
-    case: str  # a hang kind, "clean" or "checkpoint"
+    case: str  # a hang kind, "clean" or "checkpoint xF"
     rank: int | None
     step: int | None
     status: int
@@ -60,6 +60,7 @@ class Run:
     false_reports: int = 0
     checked: bool = False
     message: str = ""
+    checkpoint: str = ""  # rank 0's line on how long the checkpoint step took
     error: str = ""
 
 
@@ -76,8 +77,9 @@ def run_demo(case: str, rank: int | None, step: int | None, args: argparse.Names
                       "--inject", f"hang=rank:{rank},step:{step},kind:{case}"]
         else:
             flags += ["--steps", str(args.clean_steps), "--slowdown", "1.0"]
-            if case == "checkpoint":
-                flags += ["--inject", f"checkpoint=step:{step},factor:{args.factor:g}"]
+            if case.startswith("checkpoint"):
+                factor = float(case.removeprefix("checkpoint x"))
+                flags += ["--inject", f"checkpoint=step:{step},factor:{factor:g}"]
         load_before = os.getloadavg()[0]
         started = time.monotonic()
         try:
@@ -90,7 +92,9 @@ def run_demo(case: str, rank: int | None, step: int | None, args: argparse.Names
             status, out = -1, f"past --run-timeout: {str(exc.stdout or '')[-400:]}"
         run = Run(case=case, rank=rank, step=step, status=status,
                   wall_seconds=round(time.monotonic() - started, 1),
-                  load_before=load_before, load_after=os.getloadavg()[0])
+                  load_before=load_before, load_after=os.getloadavg()[0],
+                  checkpoint=next((line for line in out.splitlines()
+                                   if line.startswith("checkpoint: ")), ""))
         try:
             hang = json.loads(report.read_text())["hang"]
         except (OSError, ValueError, KeyError):
@@ -114,7 +118,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, int | None, int | None]]:
             ranks = list(range(1 if kind == "python" else 0, args.world_size))
             runs.append((kind, ranks[(i + len(runs)) % len(ranks)], args.hang_step + i % 3 * 5))
     runs += [("clean", None, None)] * args.clean_runs
-    runs += [("checkpoint", None, args.checkpoint_step)] * args.checkpoint_runs
+    for factor in args.factors:
+        runs += [(f"checkpoint x{factor:g}", None, args.checkpoint_step)] * args.checkpoint_runs
     return runs
 
 
@@ -154,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hang-step", type=int, default=20, help="first hang step (+0, 5, 10)")
     p.add_argument("--clean-steps", type=int, default=80, help="steps of a clean run")
     p.add_argument("--checkpoint-step", type=int, default=40)
-    p.add_argument("--factor", type=float, default=20.0, help="the checkpoint step's factor")
+    p.add_argument("--factors", type=float, nargs="+", default=[20.0],
+                   help="the checkpoint step's factors, each --checkpoint-runs times (default "
+                        "20; 100 makes the step outlast the monitor's 10 s hang threshold)")
     p.add_argument("--hang-bound", type=float, default=60.0)
     p.add_argument("--run-timeout", type=float, default=300.0)
     p.add_argument("--budget", type=float, default=3600.0, help="seconds for all runs")
@@ -174,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{run.seconds_to_name} s, false {run.false_reports}, "
               f"{[(c.get('rank'), c.get('kind')) for c in run.culprits]}, "
               f"load {run.load_before:.1f}-{run.load_after:.1f}, {run.wall_seconds} s"
+              + (f"\n     {run.checkpoint}" if run.checkpoint else "")
               + (f"\n     {run.error.strip()[-300:]}" if run.error else ""), flush=True)
         if args.out:
             with open(args.out, "a") as f:
