@@ -634,6 +634,7 @@ def _train_until_hang_named(args: argparse.Namespace, cluster: EmulatedCluster, 
     marker: dict[str, Any] | None = None
     alert_at: float | None = None
     alert: dict[str, Any] | None = None
+    active: list[dict[str, Any]] = []  # the alerts while the job hangs (they resolve after)
     try:
         while True:
             time.sleep(0.5)
@@ -650,8 +651,8 @@ def _train_until_hang_named(args: argparse.Namespace, cluster: EmulatedCluster, 
             if marker is None:
                 continue
             if alert is None:
-                alert = next((a for a in prometheus.alerts()
-                              if a["labels"].get("alertname") == HANG_ALERT
+                active = prometheus.alerts()
+                alert = next((a for a in active if a["labels"].get("alertname") == HANG_ALERT
                               and a["state"] == "firing"), None)
                 alert_at = time.time() if alert is not None else None
             named = any(r["time"] >= marker["time"] for r in read_json_lines(reports_path))
@@ -667,7 +668,7 @@ def _train_until_hang_named(args: argparse.Namespace, cluster: EmulatedCluster, 
     report.alerts = [{"alertname": a["labels"]["alertname"], "state": a["state"],
                       "labels": a["labels"], "activeAt": a.get("activeAt"),
                       "summary": a.get("annotations", {}).get("summary")}
-                     for a in prometheus.alerts()]
+                     for a in active]
     report.ranks = {r["metric"]["rank"]: r["metric"].get("node", "")
                     for r in prometheus.query("laggard_rank_info")}
     report.job = {"in_job": outcome, "prometheus": {
@@ -690,13 +691,16 @@ def alert_ranks(alert: dict[str, Any]) -> list[int]:
 
 def _judge_hang(report: Report) -> None:
     """``--fault hang``: named correctly when rank 0's log named the hung rank with its kind
-    and no other, and Prometheus fired the hang alert for that rank alone."""
+    and no other, and Prometheus fired the hang alert for that rank alone (with that kind, when
+    the alert says one)."""
     in_job, prom = report.job["in_job"], report.job["prometheus"]
     rank = report.fault["rank"]
     report.verdict = {
         "in_job_correct": bool(in_job["correct"]),
         "in_job_seconds": in_job["seconds_to_name"],
-        "prometheus_correct": prom["firing"] and prom["ranks"] == [rank],
+        "prometheus_correct": (prom["firing"] and prom["ranks"] == [rank]
+                               and prom["labels"].get("kind") in (None,
+                                                                  report.fault["expected_kind"])),
         "prometheus_seconds": prom["seconds_to_firing"],
         "alerts_firing": sorted({a["alertname"] for a in report.alerts
                                  if a["state"] == "firing"}),
