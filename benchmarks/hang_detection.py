@@ -108,6 +108,44 @@ def run_demo(case: str, rank: int | None, step: int | None, args: argparse.Names
     return run
 
 
+def run_cluster(kind: str, node: int, args: argparse.Namespace) -> Run:
+    """One ``laggard cluster-demo --fault hang`` run (3 emulated nodes, a real Prometheus at a
+    1 s scrape and rule interval, alert ``for:`` cut to 5 s): the in-job figure and the
+    seconds until ``LaggardJobHung`` fired, with its ranks and kind."""
+    with tempfile.TemporaryDirectory(prefix="hang-bench-") as tmp:
+        report = Path(tmp) / "report.json"
+        load_before = os.getloadavg()[0]
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "laggard.cli", "cluster-demo", "--nodes", "3",
+                 "--fault", "hang", "--hang-kind", kind, "--fault-node", str(node),
+                 "--steps", str(args.steps), "--window", str(args.window),
+                 "--fault-at-step", str(args.hang_step), "--hang-bound", "90",
+                 "--timeout", str(args.run_timeout - 30), "--json", str(report)],
+                capture_output=True, text=True, timeout=args.run_timeout,
+                stdin=subprocess.DEVNULL)
+            status, out = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired:
+            status, out = -1, "past --run-timeout"
+        run = Run(case=f"prometheus {kind}", rank=node, step=args.hang_step, status=status,
+                  wall_seconds=round(time.monotonic() - started, 1), load_before=load_before,
+                  load_after=os.getloadavg()[0])
+        try:
+            doc = json.loads(report.read_text())
+        except (OSError, ValueError):
+            run.error = out[-600:]
+            return run
+    verdict, prom = doc["verdict"], doc["job"]["prometheus"]
+    run.named, run.correct = bool(prom["firing"]), bool(verdict["prometheus_correct"])
+    run.seconds_to_name = prom["seconds_to_firing"]
+    run.culprits = [{"rank": r, "kind": prom["labels"].get("kind")} for r in prom["ranks"]]
+    run.checked = True
+    run.message = (f"in the job: correct {verdict['in_job_correct']} after "
+                   f"{verdict['in_job_seconds']} s; alert labels {prom['labels']}")
+    return run
+
+
 def plan(args: argparse.Namespace) -> list[tuple[str, int | None, int | None]]:
     """The runs to make, interleaved (one of each kind in turn) so that a change of the
     machine's load falls on every kind alike."""
@@ -118,6 +156,9 @@ def plan(args: argparse.Namespace) -> list[tuple[str, int | None, int | None]]:
             ranks = list(range(1 if kind == "python" else 0, args.world_size))
             runs.append((kind, ranks[(i + len(runs)) % len(ranks)], args.hang_step + i % 3 * 5))
     runs += [("clean", None, None)] * args.clean_runs
+    # the cluster's 1 rank per node: rank = node index (node 0 holds rank 0)
+    runs += [(f"prometheus {kind}", 1 + i % 2, args.hang_step)
+             for i in range(args.cluster_runs) for kind in args.cluster_kinds]
     for factor in args.factors:
         runs += [(f"checkpoint x{factor:g}", None, args.checkpoint_step)] * args.checkpoint_runs
     return runs
@@ -132,7 +173,7 @@ def summary(runs: list[Run]) -> str:
         loads = [x for r in these for x in (r.load_before, r.load_after)]
         load = f"{min(loads):.1f}-{max(loads):.1f}"
         false = sum(r.false_reports for r in these)
-        if case in KINDS:
+        if case in KINDS or case.startswith("prometheus"):
             named = sum(r.named for r in these)
             correct = sum(bool(r.correct) for r in these)
             secs = [r.seconds_to_name for r in these if r.seconds_to_name is not None]
@@ -152,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="runs per hang kind (default 5)")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     p.add_argument("--clean-runs", type=int, default=10)
+    p.add_argument("--cluster-runs", type=int, default=0,
+                   help="runs per --cluster-kinds of `laggard cluster-demo --fault hang` (root, "
+                        "network namespaces, Debian's prometheus): the Prometheus figure")
+    p.add_argument("--cluster-kinds", nargs="+", default=["data"], choices=list(KINDS)[:4])
     p.add_argument("--checkpoint-runs", type=int, default=2)
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--window", type=int, default=10)
@@ -174,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         if time.monotonic() - started > args.budget:
             print(f"budget of {args.budget:g} s spent: {len(todo) - n} runs skipped", flush=True)
             break
-        run = run_demo(case, rank, step, args, seed=n)
+        run = (run_cluster(case.split()[1], rank or 1, args) if case.startswith("prometheus")
+               else run_demo(case, rank, step, args, seed=n))
         runs.append(run)
         print(f"{n + 1:3d}/{len(todo)} {case:10s} rank {run.rank} step {run.step}: status "
               f"{run.status}, named {run.named}, correct {run.correct}, "
