@@ -36,6 +36,8 @@ def fr_findings(source: str, analysis: FrAnalysis, locations: dict[int, str]) ->
            for i, lag in enumerate(analysis.lagging)]
     out += [_stuck_finding(source, st, locations) for st in analysis.stuck]
     out += [_p2p_finding(source, stall) for stall in analysis.p2p]
+    out += [_silent_finding(source, c.rank) for c in analysis.verdict.culprits
+            if c.kind == "silent" and not c.group]
     for mm in analysis.mismatches:
         parts = "; ".join(f"{ranks_text(r)}: {s[0]} {s[1:] if len(s) > 1 else ''}"
                           for s, r in mm.signatures.items())
@@ -53,14 +55,18 @@ def fr_findings(source: str, analysis: FrAnalysis, locations: dict[int, str]) ->
 def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
                      locations: dict[int, str], primary: bool) -> Finding:
     stragglers = list(analysis.stragglers)
+    kinds = {r: analysis.verdict.kind_of(r) for r in lag.missing}
     verdicts = {str(r): "hung_cpu" if r in lag.hung_cpu else
-                "no_dump" if r in lag.no_dump else "missing" for r in lag.missing}
+                "no_dump" if r in lag.no_dump else
+                "device" if kinds[r] == "device" else "missing" for r in lag.missing}
+    device = [r for r in lag.missing if kinds[r] == "device"]
     ev: dict[str, Any] = {
         "op": lag.op, "seq": lag.seq, "pg": lag.pg, "pg_desc": lag.pg_desc,
         "members": list(lag.members), "present": list(lag.present),
         "missing_ranks": list(lag.missing), "not_enqueued": list(lag.not_enqueued),
         "no_dump": list(lag.no_dump), "unknown": list(lag.unknown),
         "hung_cpu": list(lag.hung_cpu), "trailing": list(lag.trailing), "verdicts": verdicts,
+        "kinds": {str(r): k for r, k in kinds.items()},
         "input_sizes": [list(s) for s in lag.input_sizes],
         "input_dtypes": list(lag.input_dtypes), "state": list(lag.state),
         "last_enqueued": {str(r): s[0] for r, s in sorted(lag.status.items())},
@@ -81,6 +87,10 @@ def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
            + (f"; no dump from {ranks_text(lag.no_dump)}" if lag.no_dump else ""))
     if lag.hung_cpu:
         msg += f"; {ranks_text(lag.hung_cpu)} has {_HUNG_CPU}"
+    if device:
+        msg += (f"; {ranks_text(device)} {'is' if len(device) == 1 else 'are'} stuck on the "
+                f"device: work {'its' if len(device) == 1 else 'their'} peers completed is "
+                f"still pending there")
     if primary and stragglers:
         one = len(stragglers) == 1
         msg += (f". {ranks_text(stragglers).capitalize()} {'lags' if one else 'lag'} in "
@@ -132,6 +142,14 @@ def _p2p_finding(source: str, stall: P2PStall) -> Finding:
                 f"{stall.recvs} receive(s); rank {stall.waiting} waits in {stall.op} "
                 f"({_shape(stall.input_sizes, stall.input_dtypes)}) for rank {stall.stalled}, "
                 f"which never posted the matching {side}")
+
+
+def _silent_finding(source: str, rank: int) -> Finding:
+    return incident(
+        source=source, kind="rank_silent", severity=Severity.WARNING, subject=f"rank {rank}",
+        evidence={"rank": rank, "kind": "silent"},
+        message=f"rank {rank} is a member of the job but left no dump: its state is unknown "
+                f"(a process that died, or a dump that was not written)")
 
 
 def fr_report_findings(source: str, issues: list[FrTraceIssue]) -> list[Finding]:

@@ -1,33 +1,40 @@
 """Cross-rank analysis of flight-recorder dumps: who holds each process group up, and how.
 
-Every dump carries, per process group, the rank's ``pg_status`` (sequence numbers of the last
-collective enqueued, started and completed) besides its ring buffer of entries. Compared across
-the group's members these counters name the rank that holds the group up even when its own
-entries show nothing pending, which entries alone cannot (PyTorch's ``fr_trace`` matches entries
-only). For each group, with ``E`` the highest ``last_enqueued`` of its members and ``C`` the
-highest ``last_completed``:
+The dumps are turned into the per-rank, per-group state of :mod:`laggard.detectors.hang`
+(:func:`hang_states`) and read by its rules (:func:`~laggard.detectors.hang.classify_hang`),
+the same rules that read live heartbeats; :func:`analyze_dumps` then describes each culprit's
+group in the terms ``laggard analyze`` reports (the collective it never issued, the one it never
+completed, the P2P pair it stalls) and keeps the desync check (ranks at the same
+(group, ``collective_seq_id``) with different ops, shapes or dtypes: PyTorch ``fr_trace``'s
+``Op.match``; all-to-all sizes may differ).
 
-* **missing** (never issued): a member with ``last_enqueued < E`` has not issued collective
-  ``last_enqueued + 1``, which the others have. It is **hung on the CPU** when it also has no
-  pending work in that group (``last_enqueued == last_completed``): nothing is running on its
-  device for the group, its host side stopped issuing (a Python thread holding the GIL, a data
-  loader stall, a rank stuck outside collectives). A member without a dump is missing too.
-* **stuck on the device**: a member that issued as far as the others (``last_enqueued == E``) but
-  whose ``last_completed < C``: its peers finished collective ``last_completed + 1`` and it did
-  not (its own entry for it is not retired): its GPU or its NCCL kernel is stuck.
-* **desync**: ranks at the same (group, ``collective_seq_id``) with different ops, shapes or
-  dtypes (PyTorch ``fr_trace``'s ``Op.match``; all-to-all sizes may differ).
-* **point-to-point stalls**, per (sender, receiver) pair, never across the whole group (a pipeline
-  stage talks to two neighbours, so the group's p2p counters differ by design): ``send a->b``
-  entries on ``a`` and ``recv b<-a`` on ``b`` are counted, and the side that issued fewer, while
-  the other's next one waits, is the stalled one.
+How a dump becomes state (``../shared/ENVIRONMENT.md``, "Flight-recorder dumps of multi-group
+jobs"; PyTorch ``torch/csrc/distributed/c10d/FlightRecorder.cpp``):
 
-Dumps without ``pg_status`` fall back to matching entries by (group, sequence number), as
-``fr_trace`` does. There is no cap that stops the analysis: every group is classified.
+* ``pg_status`` is keyed by the rank's local PG uid, ``pg_config`` by PG name; an entry's
+  ``pg_id`` and ``process_group`` (name, desc) tie them. A rank with no entries in a group has no
+  such tie: its uids and its ``pg_config`` names are both handed out in group-creation order, so
+  they are paired in sorted order when their counts agree and every tie the entries give
+  agrees; otherwise the status is left out and counted (:attr:`FrAnalysis.unmapped_status`).
+* A dump whose ring buffer starts at ``record_id`` 0 holds the whole history (gloo jobs, small
+  jobs): issued and completed are counted from its entries (gloo leaves ``state`` at
+  ``scheduled`` and marks ``retired``; its ``pg_status`` counts P2P sends too). Otherwise (NCCL
+  dumps of pending work only, a wrapped buffer) they are ``last_enqueued_collective`` and
+  ``last_completed_collective`` (-1: none, read as 0), and the pending work is the listed
+  entries past ``last_completed``.
+* A group with P2P entries on any rank, or described as a pipeline group, is P2P-counted: its
+  ``pg_status`` counts ``p2p_seq_id``, so it is not compared across members; its collectives are
+  compared only from whole-history dumps. P2P entries (``send a->b`` / ``recv a<-b``,
+  group-local ranks mapped to global through ``pg_config`` ranks) form one state per (rank, peer)
+  pair; a pending P2P entry with a later finished entry of the same pair, or (pending-only
+  dumps) a ``p2p_seq_id`` below the group's ``last_completed``, is not pending (completion is not
+  a watermark). From pending-only dumps a pair is counted relative to what is listed: issued =
+  listed pending operations, completed = 0, on both sides alike.
+* Wait ages come from ``time_created_ns``, relative to the newest entry of the set.
 
 Members of a group come from ``pg_config``; where it does not name them (gloo dumps of torch 2.13
 key it by an empty name with no ranks) they are the ranks whose dumps know the group, and every
-dumped rank for the default group.
+dumped rank for the default group. A member without a dump is silent.
 
 The dumps are read by :mod:`laggard.parsers.flight_recorder`.
 """
@@ -39,6 +46,14 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from laggard.detectors.hang import (
+    GroupState,
+    HangCulprit,
+    HangVerdict,
+    PendingWork,
+    RankState,
+    classify_hang,
+)
 from laggard.parsers.flight_recorder import (
     VARIABLE_SIZE_OPS,
     FlightRecorderDump,
@@ -47,10 +62,11 @@ from laggard.parsers.flight_recorder import (
 )
 
 __all__ = ["FrAnalysis", "GroupCollective", "LaggingCollective", "P2PStall", "SizeMismatch",
-           "StuckCollective", "analyze_dumps"]
+           "StuckCollective", "analyze_dumps", "hang_states"]
 
 _P2P_OP = re.compile(r"^(?P<kind>send|recv) (?P<me>\d+)(?:->|<-)(?P<peer>\d+)$")
 _DEFAULT_GROUP_DESCS = ("default_pg", "")
+_PIPELINE_DESC = re.compile(r"pipeline|^pp$", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +186,9 @@ class FrAnalysis:
         stragglers: ranks at fault in the most groups and pairs (empty when none is).
         lag_count: rank -> number of groups (and pairs) it holds up.
         ranks: ranks with a dump.
+        verdict: the culprits by :func:`~laggard.detectors.hang.classify_hang` (kinds: missing,
+            device, silent); ``lagging``, ``stuck`` and ``p2p`` describe their groups only.
+        unmapped_status: ``pg_status`` records that could not be tied to a group (left out).
     """
 
     lagging: list[LaggingCollective] = field(default_factory=list)
@@ -179,6 +198,8 @@ class FrAnalysis:
     stragglers: tuple[int, ...] = ()
     lag_count: dict[int, int] = field(default_factory=dict)
     ranks: tuple[int, ...] = ()
+    verdict: HangVerdict = field(default_factory=HangVerdict)
+    unmapped_status: int = 0
 
 
 @dataclass(slots=True)
@@ -191,17 +212,18 @@ class _Group:
 
 def analyze_dumps(dumps: Iterable[FlightRecorderDump], *,
                   absent_dumps_lag: bool = True) -> FrAnalysis:
-    """Classify, for every process group, the ranks that hold it up (see module doc).
+    """Name the ranks that hold the job's groups up, and describe how (see module doc).
 
     Dumps without a rank are ignored (nothing to compare them with).
 
     Args:
         dumps: one per rank.
-        absent_dumps_lag: count a member rank without a dump as missing (right for a job's
-            complete dump set; the node agent, which sees only its node's ranks, passes False).
+        absent_dumps_lag: name a member rank without a dump silent (right for a job's complete
+            dump set; the node agent, which sees only its node's ranks, passes False).
 
     Returns:
-        The :class:`FrAnalysis`.
+        The :class:`FrAnalysis`: the verdict and, per culprit group, the collective
+        never issued (``lagging``), never completed (``stuck``) or the stalled P2P pair.
     """
     by_rank = {d.rank: d for d in dumps if d.rank is not None}
     groups = _groups(by_rank)
@@ -211,32 +233,176 @@ def analyze_dumps(dumps: Iterable[FlightRecorderDump], *,
                          if (m := _mismatch(pg, group.desc, seq, group.entries[seq]))), None)
         if mismatch is not None:
             result.mismatches.append(mismatch)
-        if not group.members:
-            continue
-        lag = (_lagging_from_status(pg, group, by_rank, absent_dumps_lag)
-               or _lagging_from_entries(pg, group, by_rank, absent_dumps_lag))
-        if lag is not None and lag.missing:
-            result.lagging.append(lag)
-        stuck = _stuck(pg, group)
-        if stuck is not None:
-            result.stuck.append(stuck)
-    # Earliest-created first; groups whose entries for that collective were evicted from every
-    # ring buffer (known from pg_status only) come last: their time is unknown.
-    result.lagging.sort(key=lambda lag: (lag.time_created_ns is None,
-                                         lag.time_created_ns or 0, lag.pg))
-    result.p2p = _p2p_stalls(by_rank, groups)
-    counts: Counter[int] = Counter()
-    for lag in result.lagging:
-        counts.update(lag.missing)
-    for st in result.stuck:
-        counts.update(st.stuck)
-    for stall in result.p2p:
-        counts[stall.stalled] += 1
+    states, result.unmapped_status = _hang_states(by_rank, groups)
+    result.verdict = classify_hang(states, absent_are_silent=absent_dumps_lag)
+    lookup = _EntryLookup(by_rank)
+    result.lagging = _lagging_groups(result.verdict, states, groups, lookup)
+    result.stuck = _stuck_groups(result.verdict, states, groups, lookup)
+    result.p2p = _p2p_groups(result.verdict, states, groups)
+    counts = Counter(c.rank for c in result.verdict.culprits if c.group)
     result.lag_count = dict(counts)
-    if counts:
-        top = max(counts.values())
-        result.stragglers = tuple(sorted(r for r, n in counts.items() if n == top))
+    result.stragglers = result.verdict.ranks
     return result
+
+
+def hang_states(dumps: Iterable[FlightRecorderDump]) -> dict[int, RankState]:
+    """The dumps as :class:`~laggard.detectors.hang.RankState` per rank (see module doc).
+
+    Args:
+        dumps: one per rank; dumps without a rank are ignored.
+
+    Returns:
+        rank -> its groups' and P2P pairs' issued/completed counters and pending work.
+    """
+    by_rank = {d.rank: d for d in dumps if d.rank is not None}
+    return _hang_states(by_rank, _groups(by_rank))[0]
+
+
+def _hang_states(by_rank: dict[int, FlightRecorderDump],
+                 groups: dict[str, _Group]) -> tuple[dict[int, RankState], int]:
+    p2p_pgs = {e.pg for d in by_rank.values() for e in d.entries if _p2p_match(e)} | {
+        name for name, g in groups.items() if _PIPELINE_DESC.search(g.desc)}
+    newest = max((e.time_created_ns or 0 for d in by_rank.values() for e in d.entries),
+                 default=0)
+    history = {r: _whole_history(d) for r, d in by_rank.items()}
+    unmapped = 0
+    states = {}
+    for rank, dump in sorted(by_rank.items()):
+        status, lost = _status_by_name(dump)
+        unmapped += lost
+        collective = [_collective_state(pg, groups, dump, status.get(pg), history[rank],
+                                        newest)
+                      for pg in sorted(_pgs_of(dump, status, groups, rank))
+                      if pg not in p2p_pgs or history[rank]]
+        states[rank] = RankState(rank=rank, groups=tuple(g for g in collective if g))
+    pairs = _pair_states(by_rank, groups, history, newest)
+    for rank, extra in pairs.items():
+        if rank in states:
+            states[rank] = RankState(rank=rank, groups=states[rank].groups + tuple(extra))
+    return states, unmapped
+
+
+def _whole_history(dump: FlightRecorderDump) -> bool:
+    """Whether the ring buffer still holds every entry since the recorder started."""
+    return bool(dump.entries) and dump.entries[0].record_id == 0
+
+
+def _sort_key(name: str) -> tuple[int, str]:
+    return (int(name), "") if name.isdigit() else (1 << 62, name)
+
+
+def _status_by_name(dump: FlightRecorderDump) -> tuple[dict[str, PgStatus], int]:
+    """``pg_status`` by group name: tied through entries, else paired in creation order."""
+    known = dict(dump.status)
+    tied = {e.pg_id: e.pg for e in dump.entries if e.pg_id is not None}
+    loose = [uid for uid in dump.status_by_id if uid not in tied]
+    if not loose:
+        return known, 0
+    names = sorted((n for n in dump.groups if n), key=_sort_key)
+    uids = sorted(dump.status_by_id, key=_sort_key)
+    paired = dict(zip(uids, names, strict=False))
+    if len(names) != len(uids) or any(paired.get(u) != n for u, n in tied.items()):
+        return known, len(loose)
+    for uid in loose:
+        known[paired[uid]] = dump.status_by_id[uid]
+    return known, 0
+
+
+def _pgs_of(dump: FlightRecorderDump, status: dict[str, PgStatus], groups: dict[str, _Group],
+            rank: int) -> set[str]:
+    names = {e.pg for e in dump.entries if not _p2p_match(e)} | set(status)
+    return {n for n in names if n in groups and (not groups[n].members
+                                                  or rank in groups[n].members)}
+
+
+def _age(entry: FrEntry, newest: int) -> float | None:
+    if not entry.time_created_ns or not newest:
+        return None
+    return max(0.0, (newest - entry.time_created_ns) / 1e9)
+
+
+def _work(entry: FrEntry, seq: int, newest: int) -> PendingWork:
+    return PendingWork(seq=seq, op=entry.op, input_sizes=entry.input_sizes,
+                       input_dtypes=entry.input_dtypes, state=entry.state,
+                       age_seconds=_age(entry, newest))
+
+
+def _collective_state(pg: str, groups: dict[str, _Group], dump: FlightRecorderDump,
+                      status: PgStatus | None, history: bool,
+                      newest: int) -> GroupState | None:
+    entries = [e for e in dump.entries if e.pg == pg and not _p2p_match(e) and e.seq > 0]
+    if history:
+        issued = max((e.seq for e in entries), default=0)
+        completed = 0
+    elif status is not None:
+        issued, completed = _counter(status.last_enqueued), _counter(status.last_completed)
+    else:
+        return None
+    finished = {e.seq for e in entries if e.finished}
+    while completed + 1 in finished:  # gloo retires an entry before its counter moves
+        completed += 1
+    issued = max(issued, completed)
+    pending = tuple(_work(e, e.seq, newest) for e in entries
+                    if completed < e.seq <= issued and not e.finished)
+    group = groups[pg]
+    return GroupState(group=pg, issued=issued, completed=completed, desc=group.desc,
+                      members=group.members or None, pending=pending,
+                      pending_seconds=pending[0].age_seconds if pending else None,
+                      op=entries[-1].op if entries else None)
+
+
+def _counter(value: int) -> int:
+    """A ``pg_status`` counter: -1 (none yet) is 0; anything below is passed on (counted)."""
+    return 0 if value == -1 else value
+
+
+def _p2p_match(entry: FrEntry) -> re.Match[str] | None:
+    if not (entry.is_p2p or " " in entry.op):
+        return None
+    return _P2P_OP.match(entry.op)
+
+
+def _pair_states(by_rank: dict[int, FlightRecorderDump], groups: dict[str, _Group],
+                 history: dict[int, bool], newest: int) -> dict[int, list[GroupState]]:
+    # (pg, rank, peer) -> that rank's entries of the pair, in ring-buffer order
+    sides: dict[tuple[str, int, int], list[FrEntry]] = defaultdict(list)
+    for rank, dump in by_rank.items():
+        for e in dump.entries:
+            m = _p2p_match(e)
+            if m is None:
+                continue
+            members = groups[e.pg].members if e.pg in groups else ()
+            peer = int(m["peer"])
+            sides[(e.pg, rank, members[peer] if peer < len(members) else peer)].append(e)
+    out: dict[int, list[GroupState]] = defaultdict(list)
+    for (pg, rank, peer), entries in sorted(sides.items()):
+        whole = history[rank] and history.get(peer, False)
+        out[rank].append(_pair_state(pg, groups, rank, peer, entries, whole,
+                                     by_rank[rank].status.get(pg), newest))
+    return out
+
+
+def _pair_state(pg: str, groups: dict[str, _Group], rank: int, peer: int,
+                entries: list[FrEntry], whole: bool, status: PgStatus | None,
+                newest: int) -> GroupState:
+    live = []
+    for i, e in enumerate(entries):
+        later_done = any(x.finished for x in entries[i + 1:])
+        done_after = not whole and status is not None and e.p2p_seq <= status.last_completed
+        if not e.finished and not later_done and not done_after:
+            live.append((i + 1, e))
+    if whole:
+        issued, completed = len(entries), len(entries) - len(live)
+    else:  # pending-only: counted relative to what is listed, on both sides alike
+        issued, completed = len(live), 0
+    pending = tuple(_work(e, seq if whole else n + 1, newest)
+                    for n, (seq, e) in enumerate(live))
+    group = groups.get(pg)
+    return GroupState(group=pg, issued=issued, completed=completed,
+                      desc=group.desc if group else "", peer=peer, pending=pending,
+                      members=group.members or None if group else None,
+                      pending_seconds=pending[0].age_seconds if pending else None,
+                      op=entries[-1].op)
 
 
 def _groups(by_rank: dict[int, FlightRecorderDump]) -> dict[str, _Group]:
@@ -280,144 +446,116 @@ def _mismatch(pg: str, desc: str, seq: int,
     return SizeMismatch(pg, desc, seq, {s: tuple(sorted(r)) for s, r in signatures.items()})
 
 
-def _known_status(group: _Group) -> dict[int, tuple[int, int]]:
-    return {r: (st.last_enqueued, st.last_completed) for r, st in group.status.items()
-            if r in group.members}
+class _EntryLookup:
+    """The entries of every dump by (rank, group, collective_seq_id), for what findings show."""
+
+    def __init__(self, by_rank: dict[int, FlightRecorderDump]) -> None:
+        self._entries: dict[tuple[int, str, int], FrEntry] = {}
+        for rank, dump in by_rank.items():
+            for e in dump.entries:
+                if _p2p_match(e) is None:
+                    self._entries.setdefault((rank, e.pg, e.seq), e)
+
+    def first(self, ranks: Iterable[int], pg: str, seq: int) -> list[FrEntry]:
+        return [e for r in ranks if (e := self._entries.get((r, pg, seq))) is not None]
 
 
-def _lagging_from_status(pg: str, group: _Group, by_rank: dict[int, FlightRecorderDump],
-                         absent_dumps_lag: bool) -> LaggingCollective | None:
-    status = _known_status(group)
-    if not status:
-        return None
-    top = max(enq for enq, _ in status.values())
-    behind = {r: enq for r, (enq, _) in status.items() if enq < top}
-    if not behind:
-        return None  # only ranks without a dump, if any: the entries tell where they stopped
-    seq = min(behind.values()) + 1
-    not_enqueued = tuple(sorted(r for r, enq in behind.items() if enq < seq))
-    no_dump = tuple(r for r in group.members if r not in by_rank) if absent_dumps_lag else ()
-    unknown = tuple(r for r in group.members if r in by_rank and r not in status)
-    if not absent_dumps_lag:
-        unknown += tuple(r for r in group.members if r not in by_rank)
-    return _lagging(pg, group, seq, not_enqueued, no_dump, unknown, status,
-                    trailing=tuple(sorted(r for r in behind if r not in not_enqueued)))
+def _status(states: dict[int, RankState], pg: str) -> dict[int, tuple[int, int]]:
+    return {r: (g.issued, g.completed) for r, st in states.items() for g in st.groups
+            if g.group == pg and g.peer is None}
 
 
-def _lagging_from_entries(pg: str, group: _Group, by_rank: dict[int, FlightRecorderDump],
-                          absent_dumps_lag: bool) -> LaggingCollective | None:
-    # No status tells who is behind: the first collective some member has no entry for.
-    status = _known_status(group)
-    for seq in sorted(group.entries):
-        per_rank = group.entries[seq]
-        not_enqueued: list[int] = []
-        no_dump: list[int] = []
-        unknown: list[int] = []
-        for rank in group.members:
-            if rank in per_rank:
-                continue
-            if rank not in by_rank:
-                (no_dump if absent_dumps_lag else unknown).append(rank)
-            elif rank not in status:
-                unknown.append(rank)
-            elif status[rank][0] < seq:
-                not_enqueued.append(rank)
-        if not_enqueued or no_dump:
-            return _lagging(pg, group, seq, tuple(not_enqueued), tuple(no_dump),
-                            tuple(unknown), status)
-    return None
+def _collective_culprits(verdict: HangVerdict) -> dict[str, list[HangCulprit]]:
+    by_group: dict[str, list[HangCulprit]] = defaultdict(list)
+    for c in verdict.culprits:
+        if c.group and c.peer is None:
+            by_group[c.group].append(c)
+    return by_group
 
 
-def _lagging(pg: str, group: _Group, seq: int, not_enqueued: tuple[int, ...],
-             no_dump: tuple[int, ...], unknown: tuple[int, ...],
-             status: dict[int, tuple[int, int]],
-             trailing: tuple[int, ...] = ()) -> LaggingCollective:
-    per_rank = group.entries.get(seq, {})
-    issued = [e for entries in per_rank.values() for e in entries]
-    created = [e.time_created_ns for e in issued if e.time_created_ns]
-    sample = issued[0] if issued else None
-    return LaggingCollective(
-        pg=pg, pg_desc=group.desc, members=group.members, seq=seq,
-        op=sample.op if sample else "?",
-        input_sizes=sample.input_sizes if sample else (),
-        input_dtypes=sample.input_dtypes if sample else (),
-        state=tuple(sorted({e.state for e in issued})), present=tuple(sorted(per_rank)),
-        not_enqueued=not_enqueued, no_dump=no_dump, unknown=unknown, status=status,
-        time_created_ns=min(created) if created else None,
-        hung_cpu=tuple(r for r in not_enqueued if r in status and status[r][0] == status[r][1]),
-        trailing=trailing,
-    )
-
-
-def _stuck(pg: str, group: _Group) -> StuckCollective | None:
-    status = _known_status(group)
-    if len(status) < 2:
-        return None
-    top_enq = max(enq for enq, _ in status.values())
-    top_comp = max(comp for _, comp in status.values())
-    stuck = []
-    for rank, (enq, comp) in status.items():
-        if enq < top_enq or comp >= top_comp:
-            continue
-        own = group.entries.get(comp + 1, {}).get(rank, [])
-        if own and all(e.finished for e in own):
-            continue  # its counter lags its entries (gloo retires before it counts)
-        stuck.append(rank)
-    if not stuck:
-        return None
-    seq = min(status[r][1] for r in stuck) + 1
-    stuck = [r for r in stuck if status[r][1] + 1 == seq]
-    own = [e for r in stuck for e in group.entries.get(seq, {}).get(r, [])]
-    sample = own[0] if own else None
-    return StuckCollective(
-        pg=pg, pg_desc=group.desc, members=group.members, seq=seq,
-        op=sample.op if sample else "?", input_sizes=sample.input_sizes if sample else (),
-        input_dtypes=sample.input_dtypes if sample else (),
-        state=tuple(sorted({e.state for e in own})), stuck=tuple(sorted(stuck)),
-        completed_by=tuple(sorted(r for r, (_, comp) in status.items() if comp >= seq)),
-        status=status)
-
-
-def _p2p_stalls(by_rank: dict[int, FlightRecorderDump],
-                groups: dict[str, _Group]) -> list[P2PStall]:
-    # (pg, sender, receiver) -> side -> entries, in ring-buffer order; group-local ranks in the
-    # op names ("send 1->2" on local rank 1) are mapped to global ranks through the members.
-    pairs: dict[tuple[str, int, int], dict[str, list[FrEntry]]] = defaultdict(
-        lambda: {"send": [], "recv": []})
-    wrapped: set[int] = set()
-    for rank, d in by_rank.items():
-        if d.entries and (d.entries[0].record_id or 0) > 0:
-            wrapped.add(rank)  # its ring buffer dropped old entries: counts would mislead
-        for e in d.entries:
-            m = _P2P_OP.match(e.op) if e.is_p2p or " " in e.op else None
-            if m is None:
-                continue
-            members = groups[e.pg].members if e.pg in groups else ()
-            peer = int(m["peer"])
-            peer = members[peer] if peer < len(members) else peer
-            if m["kind"] == "send":
-                pairs[(e.pg, rank, peer)]["send"].append(e)
-            else:
-                pairs[(e.pg, peer, rank)]["recv"].append(e)
+def _lagging_groups(verdict: HangVerdict, states: dict[int, RankState],
+                    groups: dict[str, _Group], lookup: _EntryLookup) -> list[LaggingCollective]:
+    """Per group a culprit holds up: the first collective a culprit never issued."""
     out = []
-    for (pg, sender, receiver), sides in sorted(pairs.items()):
-        if sender in wrapped or receiver in wrapped or not (
-                sender in by_rank and receiver in by_rank):
+    for pg, culprits in sorted(_collective_culprits(verdict).items()):
+        status = _status(states, pg)
+        top = max((enq for enq, _ in status.values()), default=0)
+        behind = {c.rank: status[c.rank][0] if c.rank in status else None for c in culprits
+                  if c.rank not in status or status[c.rank][0] < top}
+        if not behind:
             continue
-        sends, recvs = sides["send"], sides["recv"]
-        if len(sends) == len(recvs):
+        seq = min((enq for enq in behind.values() if enq is not None), default=top - 1) + 1
+        present = tuple(sorted(r for r, (enq, _) in status.items() if enq >= seq))
+        issued = lookup.first(present, pg, seq)
+        created = [e.time_created_ns for e in issued if e.time_created_ns]
+        sample = issued[0] if issued else None
+        not_enqueued = tuple(sorted(r for r, enq in behind.items() if enq is not None))
+        out.append(LaggingCollective(
+            pg=pg, pg_desc=groups[pg].desc if pg in groups else "",
+            members=groups[pg].members if pg in groups else (), seq=seq,
+            op=sample.op if sample else "?", input_sizes=sample.input_sizes if sample else (),
+            input_dtypes=sample.input_dtypes if sample else (),
+            state=tuple(sorted({e.state for e in issued})), present=present,
+            not_enqueued=not_enqueued,
+            no_dump=tuple(sorted(r for r, enq in behind.items() if enq is None)), unknown=(),
+            status=status, time_created_ns=min(created) if created else None,
+            hung_cpu=tuple(c.rank for c in culprits
+                           if c.kind == "missing" and c.rank in not_enqueued)))
+    # Earliest-created first; groups whose entries for that collective were evicted from every
+    # ring buffer (known from pg_status only) come last: their time is unknown.
+    out.sort(key=lambda lag: (lag.time_created_ns is None, lag.time_created_ns or 0, lag.pg))
+    return out
+
+
+def _stuck_groups(verdict: HangVerdict, states: dict[int, RankState],
+                  groups: dict[str, _Group], lookup: _EntryLookup) -> list[StuckCollective]:
+    """Per group, the device culprits and the first collective they did not complete."""
+    out = []
+    for pg, culprits in sorted(_collective_culprits(verdict).items()):
+        device = [c for c in culprits if c.kind == "device" and c.seq is not None]
+        if not device:
             continue
-        ahead, waiting, stalled = ((sends, sender, receiver) if len(sends) > len(recvs)
-                                   else (recvs, receiver, sender))
-        pending = ahead[min(len(sends), len(recvs))]
-        if pending.finished:
-            continue  # the other side's entries were lost, not a stall
-        group = groups.get(pg)
+        seq = min(c.seq for c in device if c.seq is not None)
+        stuck = tuple(sorted(c.rank for c in device if c.seq == seq))
+        status = _status(states, pg)
+        own = lookup.first(stuck, pg, seq)
+        sample = own[0] if own else None
+        out.append(StuckCollective(
+            pg=pg, pg_desc=groups[pg].desc if pg in groups else "",
+            members=groups[pg].members if pg in groups else (), seq=seq,
+            op=sample.op if sample else "?", input_sizes=sample.input_sizes if sample else (),
+            input_dtypes=sample.input_dtypes if sample else (),
+            state=tuple(sorted({e.state for e in own})), stuck=stuck,
+            completed_by=tuple(sorted(r for r, (_, comp) in status.items() if comp >= seq)),
+            status=status))
+    return out
+
+
+def _p2p_groups(verdict: HangVerdict, states: dict[int, RankState],
+                groups: dict[str, _Group]) -> list[P2PStall]:
+    """Per stalled P2P pair: who waits, in which op, for the culprit's side."""
+    out = []
+    for c in verdict.culprits:
+        if c.peer is None:
+            continue
+        waiter = c.peer
+        mine = _pair_of(states, c.rank, c.group, waiter)
+        theirs = _pair_of(states, waiter, c.group, c.rank)
+        op = (theirs.pending[0].op if theirs and theirs.pending else c.op) or "?"
+        sender, receiver = (waiter, c.rank) if op.startswith("send") else (c.rank, waiter)
+        work = theirs.pending[0] if theirs and theirs.pending else None
+        sends_recvs = (theirs.issued if theirs else 0, mine.issued if mine else 0)
+        sends, recvs = sends_recvs if sender == waiter else sends_recvs[::-1]
         out.append(P2PStall(
-            pg=pg, pg_desc=group.desc if group else "", sender=sender, receiver=receiver,
-            sends=len(sends), recvs=len(recvs), waiting=waiting, stalled=stalled,
-            op=pending.op, input_sizes=pending.input_sizes, input_dtypes=pending.input_dtypes))
-    # A stage that did not send because it is itself waiting to receive is a victim down the
-    # pipeline, not a culprit: keep the stalls whose stalled rank waits on nobody.
-    blocked = {(stall.pg, stall.waiting) for stall in out}
-    return [stall for stall in out if (stall.pg, stall.stalled) not in blocked]
+            pg=c.group, pg_desc=groups[c.group].desc if c.group in groups else c.desc,
+            sender=sender, receiver=receiver, sends=sends, recvs=recvs, waiting=waiter,
+            stalled=c.rank, op=op, input_sizes=work.input_sizes if work else (),
+            input_dtypes=work.input_dtypes if work else ()))
+    return out
+
+
+def _pair_of(states: dict[int, RankState], rank: int, pg: str,
+             peer: int) -> GroupState | None:
+    state = states.get(rank)
+    return next((g for g in state.groups if g.group == pg and g.peer == peer),
+                None) if state else None
