@@ -16,13 +16,19 @@ __all__ = ["AgentConfig", "DEFAULT_LISTEN_ADDRESS", "DEFAULT_INTAKE_ADDRESS",
 #: 9400 is dcgm-exporter's and 9100 node_exporter's; laggard takes the next free pair.
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1:9477"
 #: Exposition samples the intake's per-rank families may hold (``--intake.max-series``): about
-#: 65 ranks with five phases and two ops each (a node runs 8); at most ~1.3 MB of text even with
-#: 64-character names, rendered in ~0.1 s of CPU.
+#: 60 ranks with five phases, two ops and two heartbeat groups each (a node runs 8); at most
+#: ~1.3 MB of text even with 64-character names, rendered in ~0.1 s of CPU.
 DEFAULT_MAX_SERIES = 10_000
 #: Seconds after its last record at which a rank is forgotten (``--intake.rank-ttl``): longer
 #: than a checkpoint save or an evaluation pause, short enough that a finished job's straggler
 #: flags do not page for long.
 DEFAULT_RANK_TTL_SECONDS = 300.0
+#: Least seconds without progress (no step, no collective completed) after which a rank is
+#: stalled (``--intake.stall-seconds``): a few heartbeats, well over a fast step's jitter.
+DEFAULT_STALL_SECONDS = 5.0
+#: A rank is stalled after this many of its median step times without progress when that is
+#: longer (``--intake.stall-step-factor``): a step 3x its usual time is no hang yet.
+DEFAULT_STALL_STEP_FACTOR = 3.0
 #: Training runs the intake tracks at once (``--intake.max-runs``): a node shared by a few jobs,
 #: with room for the runs that ended but have not expired yet.
 DEFAULT_MAX_RUNS = 16
@@ -135,12 +141,20 @@ class AgentConfig:
     """Most exposition samples the intake's per-rank families may hold (the series budget)."""
 
     rank_ttl_seconds: float = DEFAULT_RANK_TTL_SECONDS
-    """Seconds without a record after which a rank (and its run's flags, and a run with
-    nothing left) are forgotten."""
+    """Seconds without a record or heartbeat after which a rank whose process is not alive (and
+    its run's flags, and a run with nothing left) are forgotten."""
 
     max_runs: int = DEFAULT_MAX_RUNS
     """Most training runs the intake tracks; records of further runs are rejected and
     counted until one expires. The series budget is shared between the runs tracked."""
+
+    stall_seconds: float = DEFAULT_STALL_SECONDS
+    """Least seconds without progress after which a rank is stalled (its series stay while its
+    heartbeats come or its process lives; ``laggard_rank_stalled_seconds`` counts)."""
+
+    stall_step_factor: float = DEFAULT_STALL_STEP_FACTOR
+    """A rank is stalled after this many of its median step times without progress, when that
+    is longer than ``stall_seconds``."""
 
     def __post_init__(self) -> None:
         if not 0.1 <= self.collect_interval <= 3600:
@@ -153,6 +167,10 @@ class AgentConfig:
             raise ValueError("intake max series must be at least 100")
         if not 1 <= self.rank_ttl_seconds <= 86400:
             raise ValueError(f"rank TTL {self.rank_ttl_seconds} s outside [1, 86400]")
+        if not 0.5 <= self.stall_seconds <= 86400:
+            raise ValueError(f"stall seconds {self.stall_seconds} outside [0.5, 86400]")
+        if not 1 <= self.stall_step_factor <= 1000:
+            raise ValueError(f"stall step factor {self.stall_step_factor} outside [1, 1000]")
         DeviceFilter.from_flags(self.netdev_device_include, self.netdev_device_exclude,
                                 self.netdev_max_devices)  # raises ValueError naming the flag
         if self.fake_gpus < 0:

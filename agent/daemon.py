@@ -27,6 +27,8 @@ from laggard.agent.config import (
     DEFAULT_NETDEV_MAX_DEVICES,
     DEFAULT_RANK_TTL_SECONDS,
     DEFAULT_SOCKET_MODE,
+    DEFAULT_STALL_SECONDS,
+    DEFAULT_STALL_STEP_FACTOR,
     AgentConfig,
     is_loopback_host,
     parse_address,
@@ -136,7 +138,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intake.rank-ttl", dest="rank_ttl", type=float,
                         default=DEFAULT_RANK_TTL_SECONDS, metavar="SECONDS",
                         help="forget a rank, its series and straggler flags after this long "
-                             "without a record (default %(default)s)")
+                             "without a record or heartbeat, unless its process lives "
+                             "(default %(default)s)")
+    parser.add_argument("--intake.stall-seconds", dest="stall_seconds", type=float,
+                        default=DEFAULT_STALL_SECONDS, metavar="SECONDS",
+                        help="a rank without progress (no step, no collective completed) for "
+                             "this long, or --intake.stall-step-factor times its median step "
+                             "if longer, is stalled: kept while its heartbeats come or its "
+                             "process lives (default %(default)s)")
+    parser.add_argument("--intake.stall-step-factor", dest="stall_step_factor", type=float,
+                        default=DEFAULT_STALL_STEP_FACTOR, metavar="N",
+                        help="stalled after N median step times without progress, when longer "
+                             "than --intake.stall-seconds (default %(default)s)")
     parser.add_argument("--intake.max-runs", dest="max_runs", type=int,
                         default=DEFAULT_MAX_RUNS, metavar="N",
                         help="most training runs tracked at once, each with its share of "
@@ -204,6 +217,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         max_series=args.max_series,
         rank_ttl_seconds=args.rank_ttl,
         max_runs=args.max_runs,
+        stall_seconds=args.stall_seconds,
+        stall_step_factor=args.stall_step_factor,
         nccl_inspector_dir=args.nccl_inspector_dir,
         netdev_device_include=args.netdev_device_include,
         netdev_device_exclude=args.netdev_device_exclude,
@@ -260,7 +275,10 @@ class Agent:
                                    max_series=config.max_series,
                                    rank_ttl_seconds=config.rank_ttl_seconds,
                                    max_runs=config.max_runs,
-                                   gpu_resolver=_gpu_resolver(config))
+                                   gpu_resolver=_gpu_resolver(config),
+                                   stall_seconds=config.stall_seconds,
+                                   stall_step_factor=config.stall_step_factor,
+                                   proc_root=config.proc_root)
         if config.intake_address and self.table is not None:
             try:
                 self.intake = UdpIntake(config.intake_address, self.table)

@@ -1,10 +1,12 @@
-"""The UDP intake: StepRecords and WindowReports from the training ranks of this node.
+"""The UDP intake: StepRecords, WindowReports and Heartbeats from the training ranks of this node.
 
 Fire and forget on the sending side (``integrations/monitor.py``), bounded here: each training
 run (``StepRecord.run``) has its own ranks, at most ``max_runs`` runs, ``max_ranks`` ranks and
 ``max_series`` exposition samples (shared fairly between runs) are kept, label values from the wire
 are capped (phase and op names per rank) or drawn from a fixed vocabulary (finding detector, kind,
-severity), and ranks unheard of for ``rank_ttl_seconds`` are forgotten. Every datagram sent ends
+severity), and ranks unheard of for ``rank_ttl_seconds`` are forgotten, unless their process
+still lives: a rank whose steps stopped while its heartbeats go on, or its process exists, is
+*stalled*, not stale, and its series stay (``laggard.agent.progress``). Every datagram sent ends
 up in exactly one counter: accepted, rejected by reason, or dropped by the kernel before the agent
 read it. Nothing a sender does can grow the agent's memory or its exposition without bound.
 """
@@ -31,10 +33,21 @@ from laggard.agent.config import (
     DEFAULT_MAX_RUNS,
     DEFAULT_MAX_SERIES,
     DEFAULT_RANK_TTL_SECONDS,
+    DEFAULT_STALL_SECONDS,
+    DEFAULT_STALL_STEP_FACTOR,
     MAX_NAMES_PER_RANK,
 )
 from laggard.agent.context import FindingLog
 from laggard.agent.datagram_intake import DatagramIntake
+from laggard.agent.liveness import ProcessWatch
+from laggard.agent.progress import (
+    GROUP_SAMPLES,
+    LIVENESS_CHECK_SECONDS,
+    MAX_GROUPS_PER_RANK,
+    PROGRESS_SAMPLES,
+    RECENT_DATAGRAM_SECONDS,
+    RankProgress,
+)
 from laggard.agent.sender import SenderIdentity
 from laggard.agent.socket_drops import socket_drops
 from laggard.collectors.histogram import DURATION_BUCKETS_SECONDS, Histogram
@@ -69,9 +82,10 @@ _COMM_COUNTERS = {
 }
 
 
-#: Exposition samples one rank costs before any phase or op: info, steps, last step, last seen,
-#: four comm counters and the step-time histogram. Charged against the series budget.
-RANK_SAMPLES = 8 + len(DURATION_BUCKETS_SECONDS) + 3
+#: Exposition samples one rank costs before any phase, op or group: info, steps, last step, last
+#: seen, four comm counters, the step-time histogram, and its progress (stalled seconds, stall
+#: threshold, process state, heartbeat age, current phase). Charged against the series budget.
+RANK_SAMPLES = 8 + len(DURATION_BUCKETS_SECONDS) + 3 + PROGRESS_SAMPLES
 #: Samples of one duration histogram (buckets, +Inf, sum, count): one phase of one rank.
 HISTOGRAM_SAMPLES = len(DURATION_BUCKETS_SECONDS) + 3
 #: Samples a run's WindowReport state costs besides its scores and flags: the report timestamp,
@@ -80,13 +94,19 @@ JOB_SAMPLES = 2 + 16
 #: What the intake counts in ``laggard_intake_rejected_total{reason}`` (whole datagrams).
 REJECT_REASONS = ("oversized", "too_deep", "not_json", "version", "schema", "range",
                   "run_length", "run_charset", "decoder_error", "rank_limit", "run_limit",
-                  "series_limit", "internal_error", "sender_not_allowed")
-#: What ``laggard_intake_dropped_total{what}`` counts: parts of accepted datagrams not exported.
-DROP_WHATS = ("phase", "op", "score", "flag", "finding_label")
+                  "series_limit", "internal_error", "sender_not_allowed", "heartbeat_conflict")
+#: What ``laggard_intake_dropped_total{what}`` counts: parts of accepted datagrams not exported
+#: (``group``: a heartbeat's group or P2P pair past the per-rank cap or the budget).
+DROP_WHATS = ("phase", "op", "score", "flag", "finding_label", "group")
 #: Why a rank was forgotten (``laggard_intake_ranks_forgotten_total{reason}``): no record for the
-#: TTL, a restart of its run, its sender now reports for another run or rank, or its run was
-#: over its fair share of the series budget when another run needed room.
-FORGET_REASONS = ("stale", "restart", "moved", "budget")
+#: TTL (and no live process), its process exited without a goodbye heartbeat and nothing came
+#: for the TTL, a restart of its run, its sender now reports for another run or rank, or its
+#: run was over its fair share of the series budget when another run needed room.
+FORGET_REASONS = ("stale", "exited", "restart", "moved", "budget")
+#: Why a rank's group progress started afresh (``laggard_intake_group_resets_total{reason}``):
+#: a group's sequence numbers went backwards (a restarted process group), or another process
+#: took the rank over (every group of the old one is dropped).
+GROUP_RESET_REASONS = ("backwards", "new_process")
 #: Why a run was forgotten (``laggard_intake_runs_forgotten_total{reason}``): nothing heard for
 #: the TTL, or its last rank moved to another run.
 RUN_FORGET_REASONS = ("stale", "empty")
@@ -121,6 +141,7 @@ class RankState:
     gpu: str = ""
     pid: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    progress: RankProgress = field(default_factory=lambda: RankProgress(last_progress=0.0))
 
 
 @dataclass(slots=True)
@@ -172,6 +193,13 @@ class RankTable:
     sender whose pid the kernel gave (:class:`SenderIdentity`) and that reports for another run
     or rank moves: its old rank is forgotten (``moved``).
 
+    Heartbeats keep a rank that stopped stepping visible (:mod:`laggard.agent.progress`): a rank
+    is forgotten for staleness only when nothing (no step, no heartbeat) came for the TTL *and*
+    its process is not known to live: a pid seen alive (the kernel's, or the heartbeat's over
+    UDP) whose process exists with the same start time keeps the rank, stalled, for as long as
+    it lives. A rank whose process is gone is forgotten once the TTL has passed since it was
+    last heard (``exited``, or ``stale`` after a goodbye heartbeat).
+
     Args:
         max_ranks: most ranks tracked over all runs; records of further ranks are rejected
             (``rank_limit``).
@@ -186,10 +214,14 @@ class RankTable:
             until one expires.
         gpu_resolver: names a rank's GPU (NVML index) from its device UUID and PCI bus id;
             None: the ``gpu`` label stays empty.
+        stall_seconds: least seconds without progress after which a rank is stalled.
+        stall_step_factor: a rank is stalled after this many of its median step times without
+            progress, when that is longer than ``stall_seconds``.
+        proc_root: procfs mount point where rank processes are looked up.
         clock: monotonic clock in seconds (tests pass a fake one).
 
     Raises:
-        ValueError: a limit below 1.
+        ValueError: a limit below 1, a TTL or stall threshold not positive.
     """
 
     def __init__(self, max_ranks: int, findings: FindingLog, default_node: str, *,
@@ -198,9 +230,17 @@ class RankTable:
                  max_names: int = MAX_NAMES_PER_RANK,
                  max_runs: int = DEFAULT_MAX_RUNS,
                  gpu_resolver: GpuResolver | None = None,
+                 stall_seconds: float = DEFAULT_STALL_SECONDS,
+                 stall_step_factor: float = DEFAULT_STALL_STEP_FACTOR,
+                 proc_root: str = "/proc",
                  clock: Callable[[], float] = time.monotonic) -> None:
         if min(max_ranks, max_series, max_names, max_runs) < 1 or rank_ttl_seconds <= 0:
             raise ValueError("intake limits must be positive")
+        if stall_seconds <= 0 or stall_step_factor <= 0:
+            raise ValueError("stall thresholds must be positive")
+        self._stall_seconds = stall_seconds
+        self._stall_step_factor = stall_step_factor
+        self._processes = ProcessWatch(proc_root, clock=clock)
         self._max_ranks = max_ranks
         self._max_series = max_series
         self._max_runs = max_runs
@@ -224,6 +264,7 @@ class RankTable:
         self.job_resets: Counter[str] = Counter()
         self.runs_forgotten: Counter[str] = Counter()
         self.gpu_unresolved: Counter[str] = Counter()
+        self.group_resets: Counter[str] = Counter()
 
     @property
     def series(self) -> int:
@@ -258,7 +299,7 @@ class RankTable:
                 if isinstance(item, WindowReport):
                     self._apply_window(item)
                 elif isinstance(item, Heartbeat):
-                    pass  # liveness: read by the stall tracking (issue 24), not a step
+                    self._apply_heartbeat(item, sender)
                 else:
                     self._apply_step(item, sender, gpu)
                 self.accepted += 1
@@ -278,18 +319,73 @@ class RankTable:
             self.rejected[reason] += 1
 
     def expire(self) -> None:
-        """Forget ranks, job state and runs not heard from for ``rank_ttl_seconds``."""
+        """Check the rank processes, then forget ranks, job state and runs not heard from for
+        ``rank_ttl_seconds`` (a rank whose process is alive stays)."""
         with self._lock:
             self._expire()
 
     def _expire(self) -> None:
-        deadline = self._clock() - self._ttl
+        now = self._clock()
+        deadline = now - self._ttl
         for name, run in list(self._runs.items()):
-            for rank in [r for r, s in run.ranks.items() if s.last_seen_monotonic < deadline]:
-                self._forget_rank(name, rank, "stale")
+            gone = []
+            for rank, state in run.ranks.items():
+                progress = state.progress
+                self._check_process(state, now)
+                heard = max(state.last_seen_monotonic, progress.last_datagram)
+                if heard >= deadline or (progress.process == "alive" and not progress.closed):
+                    continue  # heard within the TTL, or stalled: its process lives
+                exited = progress.process == "exited" and not progress.closed
+                gone.append((rank, "exited" if exited else "stale"))
+            for rank, reason in gone:
+                self._forget_rank(name, rank, reason)
             if run.job is not None and run.job.last_report_monotonic < deadline:
                 self._reset_job(run, "stale")
             self._drop_if_empty(name, "stale")
+
+    def _rank_pid(self, state: RankState) -> int | None:
+        """The pid to look the rank's process up by: the kernel's for a Unix-socket sender
+        (a pid its datagrams claim may be of another pid namespace), the heartbeat's over UDP
+        (pid 1 never: from a container's own namespace it would name the host's init)."""
+        progress = state.progress
+        if progress.via_socket:
+            return state.pid
+        claimed = progress.claimed_pid
+        return claimed if claimed is not None and claimed > 1 else None
+
+    def _note_pid(self, name: str, state: RankState) -> None:
+        """Read the start time of the rank's pid when it is new (or its last process was found
+        gone: a datagram under that pid now comes from a process that reused it). When another
+        process takes the rank over, the old one's group entries go (counted)."""
+        progress = state.progress
+        pid = self._rank_pid(state)
+        if pid == progress.checked_pid and progress.process != "exited":
+            return
+        if progress.checked_pid is not None and pid is not None and progress.groups:
+            dropped = progress.reset_groups()  # another process: its counters start anew
+            self._uncharge(self._runs[name], dropped * GROUP_SAMPLES)
+            state.series -= dropped * GROUP_SAMPLES
+            self.group_resets["new_process"] += dropped
+        progress.checked_pid = pid
+        progress.pid_start = None if pid is None else self._processes.start_ticks(pid)
+        progress.process = "unknown" if progress.pid_start is None else "alive"
+        progress.process_checked = self._clock()
+
+    def _check_process(self, state: RankState, now: float) -> None:
+        """Refresh the rank's process state: alive without a look while its datagrams keep
+        coming, else ``/proc`` at most once a second per rank."""
+        progress = state.progress
+        if progress.pid_start is None:
+            progress.process = "unknown"
+            return
+        if now - progress.last_datagram < RECENT_DATAGRAM_SECONDS and \
+                progress.process != "exited":
+            progress.process = "alive"
+            return
+        if now - progress.process_checked < LIVENESS_CHECK_SECONDS:
+            return
+        progress.process = self._processes.state(progress.checked_pid, progress.pid_start)
+        progress.process_checked = now
 
     def _drop_if_empty(self, name: str, reason: str | None) -> None:
         """Forget run ``name`` if nothing is left of it; count it unless ``reason`` is None
@@ -375,6 +471,29 @@ class RankTable:
             run = self._runs[name] = RunState()
         return run
 
+    def _new_rank(self, name: str, rank: int, world_size: int, node: str | None,
+                  local_rank: int | None, now: float) -> RankState:
+        """A rank's state, made when the rank limit, the run limit and the run's share allow.
+
+        Raises:
+            RecordError: ``rank_limit``, ``run_limit`` or ``series_limit``.
+        """
+        if self._rank_count >= self._max_ranks:
+            self._expire()
+            if self._rank_count >= self._max_ranks:
+                raise RecordError("rank_limit", f"more than {self._max_ranks} ranks")
+        run = self._run_for(name)
+        if not self._charge(name, RANK_SAMPLES):
+            self._drop_if_empty(name, None)  # a run refused its first rank is not kept
+            raise RecordError("series_limit", f"run {name!r} at its share of "
+                              f"{self._max_series} series")
+        state = run.ranks[rank] = RankState(world_size=world_size,
+                                            node=node or self._default_node,
+                                            local_rank=local_rank,
+                                            progress=RankProgress(last_progress=now))
+        self._rank_count += 1
+        return state
+
     def _apply_step(self, record: StepRecord, sender: SenderIdentity | None = None,
                     gpu: str | None = None) -> None:
         now = self._clock()
@@ -387,23 +506,12 @@ class RankTable:
             self._forget_rank(name, record.rank, "restart")
             state = None
         if state is None:
-            if self._rank_count >= self._max_ranks:
-                self._expire()
-                if self._rank_count >= self._max_ranks:
-                    raise RecordError("rank_limit", f"more than {self._max_ranks} ranks")
-            run = self._run_for(name)
-            if not self._charge(name, RANK_SAMPLES):
-                self._drop_if_empty(name, None)  # a run refused its first rank is not kept
-                raise RecordError("series_limit", f"run {name!r} at its share of "
-                                  f"{self._max_series} series")
-            state = run.ranks[record.rank] = RankState(
-                world_size=record.world_size,
-                node=record.node or self._default_node,
-                local_rank=record.local_rank,
-            )
-            self._rank_count += 1
+            state = self._new_rank(name, record.rank, record.world_size, record.node,
+                                   record.local_rank, now)
         if sender is not None:
             self._note_sender(name, record.rank, state, sender)
+        state.progress.note_step(now, record.step_seconds)
+        self._note_pid(name, state)
         if record.uuid or record.pci_bus_id:
             self._note_device(state, record, gpu)
         if record.node:
@@ -434,10 +542,57 @@ class RankTable:
             if key in _COMM_COUNTERS:
                 state.comm[key] += value
 
+    def _apply_heartbeat(self, beat: Heartbeat, sender: SenderIdentity | None) -> None:
+        """A rank's heartbeat: liveness, step, phase and group progress.
+
+        A heartbeat can make a rank (one hung in its first step sent no step record). One whose
+        world size differs from the rank's restarts it, unless the same process sends both
+        (a process does not change its world size: a forged or garbled datagram, refused).
+
+        Raises:
+            RecordError: ``heartbeat_conflict``, or what making the rank raises.
+        """
+        now = self._clock()
+        name = beat.run
+        run = self._runs.get(name)
+        state = run.ranks.get(beat.rank) if run is not None else None
+        if run is not None and state is not None and beat.world_size != state.world_size:
+            pid = sender.pid if sender is not None else beat.pid
+            if pid is not None and pid == self._rank_pid(state):
+                raise RecordError("heartbeat_conflict",
+                                  f"pid {pid} sent world size {beat.world_size} for a rank of "
+                                  f"world size {state.world_size}")
+            self._forget_rank(name, beat.rank, "restart")
+            state = None
+        if state is None:
+            state = self._new_rank(name, beat.rank, beat.world_size, beat.node, None, now)
+        if sender is not None:
+            self._note_sender(name, beat.rank, state, sender)
+        if beat.node:
+            state.node = beat.node
+        progress = state.progress
+        if beat.pid is not None:
+            progress.claimed_pid = beat.pid
+        self._note_pid(name, state)
+
+        def admit_group() -> bool:
+            if len(progress.groups) >= MAX_GROUPS_PER_RANK or \
+                    not self._charge(name, GROUP_SAMPLES):
+                return False
+            state.series += GROUP_SAMPLES
+            return True
+
+        resets, dropped = progress.note_heartbeat(beat, now, admit_group)
+        if resets:
+            self.group_resets["backwards"] += resets
+        if dropped:
+            self.dropped["group"] += dropped
+
     def _note_sender(self, name: str, rank: int, state: RankState,
                      sender: SenderIdentity) -> None:
         """Workload labels from the sender; a pid last seen as another run's (or rank's) rank
         moves here, and its old rank is forgotten (``moved``)."""
+        state.progress.via_socket = True
         state.labels = sender.workload_labels()
         if sender.pid is None:
             return
@@ -546,6 +701,7 @@ class RankTable:
     def _families(self) -> Iterator[Metric]:
         yield from self._intake_families()
         yield from self._rank_families()
+        yield from self._progress_families()
         yield from self._job_families()
 
     def _intake_families(self) -> Iterator[Metric]:
@@ -565,11 +721,19 @@ class RankTable:
             "other).", "what", DROP_WHATS, self.dropped)
         yield _counter_by(
             "laggard_intake_ranks_forgotten_total",
-            "Ranks forgotten with all their series, score and flags: stale (no record for the "
-            "rank TTL), restart (new world size, or the step went back, in the same run), moved "
-            "(its sender now reports for another run or rank), budget (its run was over its "
-            "fair share of the series budget when another run needed room).",
+            "Ranks forgotten with all their series, score and flags: stale (no record nor "
+            "heartbeat for the rank TTL, no live process), exited (its process exited without "
+            "a goodbye heartbeat, and the TTL passed), restart (new world size, or the step "
+            "went back, in the same run), moved (its sender now reports for another run or "
+            "rank), budget (its run was over its fair share of the series budget when another "
+            "run needed room).",
             "reason", FORGET_REASONS, self.forgotten)
+        yield _counter_by(
+            "laggard_intake_group_resets_total",
+            "Group progress entries of ranks started afresh: backwards (a heartbeat's issued "
+            "or completed sequence number went back: a restarted process group), new_process "
+            "(another process took the rank over; its old groups dropped).",
+            "reason", GROUP_RESET_REASONS, self.group_resets)
         yield _counter_by(
             "laggard_intake_job_resets_total",
             "Times a run's state from WindowReports (scores, flags) was dropped: stale (no "
@@ -648,7 +812,8 @@ class RankTable:
                 info.add_sample("laggard_rank_info", {**s.labels, **labels}, 1)
                 steps.add_metric([name, r], s.steps)
                 last_step.add_metric([name, r], s.last_step)
-                last_seen.add_metric([name, r], s.last_seen)
+                if s.steps:  # a rank known from heartbeats alone has sent no step record
+                    last_seen.add_metric([name, r], s.last_seen)
                 for phase_name, h in sorted(s.phases.items()):
                     phase.add_metric([name, r, phase_name], h.cumulative_buckets(), h.sum)
                 if s.step_seconds.count:
@@ -661,6 +826,95 @@ class RankTable:
                     comm[key].add_metric([name, r], value)
         yield from (info, steps, last_step, last_seen, phase, step_seconds, coll, coll_bytes)
         yield from comm.values()
+
+    def _progress_families(self) -> Iterator[Metric]:
+        """Per-rank liveness and collective progress from steps and heartbeats (issue 24)."""
+        now = self._clock()
+        rank_labels = ["run", "rank"]
+        stalled = GaugeMetricFamily(
+            "laggard_rank_stalled_seconds",
+            "Seconds since the rank last made progress (a step, a heartbeat's step moving on, a "
+            "collective completed), once past its stall threshold; 0 while it progresses, "
+            "after a goodbye heartbeat, or once its process exited.", labels=rank_labels)
+        threshold = GaugeMetricFamily(
+            "laggard_rank_stall_threshold_seconds",
+            "Seconds without progress after which the rank counts as stalled: "
+            "max(--intake.stall-seconds, --intake.stall-step-factor x its median step time).",
+            labels=rank_labels)
+        process = GaugeMetricFamily(
+            "laggard_rank_process_state",
+            "The rank's process as the agent sees it (value 1, one series per rank): alive "
+            "(its pid exists with the start time it had when first seen), exited (gone, or its "
+            "pid reused), unknown (no pid, or no procfs).", labels=[*rank_labels, "state"])
+        age = GaugeMetricFamily(
+            "laggard_rank_heartbeat_age_seconds",
+            "Seconds since the rank's last heartbeat reached the agent (ranks that sent one).",
+            labels=rank_labels)
+        phase = GaugeMetricFamily(
+            "laggard_rank_current_phase_seconds",
+            "Seconds the rank's training thread has been in its current phase (label phase), "
+            "as its last heartbeat said, plus the time since that heartbeat.",
+            labels=[*rank_labels, "phase"])
+        group_labels = [*rank_labels, "group"]
+        issued = GaugeMetricFamily(
+            "laggard_rank_collective_issued",
+            "Sequence number of the last collective the rank issued in the process group "
+            "(from its heartbeats; equal on every member that issued the same collectives).",
+            labels=group_labels)
+        completed = GaugeMetricFamily(
+            "laggard_rank_collective_completed",
+            "Collectives of the process group completed on the rank, in issue order (the "
+            "highest n such that 1..n completed), from its heartbeats.", labels=group_labels)
+        inflight = GaugeMetricFamily(
+            "laggard_rank_collective_inflight_seconds",
+            "Seconds since the rank issued its last collective (label op) in the group, while "
+            "some of the group's collectives are in flight on it (issued, not completed).",
+            labels=[*group_labels, "op"])
+        pair_labels = [*group_labels, "peer"]
+        p2p_issued = GaugeMetricFamily(
+            "laggard_rank_p2p_issued",
+            "Sequence number of the last point-to-point op (send, recv) the rank issued with "
+            "rank peer in the group: counted per pair, never comparable across the group.",
+            labels=pair_labels)
+        p2p_completed = GaugeMetricFamily(
+            "laggard_rank_p2p_completed",
+            "Point-to-point ops with rank peer in the group completed on the rank, in issue "
+            "order (the highest n such that 1..n completed).", labels=pair_labels)
+        p2p_inflight = GaugeMetricFamily(
+            "laggard_rank_p2p_inflight_seconds",
+            "Seconds since the rank issued its last point-to-point op (label op) with rank peer, "
+            "while some of the pair's ops are in flight on it.", labels=[*pair_labels, "op"])
+        minimum, factor = self._stall_seconds, self._stall_step_factor
+        for name, run in sorted(self._runs.items()):
+            for rank, s in sorted(run.ranks.items()):
+                r, p = str(rank), s.progress
+                stalled.add_metric([name, r], p.stalled_seconds(now, minimum, factor))
+                threshold.add_metric([name, r], p.stall_threshold(minimum, factor))
+                process.add_metric([name, r, p.process], 1)
+                heartbeat_age = p.heartbeat_age(now)
+                if heartbeat_age is not None:
+                    age.add_metric([name, r], heartbeat_age)
+                phase_seconds = p.current_phase_seconds(now)
+                if phase_seconds is not None and p.phase is not None:
+                    phase.add_metric([name, r, p.phase], phase_seconds)
+                for (group, peer), seen in sorted(
+                        p.groups.items(),
+                        key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1])):
+                    seconds = seen.inflight_seconds(now)
+                    op = seen.op or ""
+                    if peer is None:
+                        issued.add_metric([name, r, group], seen.issued)
+                        completed.add_metric([name, r, group], seen.completed)
+                        if seconds is not None:
+                            inflight.add_metric([name, r, group, op], seconds)
+                    else:
+                        labels = [name, r, group, str(peer)]
+                        p2p_issued.add_metric(labels, seen.issued)
+                        p2p_completed.add_metric(labels, seen.completed)
+                        if seconds is not None:
+                            p2p_inflight.add_metric([*labels, op], seconds)
+        yield from (stalled, threshold, process, age, phase, issued, completed, inflight,
+                    p2p_issued, p2p_completed, p2p_inflight)
 
     def _job_families(self) -> Iterator[Metric]:
         """The in-job detector's verdicts from each run's WindowReports: scores, flags,

@@ -114,6 +114,17 @@ def build() -> Dashboard:
             _LEGEND,
         ),
     )
+    board.add(
+        series_panel(
+            "Seconds each rank has been stalled",
+            "s",
+            "Seconds since the rank last made progress (a step, a collective completed), once "
+            "past its stall threshold; 0 while it trains. A stalled rank stays while its "
+            "heartbeats come or its process lives; LaggardJobHung names the ranks the others "
+            "wait for (missing, stuck on the device, or silent).",
+        ),
+        Query(f"max by (run, rank) (laggard_rank_stalled_seconds{{{_SEL}}})", _LEGEND),
+    )
     board.row("Step timing by rank")
     board.add(
         series_panel(

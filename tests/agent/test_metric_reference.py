@@ -1,5 +1,6 @@
 """docs/metrics.md, the metric reference, stays in sync with what a real agent exports."""
 
+import os
 import re
 import socket
 import time
@@ -7,7 +8,7 @@ import time
 from prometheus_client.parser import text_string_to_metric_families
 from support import FIXTURES, REPO
 
-from laggard.wire import CollectiveTiming, StepRecord, WindowReport
+from laggard.wire import CollectiveTiming, GroupProgress, Heartbeat, StepRecord, WindowReport
 
 METRICS_DOC = REPO / "docs" / "metrics.md"
 
@@ -63,8 +64,16 @@ def _exported(agent_factory, tmp_path) -> dict[str, str]:
                                     {"detector": "straggler", "kind": "job_slowdown",
                                      "severity": "warning"}],
                           detector_stats={"windows": 1})
+    # A heartbeat with a collective group and a P2P pair, each with work in flight: every
+    # progress family has a sample.
+    heartbeat = Heartbeat(rank=0, world_size=1, step=1, pid=os.getpid(), phase="forward",
+                          phase_seconds=0.1, groups=[
+                              GroupProgress("g0[0]", issued=3, completed=2, op="allreduce",
+                                            issued_age_seconds=0.1),
+                              GroupProgress("g1[0]", issued=2, completed=1, op="send",
+                                            issued_age_seconds=0.1, peer=0)])
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for payload in (record.encode(), report.encode()):
+        for payload in (record.encode(), report.encode(), heartbeat.encode()):
             s.sendto(payload, ("127.0.0.1", agent.intake_port))
     deadline = time.monotonic() + 10
     names: dict[str, str] = {}

@@ -1,5 +1,6 @@
 """laggard's Prometheus rules: valid for promtool, and every alert fires and stays quiet where
-it should (``rules_test.yml``, run by ``promtool test rules``)."""
+it should (``rules_test.yml``, and ``hang_rules_test.yml`` for the hung-job rules, run by
+``promtool test rules``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from laggard.dashboards.catalog import RULE_FILES, RULES_DIR
 
 HERE = Path(__file__).resolve().parent
 RULES_TEST = HERE / "rules_test.yml"
+#: LaggardJobHung and the laggard-hang recording rules (issue 24).
+HANG_RULES_TEST = HERE / "hang_rules_test.yml"
+RULE_TESTS = (RULES_TEST, HANG_RULES_TEST)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("promtool") is None,
@@ -40,19 +44,21 @@ def test_rule_files_pass_promtool_check() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_promtool_unit_tests_pass() -> None:
-    result = _promtool("test", "rules", RULES_TEST)
+@pytest.mark.parametrize("tests", RULE_TESTS, ids=lambda p: p.name)
+def test_promtool_unit_tests_pass(tests: Path) -> None:
+    result = _promtool("test", "rules", tests)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
 
 def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
-    doc = yaml.safe_load(RULES_TEST.read_text())
-    assert [Path(p).name for p in doc["rule_files"]] == list(RULE_FILES)
     fires, quiet = set(), set()
-    for case in doc["tests"]:
-        for check in case.get("alert_rule_test", []):
-            (fires if check.get("exp_alerts") else quiet).add(check["alertname"])
+    for tests in RULE_TESTS:
+        doc = yaml.safe_load(tests.read_text())
+        assert [Path(p).name for p in doc["rule_files"]] == list(RULE_FILES)
+        for case in doc["tests"]:
+            for check in case.get("alert_rule_test", []):
+                (fires if check.get("exp_alerts") else quiet).add(check["alertname"])
     alerts = _alert_names()
     assert len(alerts) >= 8
     assert alerts - fires == set(), "alerts never shown to fire"
@@ -75,6 +81,54 @@ def test_unit_tests_catch_a_broken_threshold(tmp_path: Path) -> None:
     result = _promtool("test", "rules", test_file)
     assert result.returncode == 1
     assert "LaggardStragglerRank" in result.stdout + result.stderr
+
+
+def _run_against_broken_rules(tmp_path: Path, tests: Path, old: str, new: str
+                              ) -> subprocess.CompletedProcess[str]:
+    """``tests`` run against a copy of the rules with ``old`` replaced by ``new`` (once)."""
+    for name in RULE_FILES:
+        text = (RULES_DIR / name).read_text()
+        if old in text:
+            assert text.count(old) == 1, old
+            text = text.replace(old, new)
+        (tmp_path / name).write_text(text)
+    doc = yaml.safe_load(tests.read_text())
+    doc["rule_files"] = [str(tmp_path / name) for name in RULE_FILES]
+    test_file = tmp_path / tests.name
+    test_file.write_text(yaml.safe_dump(doc))
+    return _promtool("test", "rules", test_file)
+
+
+def test_hang_tests_catch_the_consequence_trap(tmp_path: Path) -> None:
+    """Without "no work pending anywhere" the missing rule names the ranks that wait on a
+    culprit in one group and so fall behind in another (ranks 2 and 4 of the TP x DP case):
+    promtool must say so."""
+    result = _run_against_broken_rules(
+        tmp_path, HANG_RULES_TEST,
+        "            and on (run, rank) (run_rank:laggard_rank_pending:sum == 0)\n"
+        "          )\n"
+        "          * 0 + on (run, group) group_left\n"
+        "            run_group:laggard_hang_issued_ahead_stalled_seconds:max",
+        "          )\n"
+        "          * 0 + on (run, group) group_left\n"
+        "            run_group:laggard_hang_issued_ahead_stalled_seconds:max")
+    assert result.returncode == 1
+    assert 'group="g5[0,2,4,6]", kind="missing", op="allreduce", rank="2"' in (
+        result.stdout + result.stderr)
+
+
+def test_hang_tests_catch_a_gate_on_ranks_that_are_not_stalled(tmp_path: Path) -> None:
+    """Without the held-up ranks' stall a rank one collective behind is named before anything
+    stalled (heartbeats of a running job catch ranks at different moments of a step): the
+    quiet checks before the hang must fail."""
+    result = _run_against_broken_rules(
+        tmp_path, HANG_RULES_TEST,
+        "(run_rank:laggard_rank_stalled_seconds:max > 0)\n          )\n      - record: "
+        "run_group:laggard_hang_completed_ahead_stalled_seconds:max",
+        "(run_rank:laggard_rank_stalled_seconds:max >= 0)\n          )\n      - record: "
+        "run_group:laggard_hang_completed_ahead_stalled_seconds:max")
+    assert result.returncode == 1
+    assert "alertname: LaggardJobHung, time: 45s" in result.stdout + result.stderr
 
 
 def _xid_classes() -> dict[str, set[int]]:
