@@ -34,13 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from laggard.agent.liveness import ProcessState
-from laggard.wire import Heartbeat
+from laggard.wire import CLOSED_PHASE, Heartbeat
 
 __all__ = ["CLOSED_PHASE", "GROUP_SAMPLES", "GroupSeen", "MAX_GROUPS_PER_RANK",
            "PROGRESS_SAMPLES", "RankProgress"]
 
-#: The phase of a goodbye heartbeat: the monitor closed, nothing more will come.
-CLOSED_PHASE = "closed"
 #: Most group entries (collective groups and P2P pairs together) kept per rank; a heartbeat's
 #: entry past it is dropped and counted (``laggard_intake_dropped_total{what="group"}``).
 MAX_GROUPS_PER_RANK = 32

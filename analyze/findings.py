@@ -15,8 +15,8 @@ from typing import Any
 from laggard.detectors.finding import Finding, Severity
 
 KINDS = ("xid", "sxid", "gpu_lost", "collective_timeout", "collective_stuck", "p2p_stall",
-         "collective_mismatch", "straggler", "nccl_network_error", "busbw", "clock_event",
-         "ib_port", "netdev", "step_breakdown")
+         "rank_silent", "collective_mismatch", "straggler", "nccl_network_error", "busbw",
+         "clock_event", "ib_port", "netdev", "step_breakdown")
 SEVERITY_ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 

@@ -269,7 +269,7 @@ def _hang_states(by_rank: dict[int, FlightRecorderDump],
     states = {}
     for rank, dump in sorted(by_rank.items()):
         status, lost = _status_by_name(dump)
-        unmapped += lost
+        unmapped += 0 if history[rank] else lost  # whole-history dumps count from entries
         collective = [_collective_state(pg, groups, dump, status.get(pg), history[rank],
                                         newest)
                       for pg in sorted(_pgs_of(dump, status, groups, rank))
@@ -338,6 +338,8 @@ def _collective_state(pg: str, groups: dict[str, _Group], dump: FlightRecorderDu
         issued, completed = _counter(status.last_enqueued), _counter(status.last_completed)
     else:
         return None
+    if issued < 0 or completed < 0:  # impossible counters: passed on, counted by the rules
+        return GroupState(group=pg, issued=issued, completed=completed, desc=groups[pg].desc)
     finished = {e.seq for e in entries if e.finished}
     while completed + 1 in finished:  # gloo retires an entry before its counter moves
         completed += 1
@@ -512,12 +514,13 @@ def _stuck_groups(verdict: HangVerdict, states: dict[int, RankState],
     """Per group, the device culprits and the first collective they did not complete."""
     out = []
     for pg, culprits in sorted(_collective_culprits(verdict).items()):
-        device = [c for c in culprits if c.kind == "device" and c.seq is not None]
+        status = _status(states, pg)
+        device = [c for c in culprits if c.kind == "device" and c.seq is not None
+                  and c.rank in status and status[c.rank][1] < c.seq <= status[c.rank][0]]
         if not device:
-            continue
+            continue  # a group a device culprit holds up by never issuing: in ``lagging``
         seq = min(c.seq for c in device if c.seq is not None)
         stuck = tuple(sorted(c.rank for c in device if c.seq == seq))
-        status = _status(states, pg)
         own = lookup.first(stuck, pg, seq)
         sample = own[0] if own else None
         out.append(StuckCollective(

@@ -276,31 +276,36 @@ def classify_hang(ranks: Mapping[int, RankState], *,
         on bad counters (counted in the verdict).
     """
     verdict = HangVerdict()
-    reporting = _job_ranks(ranks, world_size, verdict)
-    known = world_size if world_size is not None else _majority_world(ranks.values())
+    world = world_size if world_size is not None else _majority_world(ranks.values())
+    reporting = _job_ranks(ranks, world, verdict)
     views = _views(reporting, previous, verdict)
-    silent = _silent_ranks(reporting, views, known, silent_after_seconds, absent_are_silent)
+    silent = _silent_ranks(reporting, views, world, silent_after_seconds, absent_are_silent)
     if not absent_are_silent:  # an absent member's progress is unknown: nobody waits on it
         views.absent = {}
-        views.unknown = set(range(known or 0)) - set(reporting) | {
+        views.unknown = set(range(world or 0)) - set(reporting) | {
             m for key in views.groups for m in key[1] or () if m not in reporting}
     waits, stuck = _read_views(views, silent)
     verdict.groups_checked = len(views.groups)
+    kinds = _kinds(waits, stuck, silent, verdict)
+    verdict.culprits = _culprits(kinds, waits, stuck, views)
+    verdict.waiting = tuple(sorted({w.waiter for w in waits} - set(kinds)))
+    return verdict
+
+
+def _kinds(waits: list[_Wait], stuck: list[_Stuck], silent: set[int],
+           verdict: HangVerdict) -> dict[int, CulpritKind]:
+    """Rules 1-4 of the module doc: each culprit rank and its kind."""
     blocked = {w.waiter for w in waits}
-    device = {s.rank for s in stuck}
+    device = {s.rank for s in stuck} - silent
     free_targets = {t for w in waits for t in w.targets
                     if t not in blocked and t not in device and t not in silent}
-    roots = set(silent) | device | free_targets
     kinds: dict[int, CulpritKind] = {r: "silent" for r in silent}
-    kinds.update({r: "device" for r in device if r not in silent})
+    kinds.update({r: "device" for r in device})
     kinds.update({r: "missing" for r in free_targets})
-    cycle_roots = _break_cycles(waits, roots)
+    cycle_roots = _break_cycles(waits, set(kinds))
     verdict.cycle = bool(cycle_roots)
     kinds.update({r: "missing" for r in cycle_roots if r not in kinds})
-    verdict.culprits = _culprits(kinds, waits, stuck, views)
-    named = set(kinds)
-    verdict.waiting = tuple(sorted(blocked - named))
-    return verdict
+    return kinds
 
 
 def _majority_world(states: Iterable[RankState]) -> int | None:
@@ -308,10 +313,9 @@ def _majority_world(states: Iterable[RankState]) -> int | None:
     return sizes.most_common(1)[0][0] if sizes else None
 
 
-def _job_ranks(ranks: Mapping[int, RankState], world_size: int | None,
+def _job_ranks(ranks: Mapping[int, RankState], world: int | None,
                verdict: HangVerdict) -> dict[int, RankState]:
     """The ranks of this job: another world size, or a rank outside it, is left out."""
-    world = world_size if world_size is not None else _majority_world(ranks.values())
     kept, foreign = {}, []
     for rank, state in ranks.items():
         outside = rank < 0 or (world is not None and rank >= world)

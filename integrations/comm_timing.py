@@ -243,6 +243,8 @@ class CommTimer:
             device.bucket_ready(id(self))
         start_event = device.pool.record() if device is not None and self._sample else None
         raw = nbytes if raw_bytes is None else raw_bytes
+        # counted issued now, completed below: the heartbeat's per-group progress
+        issued = self.tracer.issue(op, self.process_group) if self.tracer is not None else None
 
         def completed(done: torch.futures.Future[T]) -> Any:
             if start_event is not None:
@@ -256,7 +258,8 @@ class CommTimer:
                 end = time.perf_counter()
                 self._done.append((op, launched, end, nbytes, raw))
             if self.tracer is not None:
-                self.tracer.record(op, self.process_group, launched, end, nbytes)
+                self.tracer.record(op, self.process_group, launched, end, nbytes,
+                                   issued=issued)
             value = done.value()  # re-raises the collective's error to DDP, as it should
             return value if result is None else result(value)
 

@@ -123,6 +123,9 @@ class MonitorStats:
             is logged once.
         device_pending: steps whose device events were still pending at their window's
             gather (their device columns NaN, the CPU clock used).
+        heartbeat: the heartbeat threads' counters (:class:`~laggard.integrations.heartbeat.
+            HeartbeatStats`: datagrams, store writes and reads, bad keys, hangs reported);
+            None with the heartbeat and the store exchange off.
     """
 
     records_sent: int = 0
@@ -134,6 +137,7 @@ class MonitorStats:
     internal_errors: int = 0
     device_fallbacks: int = 0
     device_pending: int = 0
+    heartbeat: Any = None
 
 
 class TrainingMonitor:
@@ -258,7 +262,39 @@ class TrainingMonitor:
         about); a few steps are in flight at once. An empty pool leaves steps on the CPU clock,
         counted."""
 
+        heartbeat_seconds: float = 1.0
+        """Seconds between two heartbeat datagrams to the agent, sent by a daemon thread
+        whatever the training thread does (:mod:`laggard.integrations.heartbeat`); 0: none."""
+
+        hang_store_seconds: float = 2.0
+        """Seconds between two writes of this rank's state to the job's ``torch.distributed``
+        store, from which rank 0 names the ranks that hold a hung job up (its own daemon
+        thread); 0: no in-job hang attribution."""
+
+        hang_store_writes_per_second: float = 500.0
+        """Store writes per second the job's ranks make together at most: in a job of more
+        than ``hang_store_seconds x`` this many ranks the interval is ``world_size /`` it
+        (16,384 ranks: 33 s)."""
+
+        hang_seconds: float | None = None
+        """A job whose ranks have all made no progress for this long, seconds, with ranks the
+        hang rules name, is reported hung (rank 0: one ``laggard.hang`` log line, ``on_hang``);
+        None: ``max(10, 5 x`` rank 0's typical step)."""
+
+        on_hang: Callable[[Any], Any] | None = None
+        """Called on rank 0, on the store thread, once per hang episode with a
+        :class:`~laggard.integrations.heartbeat.HangReport` (verdict, step, seconds since
+        progress, message); what it raises is counted and ignored."""
+
         def __post_init__(self) -> None:
+            for name in ("heartbeat_seconds", "hang_store_seconds"):
+                value = getattr(self, name)
+                if not (value == 0 or 0.05 <= value <= 3600):
+                    raise ValueError(f"{name} must be 0 (off) or in [0.05, 3600]")
+            if not self.hang_store_writes_per_second > 0:
+                raise ValueError("hang_store_writes_per_second must be > 0")
+            if self.hang_seconds is not None and not self.hang_seconds > 0:
+                raise ValueError("hang_seconds must be > 0 (or None)")
             if not 2 <= self.device_pool_events <= 1 << 20:
                 raise ValueError("device_pool_events must be in [2, 2**20]")
             if self.agent_address:
@@ -309,6 +345,10 @@ class TrainingMonitor:
         self._steps[[_STEP_ROWS[n] for n in ("compute_device_seconds",
                                              "collective_wait_device_seconds")]] = np.nan
         self._intervals: list[tuple[str, float, float]] = []
+        #: Where the training thread is: (phase, perf_counter at entry), replaced whole by
+        #: one assignment (the heartbeat thread reads it without a lock).
+        self.where: tuple[str, float] = ("outside", time.perf_counter())
+        self._heartbeat: Any = None
         self._step_start = 0.0
         self._step_ctx = _StepContext(self)
         self._logged: set[str] = set()
@@ -339,6 +379,37 @@ class TrainingMonitor:
         self.layout = WindowLayout(
             STEP_COLUMNS + tuple(c for p in self.participants for c in p.columns))
         self._trace = self.participant("trace")
+        self._start_heartbeat(dist_mod)
+
+    def _start_heartbeat(self, dist_mod: Any) -> None:
+        """Start the heartbeat threads (:mod:`laggard.integrations.heartbeat`); never
+        raises."""
+        cfg = self.config
+        if cfg.heartbeat_seconds <= 0 and cfg.hang_store_seconds <= 0:
+            return
+        try:
+            from laggard.integrations.heartbeat import HeartbeatThreads
+
+            sock = self._sock
+            self._heartbeat = HeartbeatThreads(
+                self, rank=self.rank, world_size=self.world_size, run=self.run,
+                node=self.node, send=sock.send if sock is not None else None,
+                heartbeat_seconds=cfg.heartbeat_seconds,
+                store_seconds=cfg.hang_store_seconds if dist_mod is not None else 0.0,
+                writes_per_second=cfg.hang_store_writes_per_second,
+                hang_seconds=cfg.hang_seconds, on_hang=cfg.on_hang).start()
+            self.stats.heartbeat = self._heartbeat.stats
+        except Exception as exc:  # noqa: BLE001 - no heartbeat, the job goes on
+            self._internal_error("heartbeat", exc)
+
+    def typical_step_seconds(self) -> float | None:
+        """The median of this rank's recent step times (the last ``window_steps``), seconds;
+        None before the first step. Safe from another thread (reads a few floats)."""
+        count = min(self.step_index, self.config.window_steps)
+        if count <= 0:
+            return None
+        values = self._steps[_STEP_ROWS["step_seconds"], :count]
+        return float(np.median(values))
 
     def _resolve_clock(self, device: Any, model: Any, dist_mod: Any) -> str:
         """The phase clock to use; on the device clock, build it (never raises)."""
@@ -425,8 +496,8 @@ class TrainingMonitor:
                 (at most 16 distinct names). A name used twice in a step adds up.
         """
         if self.device_clock is not None:
-            return _DevicePhaseContext(self._intervals, name, self._clock, self.device_clock)
-        return _PhaseContext(self._intervals, name, self._clock)
+            return _DevicePhaseContext(self, name, self._clock, self.device_clock)
+        return _PhaseContext(self, name, self._clock)
 
     def note(self, name: str, value: float) -> None:
         """Record a value of the training loop (e.g. ``loss``) for the saved windows: rank 0
@@ -455,6 +526,9 @@ class TrainingMonitor:
         """Close the socket and destroy the gather group this monitor created; take the FSDP2
         stall markers out. Never raises."""
         try:
+            if self._heartbeat is not None:  # first: it sends through the socket
+                self._heartbeat.close()
+                self._heartbeat = None
             if self._fsdp_markers is not None:
                 self._fsdp_markers.uninstall()
                 self._fsdp_markers = None
@@ -478,6 +552,7 @@ class TrainingMonitor:
 
     # ------------------------------------------------------------------------- per step
     def _begin_step(self) -> None:
+        self.where = ("step", time.perf_counter())
         self._intervals.clear()
         if self.device_clock is not None:
             try:
@@ -490,6 +565,7 @@ class TrainingMonitor:
         end = time.perf_counter()
         step = self.step_index
         self.step_index += 1  # first, so every rank's window count stays in lock step
+        self.where = ("outside", end)
         try:
             self._record_step(step, end)
         except Exception as exc:  # noqa: BLE001 - never raise into the training loop
@@ -772,23 +848,28 @@ class _StepContext:
 
 
 class _PhaseContext:
-    """``with monitor.phase(name):``: appends ``(name, start, end)`` to the step's intervals."""
+    """``with monitor.phase(name):``: appends ``(name, start, end)`` to the step's intervals
+    and publishes ``monitor.where`` (the phase, then ``step`` again on exit) for the
+    heartbeat."""
 
-    __slots__ = ("_clock", "_intervals", "_name", "_start")
+    __slots__ = ("_clock", "_intervals", "_monitor", "_name", "_start")
 
-    def __init__(self, intervals: list[tuple[str, float, float]], name: str,
+    def __init__(self, monitor: TrainingMonitor, name: str,
                  clock: Callable[[], float]) -> None:
-        self._intervals = intervals
+        self._monitor = monitor
+        self._intervals = monitor._intervals
         self._name = name
         self._clock = clock
         self._start = 0.0
 
     def __enter__(self) -> _PhaseContext:
+        self._monitor.where = (self._name, time.perf_counter())
         self._start = self._clock()
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
         self._intervals.append((self._name, self._start, self._clock()))
+        self._monitor.where = ("step", time.perf_counter())
         return False
 
 
@@ -798,12 +879,13 @@ class _DevicePhaseContext(_PhaseContext):
 
     __slots__ = ("_device",)
 
-    def __init__(self, intervals: list[tuple[str, float, float]], name: str,
+    def __init__(self, monitor: TrainingMonitor, name: str,
                  clock: Callable[[], float], device: Any) -> None:
-        super().__init__(intervals, name, clock)
+        super().__init__(monitor, name, clock)
         self._device = device
 
     def __enter__(self) -> _PhaseContext:
+        self._monitor.where = (self._name, time.perf_counter())
         try:
             self._device.phase_mark("start", self._name)
         except Exception:  # noqa: BLE001 - a failed mark leaves the step untimed (counted)
@@ -818,6 +900,7 @@ class _DevicePhaseContext(_PhaseContext):
         except Exception:  # noqa: BLE001
             pass
         self._intervals.append((self._name, self._start, end))
+        self._monitor.where = ("step", time.perf_counter())
         return False
 
 

@@ -40,6 +40,18 @@ Usage (FSDP2 on any backend)::
     trace_sources.instrument_fsdp(model, tracer)
     monitor = TrainingMonitor(config, tracer=tracer)
 
+**Progress per group** (for the heartbeat, :mod:`laggard.integrations.heartbeat`): per watched
+group a sequence number of the collectives this rank issued, the completed count in issue order
+(the highest ``n`` such that ``1..n`` completed), the last op, and the monotonic
+(``time.perf_counter``) times of the last issue and completion; point-to-point ``send`` /
+``recv`` (``track(..., peer=R)``) counted per (group, peer) pair, never in the group's own
+count, since P2P sequence numbers count per pair and their completion is not a watermark
+(``../shared/ENVIRONMENT.md``, flight-recorder format facts). :meth:`CollectiveTracer.progress`
+copies these few integers under the tracer's short lock, from any thread. Python-side sources
+count at issue (``begin``, ``timed``, ``track``, :meth:`CollectiveTracer.issue` from the DDP
+hook); the backend-side ones (completion hook, flight recorder) only see completions, and a
+group they alone feed is counted issued and completed at once.
+
 Memory is bounded: at most ``Config.max_in_flight`` collectives in flight (a collective that has
 not completed after ``Config.stall_seconds`` is dropped and counted in ``never_completed``) and
 at most ``Config.max_completed`` completed ones between two :meth:`take_step` calls. Bad input (a
@@ -83,11 +95,114 @@ class GroupInfo:
     name: str
     backend: str
     ranks: tuple[int, ...]
+    desc: str = ""
 
     @property
     def label(self) -> str:
         """Short label for reports: ``world`` or ``g<index>[r0,r1,...]``."""
         return f"g{self.index}[{','.join(map(str, self.ranks))}]"
+
+    @property
+    def key(self) -> str:
+        """The group's name on the wire, the same on every member and unique in the job:
+        ``DESC:NAME`` (torch's ``group_desc`` and ``group_name``: ``dp:3``,
+        ``default_pg:0``), ``pgNAME`` without a description; at most
+        :data:`MAX_GROUP_KEY_LEN` characters. ``index`` and ``label`` are not: a rank numbers
+        only the groups it is in (ranks 0 and 2 of two TP pairs both call theirs index 1)."""
+        desc = "" if self.desc in ("", "undefined") else self.desc
+        if not desc:
+            return f"pg{self.name}"[:MAX_GROUP_KEY_LEN]
+        room = MAX_GROUP_KEY_LEN - len(self.name) - 1
+        return f"{desc[:room]}:{self.name}" if room > 0 else self.name[:MAX_GROUP_KEY_LEN]
+
+    @property
+    def short_desc(self) -> str:
+        """What a person calls the group: its description (``dp``), else ``pgNAME``."""
+        return self.key.rsplit(":", 1)[0] if ":" in self.key else self.key
+
+
+#: Longest group key (the wire's name limit).
+MAX_GROUP_KEY_LEN = 64
+#: P2P pairs (group, peer) whose progress is kept; beyond it new pairs are not counted.
+MAX_P2P_PAIRS = 16
+#: Completions ahead of the issue-order watermark remembered per group (out-of-order
+#: completions, async work); beyond it the oldest gap is given up as completed.
+_MAX_AHEAD = 1024
+#: Ops counted per (group, peer) pair rather than in the group's sequence.
+P2P_OPS = frozenset({"send", "recv"})
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProgress:
+    """How far this rank has issued and completed one group's collectives (or one P2P pair's).
+
+    Attributes:
+        key: the group's :attr:`GroupInfo.key` (the same on every member).
+        desc: its :attr:`GroupInfo.short_desc`, for messages.
+        ranks: its members (global ranks, group-rank order).
+        peer: for a P2P pair, the other rank (global); None for the group's collectives.
+        issued: sequence number of the last collective issued (0: none yet).
+        completed: highest ``n`` such that collectives ``1..n`` completed; ``<= issued``.
+        op: the last issued op, None before the first.
+        issued_at, completed_at: ``time.perf_counter()`` of the last issue and completion,
+            seconds (None: none yet).
+        pending_at: ``time.perf_counter()`` of the issue of the oldest collective not
+            completed (``completed + 1``); None when none is pending (or its time was dropped).
+    """
+
+    key: str
+    desc: str
+    ranks: tuple[int, ...]
+    peer: int | None
+    issued: int
+    completed: int
+    op: str | None
+    issued_at: float | None
+    completed_at: float | None
+    pending_at: float | None = None
+
+
+class _Counter:
+    """One group's (or pair's) progress; mutated under the tracer's lock only."""
+
+    __slots__ = ("ahead", "completed", "completed_at", "issued", "issued_at", "op", "times")
+
+    def __init__(self) -> None:
+        self.issued = 0
+        self.completed = 0
+        self.op: str | None = None
+        self.issued_at: float | None = None
+        self.completed_at: float | None = None
+        self.ahead: set[int] = set()
+        self.times: dict[int, float] = {}  # seq -> issue time, for the collectives pending
+
+    def issue(self, op: str, now: float) -> int:
+        self.issued += 1
+        self.op = op
+        self.issued_at = now
+        self.times[self.issued] = now
+        if len(self.times) > 2 * _MAX_AHEAD:
+            del self.times[min(self.times)]  # bounded: the oldest pending's age is then unknown
+        return self.issued
+
+    @property
+    def pending_at(self) -> float | None:
+        return self.times.get(self.completed + 1) if self.issued > self.completed else None
+
+    def complete(self, seq: int, now: float) -> None:
+        if seq <= self.completed or seq > self.issued:
+            return  # already counted, or issued before a reset
+        self.completed_at = now
+        self.ahead.add(seq)
+        if len(self.ahead) > _MAX_AHEAD:
+            # a completion never reported (lost for good): give the oldest gap up, bounded
+            self.completed = min(self.ahead) - 1
+        while self.completed + 1 in self.ahead:
+            self.completed += 1
+            self.ahead.discard(self.completed)
+            self.times.pop(self.completed, None)
+        if len(self.times) > self.issued - self.completed:
+            self.times = {s: t for s, t in self.times.items() if s > self.completed}
 
 
 @dataclass(slots=True)
@@ -144,6 +259,8 @@ class TraceStep:
 
 #: (group index, op, start, end, bytes, blocking) of one completed collective.
 _Done = tuple[int, str, float, float, int, bool]
+#: (group index, op, start, bytes, blocking, progress handle) of one collective in flight.
+_InFlight = tuple[int, str, float, int, bool, Any]
 
 
 class CollectiveTracer:
@@ -165,7 +282,8 @@ class CollectiveTracer:
             ``errors`` (the tracer's own failures), ``untimed`` (flight-recorder entries without
             a start time), ``unsampled`` (device collectives not sampled), ``device_unread``
             (device intervals dropped unread: events still pending behind
-            ``device_events // 2 - 2`` newer ones, or unreadable).
+            ``device_events // 2 - 2`` newer ones, or unreadable), ``p2p_pairs_dropped``
+            (P2P ops of a pair beyond :data:`MAX_P2P_PAIRS`, not counted in the progress).
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -212,7 +330,8 @@ class CollectiveTracer:
         self.config = config if config is not None else CollectiveTracer.Config()
         self.stats: dict[str, int] = dict.fromkeys(
             ("recorded", "dropped", "never_completed", "unknown_group", "not_member",
-             "unknown_backend", "errors", "untimed", "unsampled", "device_unread"), 0)
+             "unknown_backend", "errors", "untimed", "unsampled", "device_unread",
+             "p2p_pairs_dropped"), 0)
         self.device = device
         self._device_off = False
         self._pending: Any = None  # PendingIntervals, made at the first device-timed collective
@@ -224,8 +343,10 @@ class CollectiveTracer:
         self._lock = threading.Lock()
         self._logged: set[str] = set()
         self._tokens = itertools.count()
-        self._in_flight: collections.OrderedDict[int, tuple[int, str, float, int, bool]] = (
-            collections.OrderedDict())
+        self._in_flight: collections.OrderedDict[int, _InFlight] = collections.OrderedDict()
+        # progress per (group index, peer): peer None for the group's own collectives
+        self._progress: dict[tuple[int, int | None], tuple[GroupInfo, _Counter]] = {}
+        self._issue_sourced: set[int] = set()  # groups counted at issue, not by record()
         self._done: collections.deque[_Done] = collections.deque()
         self._by_id: dict[int, GroupInfo] = {}
         self._keep: list[Any] = []  # the group objects: their ids stay theirs
@@ -267,7 +388,8 @@ class CollectiveTracer:
                             "backend %r has no timing source; its collectives are timed only "
                             "where laggard issues or wraps them", backend)
             info = GroupInfo(index=len(self.groups), name=str(pg.group_name), backend=backend,
-                             ranks=tuple(dist.get_process_group_ranks(pg)))
+                             ranks=tuple(dist.get_process_group_ranks(pg)),
+                             desc=str(getattr(pg, "group_desc", "") or ""))
             self.groups.append(info)
             self._by_id[id(pg)] = info
             self._keep.append(pg)
@@ -292,29 +414,99 @@ class CollectiveTracer:
         return info
 
     # ------------------------------------------------------------------------- sources
-    def begin(self, op: str, group: Any, nbytes: int, *, blocking: bool = False) -> int | None:
+    def begin(self, op: str, group: Any, nbytes: int, *, blocking: bool = False,
+              peer: int | None = None) -> int | None:
         """A collective was issued now; returns the token for :meth:`end`, or None (not traced).
 
         Args:
-            op: ``allreduce``, ``allgather``, ``reduce_scatter``, ``broadcast``...
+            op: ``allreduce``, ``allgather``, ``reduce_scatter``, ``broadcast``, ``send``,
+                ``recv``...
             group: its process group (None: the default group).
             nbytes: bytes this rank puts on the wire (``laggard.integrations.collective_bytes``).
             blocking: the call blocks the training thread until completion (synchronous).
+            peer: for ``send`` / ``recv``, the other rank (global): counted in that pair's
+                progress; a P2P op without a peer is timed, not counted.
         """
         info = self.group_info(group)
         if info is None:
             return None
-        return self._begin(info, op, nbytes, blocking)
+        return self._begin(info, op, nbytes, blocking, peer)
 
-    def _begin(self, info: GroupInfo, op: str, nbytes: int, blocking: bool) -> int:
+    def _begin(self, info: GroupInfo, op: str, nbytes: int, blocking: bool,
+               peer: int | None = None) -> int:
         now = time.perf_counter()
         token = next(self._tokens)
         with self._lock:
-            self._in_flight[token] = (info.index, op, now, int(nbytes), blocking)
+            issued = self._issue(info, op, peer, now)
+            self._in_flight[token] = (info.index, op, now, int(nbytes), blocking, issued)
             if len(self._in_flight) > self.config.max_in_flight:
-                self._in_flight.popitem(last=False)
+                _, evicted = self._in_flight.popitem(last=False)
+                self._complete(evicted[5], now)  # no longer followed: not pending for ever
                 self.stats["never_completed"] += 1
         return token
+
+    # ------------------------------------------------------------------ progress
+    def issue(self, op: str, group: Any, *, peer: int | None = None) -> Any:
+        """Count a collective issued now whose completion a source records later with
+        ``record(..., issued=handle)`` (the DDP hook: issued at launch, recorded at its
+        future's completion). Returns the handle, or None (group not watched, op not counted).
+        Never raises.
+
+        Args:
+            op, group, peer: as for :meth:`begin`.
+        """
+        info = self.group_info(group)
+        if info is None:
+            return None
+        with self._lock:
+            return self._issue(info, op, peer, time.perf_counter())
+
+    def _issue(self, info: GroupInfo, op: str, peer: int | None,
+               now: float) -> tuple[_Counter, int] | None:
+        """Count one issue in the group's (or pair's) progress; the handle for
+        :meth:`_complete`, None when not counted. Caller holds the lock."""
+        if op in P2P_OPS:
+            if peer is None:
+                return None  # a pair without its peer cannot be compared with anyone
+            key: tuple[int, int | None] = (info.index, int(peer))
+        else:
+            key = (info.index, None)
+        entry = self._progress.get(key)
+        if entry is None:
+            if key[1] is not None and sum(k[1] is not None for k in self._progress) >= (
+                    MAX_P2P_PAIRS):
+                self.stats["p2p_pairs_dropped"] += 1
+                return None
+            entry = self._progress[key] = (info, _Counter())
+        self._issue_sourced.add(info.index)
+        counter = entry[1]
+        return counter, counter.issue(op, now)
+
+    @staticmethod
+    def _complete(issued: tuple[_Counter, int] | None, now: float) -> None:
+        """Count the completion of an issued collective. Caller holds the lock."""
+        if issued is not None:
+            issued[0].complete(issued[1], now)
+
+    def progress(self) -> list[GroupProgress]:
+        """This rank's progress per watched group (those with a collective issued so far),
+        then per P2P pair, in creation order: a copy of a few integers each, taken under the
+        tracer's lock (held by any thread for microseconds only), so any thread may call it
+        while the training thread is blocked in a collective. Never raises.
+
+        Returns:
+            One :class:`GroupProgress` per group and pair (at most ``Config.max_groups +
+            MAX_P2P_PAIRS``).
+        """
+        try:
+            with self._lock:
+                return [GroupProgress(
+                    key=info.key, desc=info.short_desc, ranks=info.ranks, peer=peer,
+                    issued=c.issued, completed=c.completed, op=c.op, issued_at=c.issued_at,
+                    completed_at=c.completed_at, pending_at=c.pending_at)
+                    for (_, peer), (info, c) in self._progress.items()]
+        except Exception:  # noqa: BLE001 - a reader on another thread never fails
+            return []
 
     def end(self, token: int | None) -> None:
         """The collective of ``token`` completed now (unknown or expired tokens are ignored)."""
@@ -324,23 +516,41 @@ class CollectiveTracer:
         with self._lock:
             entry = self._in_flight.pop(token, None)
             if entry is not None:
-                index, op, start, nbytes, blocking = entry
+                index, op, start, nbytes, blocking, issued = entry
+                self._complete(issued, now)
                 self._append((index, op, start, now, nbytes, blocking))
 
     def record(self, op: str, group: Any, start: float, end: float, nbytes: int, *,
-               blocking: bool = False, index: int | None = None) -> None:
-        """A collective timed elsewhere (DDP hook, NCCL events): ``perf_counter`` seconds."""
+               blocking: bool = False, index: int | None = None, issued: Any = None) -> None:
+        """A collective timed elsewhere (DDP hook, NCCL events): ``perf_counter`` seconds.
+
+        ``issued``: the handle :meth:`issue` returned at its launch, whose completion this is.
+        Without one, a group that no source counts at issue (the completion hook, the flight
+        recorder) is counted issued and completed now; one that is counted at issue is not
+        counted twice.
+        """
+        info: GroupInfo | None
         if index is None:
             info = self.group_info(group)
             if info is None:
                 return
             index = info.index
+        else:
+            info = self.groups[index] if 0 <= index < len(self.groups) else None
+        now = time.perf_counter()
         with self._lock:
+            if issued is not None:
+                self._complete(issued, now)
+            elif (info is not None and op not in P2P_OPS
+                  and info.index not in self._issue_sourced):
+                key = (info.index, None)
+                counter = self._progress.setdefault(key, (info, _Counter()))[1]
+                counter.complete(counter.issue(op, now), now)
             self._append((index, op, start, end, int(nbytes), blocking))
 
     @contextmanager
     def timed(self, op: str, group: Any, nbytes: int, *, tensor: Any = None,
-              device: Any = None) -> Iterator[None]:
+              device: Any = None, peer: int | None = None) -> Iterator[None]:
         """Time a synchronous collective call: ``with tracer.timed("allgather", pg, n): ...``.
 
         On the CPU clock (blocking: the call held the training thread) unless the collective is
@@ -349,10 +559,10 @@ class CollectiveTracer:
         the call and one after it, so the time is what the stream spent from the issue point to
         the collective's end (an NCCL call returns at enqueue; a synchronous one has made the
         current stream wait for it). A call that raises is not recorded (and the exception
-        passes through).
+        passes through); it counts as completed in the group's progress (nothing pending).
 
         Args:
-            op, group, nbytes: as for :meth:`begin`.
+            op, group, nbytes, peer: as for :meth:`begin`.
             tensor: one of the collective's tensors (its ``is_cuda`` decides the clock).
             device: the device module to time with (overrides the tracer's).
         """
@@ -362,29 +572,34 @@ class CollectiveTracer:
             return
         cuda = self._device_module(info, tensor, device)
         if cuda is not None:
-            begun = self._device_begin(info, cuda)
+            issued, begun = self._device_begin(info, cuda, op, peer)
             try:
                 yield
             except BaseException:
-                if begun is not None:
-                    with self._lock:
+                with self._lock:
+                    self._complete(issued, time.perf_counter())
+                    if begun is not None:
                         begun[0].pool.give_back(begun[1])
                 raise
-            if begun is not None:
-                self._device_end(info, op, nbytes, begun)
+            self._device_end(info, op, nbytes, begun, issued)
             return
-        token = self._begin(info, op, nbytes, True)
+        token = self._begin(info, op, nbytes, True, peer)
         try:
             yield
         except BaseException:
-            if token is not None:
-                with self._lock:
-                    self._in_flight.pop(token, None)
+            self._drop(token)
             raise
         self.end(token)
 
+    def _drop(self, token: int) -> None:
+        """Forget a collective whose call raised: not timed, no longer pending."""
+        with self._lock:
+            entry = self._in_flight.pop(token, None)
+            if entry is not None:
+                self._complete(entry[5], time.perf_counter())
+
     def track(self, work: Any, op: str, group: Any, nbytes: int, *, tensor: Any = None,
-              device: Any = None) -> Any:
+              device: Any = None, peer: int | None = None) -> Any:
         """Time an async collective through its ``Work`` (``async_op=True``); returns ``work``.
 
         On the CPU (gloo, CPU tensors) completion is taken from ``work.get_future()``'s done
@@ -396,11 +611,13 @@ class CollectiveTracer:
         with a current stream that has been made to wait for the collective's stream; both are
         read without blocking at a later :meth:`take_step`. Every
         ``Config.device_sample_every``-th collective of a group is timed so. A work without a
-        future is not timed (counted in ``errors``, logged once).
+        future is not timed (counted in ``errors``, logged once). Pipeline P2P: ``track(
+        dist.isend(t, dst, group=pg), "send", pg, t.nbytes, peer=dst)`` (``recv`` with
+        ``peer=src``) counts the pair's progress (:meth:`progress`).
 
         Args:
             work: the ``Work`` an ``async_op=True`` call returned (None: nothing to time).
-            op, group, nbytes: as for :meth:`begin`.
+            op, group, nbytes, peer: as for :meth:`begin`.
             tensor: one of the collective's tensors (its ``is_cuda`` decides the clock).
             device: the device module to time with (overrides the tracer's).
         """
@@ -410,16 +627,15 @@ class CollectiveTracer:
         cuda = self._device_module(info, tensor, device)
         if cuda is not None:
             if work is not None:
-                self._track_on_device(work, info, op, nbytes, cuda)
+                self._track_on_device(work, info, op, nbytes, cuda, peer)
             return work
         if work is None:
             return work
-        token = self._begin(info, op, nbytes, False)
+        token = self._begin(info, op, nbytes, False, peer)
         try:
             work.get_future().add_done_callback(lambda _fut: self.end(token))
         except Exception as exc:  # noqa: BLE001
-            with self._lock:
-                self._in_flight.pop(token, None)
+            self._drop(token)
             self._count("errors", "track", "laggard: cannot time an async collective (%r)", exc)
         return work
 
@@ -460,38 +676,48 @@ class CollectiveTracer:
                                              max_pending=max(1, size // 2 - 2))
         return self._pending
 
-    def _device_begin(self, info: GroupInfo,
-                      cuda: Any) -> tuple[Any, Any, float, int] | None:
-        """Record the issue event of a sampled collective: ``(queue, event, host issue time,
-        issue step)`` or None (not sampled, no event, device timing off). Never raises."""
+    def _device_begin(self, info: GroupInfo, cuda: Any, op: str, peer: int | None = None,
+                      ) -> tuple[Any, tuple[Any, Any, float, int] | None]:
+        """Count the issue of a device collective and record the issue event of a sampled one:
+        ``(progress handle, (queue, event, host issue time, issue step))``, the second None
+        when not sampled, no event, device timing off. Never raises."""
+        issued: Any = None
         try:
             with self._lock:
+                issued = self._issue(info, op, peer, time.perf_counter())
                 seq = self._device_seq.get(info.index, 0)
                 self._device_seq[info.index] = seq + 1
                 if seq % self.config.device_sample_every:
                     self.stats["unsampled"] += 1
-                    return None
+                    return issued, None
                 queue = self._device_queue(cuda)
                 if queue is None:
                     self.stats["errors"] += 1
-                    return None
+                    return issued, None
                 event = queue.pool.record()
         except Exception as exc:  # noqa: BLE001 - no device: the CPU clock from now on
             self._device_off = True
             self._count("errors", "device_pool", "laggard: cannot make timing events (%r); "
                         "collectives are timed on the CPU clock (launch times on NCCL)", exc)
-            return None
+            return issued, None
         if event is None:  # pool empty or record failed: counted by the pool
-            return None
-        return queue, event, time.perf_counter(), self._steps
+            return issued, None
+        return issued, (queue, event, time.perf_counter(), self._steps)
 
     def _device_end(self, info: GroupInfo, op: str, nbytes: int,
-                    begun: tuple[Any, Any, float, int]) -> None:
-        """Record the end event on the current stream and queue the interval. Never raises."""
-        queue, start, issued, issue_step = begun
+                    begun: tuple[Any, Any, float, int] | None, issued: Any = None) -> None:
+        """Record the end event on the current stream and queue the interval; its progress
+        completes when the end event has (an unsampled collective's at once: at enqueue on
+        NCCL). Never raises."""
+        if begun is None:
+            with self._lock:
+                self._complete(issued, time.perf_counter())
+            return
+        queue, start, issue_time, issue_step = begun
         index = info.index
 
         def sink(seconds: float) -> None:  # called under the lock (add, harvest)
+            self._complete(issued, time.perf_counter())  # expired or read: no longer pending
             if seconds != seconds:  # NaN: expired or unreadable
                 self.stats["device_unread"] += 1
                 return
@@ -499,31 +725,33 @@ class CollectiveTracer:
                 self._device_done.popleft()
                 self.stats["dropped"] += 1
             self._device_done.append((issue_step, (
-                index, op, issued, issued + max(0.0, seconds), int(nbytes), False)))
+                index, op, issue_time, issue_time + max(0.0, seconds), int(nbytes), False)))
 
         try:
             with self._lock:
                 queue.add(start, queue.pool.record(), sink)
         except Exception as exc:  # noqa: BLE001
+            with self._lock:
+                self._complete(issued, time.perf_counter())
             self._count("errors", "device_end", "laggard: cannot time a device collective "
                         "(%r)", exc)
 
     def _track_on_device(self, work: Any, info: GroupInfo, op: str, nbytes: int,
-                         cuda: Any) -> None:
-        begun = self._device_begin(info, cuda)
-        if begun is None:
-            return
+                         cuda: Any, peer: int | None = None) -> None:
+        issued, begun = self._device_begin(info, cuda, op, peer)
 
         def on_done(_fut: Any) -> None:
             # then(): the current stream here has waited for the collective (CUDA-aware
             # future), so an event recorded now completes when the collective has.
-            self._device_end(info, op, nbytes, begun)
+            self._device_end(info, op, nbytes, begun, issued)
 
         try:
             work.get_future().then(on_done)
         except Exception as exc:  # noqa: BLE001
             with self._lock:
-                begun[0].pool.give_back(begun[1])
+                self._complete(issued, time.perf_counter())
+                if begun is not None:
+                    begun[0].pool.give_back(begun[1])
             self._count("errors", "track_device", "laggard: cannot time an async collective on "
                         "the device (%r)", exc)
 

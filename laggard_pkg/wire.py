@@ -361,6 +361,9 @@ class WindowReport:
                    comm=checked_comm, detector_stats=dict(stats), run=run)
 
 
+#: The ``phase`` of a rank's last heartbeat, sent when its monitor closes: nothing more will
+#: come, and the agent lets the rank expire instead of keeping it as stalled.
+CLOSED_PHASE = "closed"
 #: Most group entries (collective groups and P2P pairs) one Heartbeat carries.
 MAX_HEARTBEAT_GROUPS = 32
 

@@ -10,8 +10,8 @@ Layout: rank = 4 * stage + 2 * dp + tp; groups made with ``dist.new_group`` in t
 every rank: tensor-parallel pairs {0,1} {2,3} {4,5} {6,7} (desc ``tp``), data-parallel {0,2} {1,3}
 {4,6} {5,7} (``dp``), pipeline {0,4} {1,5} {2,6} {3,7} (``pp``). A step: the data loader's batch,
 a tp all-reduce (forward), the activation sent stage 0 -> 1 and the gradient 1 -> 0 (P2P on the
-pp group), a tp all-reduce (backward), a dp all-reduce of the gradients, the optimizer (a short
-sleep), an all-reduce of the loss on the default group.
+pp group), a tp all-reduce (backward), a dp all-reduce of the gradients, the optimizer (a sleep of
+``OPTIMIZER_S``), an all-reduce of the loss on the default group.
 
 Faults, at step ``FAULT_STEP`` (``SCENARIOS``): ``python`` (rank 1 spins in Python after its
 forward: it stops issuing with nothing pending), ``data`` (rank 6's data-loader thread blocks, so
@@ -47,6 +47,12 @@ SCENARIOS: dict[str, dict[int, str]] = {
 JOB_TIMEOUT_S = 150.0
 DUMP_TIMEOUT_S = 60.0
 SETTLE_S = 3.0
+#: The optimizer step between the dp all-reduce and the loss's: it orders the skip scenario's
+#: waits (the skipping rank waits in the loss all-reduce well after its dp peer began waiting).
+OPTIMIZER_S = 1.0
+#: Two reads of the recorder this far apart must agree before a rank writes its dump: longer
+#: than the optimizer step, so a rank still on its way to its wait is not dumped half-way.
+STABLE_S = 1.5
 
 
 def _touch(path: str) -> None:
@@ -106,14 +112,15 @@ def _progress(raw: dict) -> tuple:
 
 
 def _dump_when_told(out: str, rank: int, p2p: P2PLog, groups: dict) -> None:
-    """Dump once the driver says so, when two reads 0.3 s apart agree (at most 10 s): gloo marks
-    completion from its own threads, so a fresh read can still show finished work pending."""
+    """Dump once the driver says so, when two reads ``STABLE_S`` apart agree (at most 15 s): gloo
+    marks completion from its own threads, so a fresh read can still show finished work pending,
+    and a rank may still be on its way to the wait it ends in."""
     if not _wait_for([os.path.join(out, ".dump")], JOB_TIMEOUT_S + DUMP_TIMEOUT_S):
         return
     raw = _snapshot(p2p, groups)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        time.sleep(0.3)
+        time.sleep(STABLE_S)
         again = _snapshot(p2p, groups)
         if _progress(again) == _progress(raw):
             break
@@ -189,7 +196,7 @@ def _step(step: int, rank: int, fault: str | None, groups: dict, loader: Loader,
         _p2p(p2p, dist, "send", x, peer, pp, stage)
     if not (hit and fault == "skip"):
         dist.all_reduce(x, group=dp)
-    time.sleep(0.5)  # the optimizer step
+    time.sleep(OPTIMIZER_S)
     dist.all_reduce(x)
 
 

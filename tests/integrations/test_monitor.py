@@ -26,7 +26,7 @@ from laggard.detectors.window import (  # noqa: E402
 from laggard.integrations.comm_timing import CommTimer  # noqa: E402
 from laggard.integrations.monitor import TrainingMonitor  # noqa: E402
 from laggard.integrations.participants import WindowOutcome, WindowParticipant  # noqa: E402
-from laggard.wire import StepRecord, WindowReport, decode_datagram  # noqa: E402
+from laggard.wire import Heartbeat, StepRecord, WindowReport, decode_datagram  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -39,6 +39,14 @@ def receiver():
     sock.settimeout(5)
     yield sock
     sock.close()
+
+
+def _recv(sock: socket.socket) -> StepRecord | WindowReport:
+    """The next step record or window report (the heartbeat thread's datagrams skipped)."""
+    while True:
+        item = decode_datagram(sock.recv(65536))
+        if not isinstance(item, Heartbeat):
+            return item
 
 
 def _monitor(port: int, **kwargs) -> TrainingMonitor:
@@ -62,7 +70,7 @@ def test_one_step_record_per_step_with_the_phases(receiver):
                 pass
             with monitor.phase("backward"):  # a phase entered twice in a step adds up
                 pass
-    records = [StepRecord.decode(receiver.recv(65536)) for _ in range(3)]
+    records = [_recv(receiver) for _ in range(3)]
     assert [r.step for r in records] == [0, 1, 2]
     for r in records:
         assert (r.rank, r.world_size, r.local_rank, r.node) == (1, 4, 1, "node07")
@@ -81,7 +89,7 @@ def test_a_collective_wait_phase_is_reported_as_collective_wait(receiver):
             pass
         with monitor.phase("collective_wait"):
             time.sleep(0.01)
-    record = StepRecord.decode(receiver.recv(65536))
+    record = _recv(receiver)
     assert "collective_wait" not in record.phases
     assert record.collective_wait_seconds >= 0.01
     monitor.close()
@@ -100,7 +108,7 @@ def test_exposed_collective_time_moves_from_backward_to_collective_wait(receiver
             timer.track(fut, nbytes=4096, raw_bytes=8192)
             time.sleep(0.05)
             fut.set_result([torch.zeros(1)])
-    record = StepRecord.decode(receiver.recv(65536))
+    record = _recv(receiver)
     assert record.collective_wait_seconds >= 0.05
     assert record.phases["backward"] < record.collective_wait_seconds
     assert [(c.op, c.bytes) for c in record.collectives] == [("allreduce", 4096)]
@@ -121,7 +129,7 @@ def test_thread_cpu_phases_count_work_not_waiting(receiver):
             deadline = time.thread_time() + 0.02
             while time.thread_time() < deadline:
                 pass
-    record = StepRecord.decode(receiver.recv(65536))
+    record = _recv(receiver)
     assert record.phases["forward"] < 0.01
     assert record.phases["backward"] >= 0.02
     assert record.step_seconds >= 0.07  # step time stays wall time
@@ -269,7 +277,7 @@ def test_rank0_logs_a_straggler_once_when_raised_and_once_when_cleared(receiver,
     assert 6 * 20 <= monitor.findings[0].step < 14 * 20
     assert len(monitor.windows) == len(plan)
 
-    reports = [decode_datagram(receiver.recv(65536)) for _ in plan]
+    reports = [_recv(receiver) for _ in plan]
     assert all(isinstance(r, WindowReport) for r in reports)
     assert all(set(r.scores) == {0, 1, 2, 3} for r in reports)
     flagged = [f for r in reports for f in r.findings if not f.get("cleared")]
@@ -376,7 +384,7 @@ def test_a_full_disk_is_counted_per_window_logged_once_and_training_goes_on(rece
     assert said[0].startswith("laggard: cannot write the windows file /dev/full: ")
     assert "No space left on device" in said[0]
     assert len(monitor.windows) == 4  # the windows were still analysed and kept
-    assert all(isinstance(decode_datagram(receiver.recv(65536)), WindowReport)
+    assert all(isinstance(_recv(receiver), WindowReport)
                for _ in range(4))  # and sent to the agent
 
 
@@ -417,14 +425,14 @@ def test_a_participant_of_ones_own_gets_its_column_and_a_broken_one_stops_nothin
     assert "things_total" in monitor.layout and monitor.participant("counter") is counter
     with monitor.step():  # the broken participant's end_step is counted, the record still sent
         pass
-    assert isinstance(decode_datagram(receiver.recv(65536)), StepRecord)
+    assert isinstance(_recv(receiver), StepRecord)
     rng = np.random.default_rng(3)
     record = _window(rng, 19, None)
     record.columns["things_total"] = np.array([1.0, 1.0, 2.0, 1.0])
     found = monitor.analyse(record)
     assert [f.kind for f in found] == ["disagree"] and counter.windows == 1
     assert monitor.stats.internal_errors == 2  # end_step and on_window, each counted
-    report = decode_datagram(receiver.recv(65536))
+    report = _recv(receiver)
     assert isinstance(report, WindowReport)
     assert [f["detector"] for f in report.findings] == ["counter"]
     monitor.close()
@@ -447,7 +455,7 @@ def test_more_findings_than_one_report_holds_go_out_in_several_reports(receiver)
 
     monitor = _monitor(receiver.getsockname()[1], rank=0, participants=[Many()])
     monitor.analyse(_window(np.random.default_rng(4), 19, None))
-    reports = [decode_datagram(receiver.recv(65536)) for _ in range(3)]
+    reports = [_recv(receiver) for _ in range(3)]
     assert [len(r.findings) for r in reports] == [16, 16, 8]
     assert set(reports[0].scores) == {0, 1, 2, 3} and not reports[1].scores
     monitor.close()
@@ -464,11 +472,11 @@ def test_step_records_and_window_reports_carry_the_run(receiver, monkeypatch):
     monitor = TrainingMonitor(config, rank=0, world_size=4)
     with monitor.step():
         pass
-    record = decode_datagram(receiver.recv(65536))
+    record = _recv(receiver)
     assert isinstance(record, StepRecord) and record.run == monitor.run
     assert monitor.run and "\x07" not in monitor.run and " " not in monitor.run
     monitor.analyse(_window(np.random.default_rng(5), 19, None))
-    report = decode_datagram(receiver.recv(65536))
+    report = _recv(receiver)
     assert isinstance(report, WindowReport) and report.run == monitor.run
     monitor.close()
 
