@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -196,3 +197,31 @@ def test_no_hang_is_reported_in_a_clean_run_nor_in_a_long_checkpoint(
     assert doc["hang"]["checked"], done.stdout[-3000:]
     assert doc["hang"]["false_reports"] == [], done.stdout[-3000:]
     assert "hangs: none reported by rank 0's monitor" in done.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_rank_holds_the_gil_stops_everything_and_removes_the_files(
+        tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "laggard.cli", "demo", *SHORT, "--inject",
+         "hang=rank:1,step:10,kind:python", "--hang-bound", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp)})
+    assert proc.stdout is not None
+    started, lines = time.monotonic(), []
+    for line in proc.stdout:  # training under way: the hang comes 10 steps later
+        lines.append(line)
+        if line.startswith("step "):
+            break
+        assert time.monotonic() - started < RUN_TIMEOUT, "".join(lines)
+    time.sleep(8)  # past step 10 on this machine: rank 1 holds its interpreter lock
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 5, children  # the agent, the launcher, 3 ranks
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, "".join(lines) + out
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert alive == [], alive
+    assert list(tmp.iterdir()) == []
