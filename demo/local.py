@@ -501,7 +501,7 @@ def _check_args(args: argparse.Namespace) -> str | None:
                 f"names a rank only against the median of at least {MIN_WORLD_SIZE} ranks")
     if args.slow_rank is not None and not 0 <= args.slow_rank < args.world_size:
         return f"--slow-rank must be in [0, {args.world_size - 1}]"
-    if not math.isfinite(args.slowdown) or args.slowdown < 1.0:
+    if args.slowdown is not None and (not math.isfinite(args.slowdown) or args.slowdown < 1.0):
         return "--slowdown must be a number >= 1.0"
     if args.window < 2:
         return "--window must be at least 2"
