@@ -85,7 +85,9 @@ def test_unit_tests_catch_a_broken_threshold(tmp_path: Path) -> None:
 
 def _run_against_broken_rules(tmp_path: Path, tests: Path, old: str, new: str
                               ) -> subprocess.CompletedProcess[str]:
-    """``tests`` run against a copy of the rules with ``old`` replaced by ``new`` (once)."""
+    """``tests`` run against a copy of the rules with ``old`` replaced by ``new`` (once; a
+    mutation that matches nothing fails the test, so it cannot pass by missing its target)."""
+    assert sum((RULES_DIR / name).read_text().count(old) for name in RULE_FILES) == 1, old
     for name in RULE_FILES:
         text = (RULES_DIR / name).read_text()
         if old in text:
@@ -106,9 +108,11 @@ def test_hang_tests_catch_the_consequence_trap(tmp_path: Path) -> None:
     result = _run_against_broken_rules(
         tmp_path, HANG_RULES_TEST,
         "            and on (run, rank) (run_rank:laggard_rank_pending:sum == 0)\n"
+        "            unless on (run, rank) run_rank:laggard_rank_heartbeat_stale:max\n"
         "          )\n"
         "          * 0 + on (run, group) group_left\n"
         "            run_group:laggard_hang_issued_ahead_stalled_seconds:max",
+        "            unless on (run, rank) run_rank:laggard_rank_heartbeat_stale:max\n"
         "          )\n"
         "          * 0 + on (run, group) group_left\n"
         "            run_group:laggard_hang_issued_ahead_stalled_seconds:max")
