@@ -42,6 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laggard.demo.hang import (
+    HangInjection,
+    describe_injection,
+    format_hang,
+    hang_outcome,
+    read_json_lines,
+)
 from laggard.demo.harness import (
     NotReadyError,
     PrometheusServer,
@@ -73,6 +80,10 @@ SLOW_LINK_RATIO = 0.5
 
 #: Alerts raised from the in-job detectors' findings.
 _IN_JOB_ALERTS = ("LaggardStraggler", "LaggardSlowLink")
+#: The alert that names the ranks holding a hung job up.
+HANG_ALERT = "LaggardJobHung"
+#: ``laggard demo --inject hang`` kinds the cluster runs (its ranks are on the CPU: no device).
+CLUSTER_HANG_KINDS = ("python", "spin", "data", "skip")
 
 _RATE_UNITS = {"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
                "k": 1e3, "m": 1e6, "g": 1e9}
@@ -104,8 +115,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delay-ms", type=float, default=0.2,
                         help="one-way delay added on every link, ms (default 0.2; needs the "
                              "kernel's netem qdisc, reported as not applied without it)")
-    parser.add_argument("--fault", choices=["slow-rank", "link", "loss", "none"],
-                        default="slow-rank", help="what to inject (default slow-rank)")
+    parser.add_argument("--fault", choices=["slow-rank", "link", "loss", "hang", "none"],
+                        default="slow-rank", help="what to inject (default slow-rank); hang: "
+                        "the fault node's first rank hangs at --fault-at-step in the way "
+                        "--hang-kind says, named in the job and by Prometheus' LaggardJobHung")
+    parser.add_argument("--hang-kind", default="data", choices=CLUSTER_HANG_KINDS,
+                        help="hang: python, spin, data or skip, as `laggard demo --inject "
+                             "hang=...` (default data)")
+    parser.add_argument("--hang-bound", type=float, default=90.0, metavar="SECONDS",
+                        help="hang: stop the job this long after the hang at the latest, "
+                             "named or not (default 90)")
     parser.add_argument("--fault-node", type=int, default=1,
                         help="node index to inject it on (default 1)")
     parser.add_argument("--slowdown", type=float, default=1.5,
@@ -335,7 +354,19 @@ def _worker_command(args: argparse.Namespace, cluster: EmulatedCluster, node: No
                 "--slow-from", str(fault_step(args))]
     if node.index == 0:
         cmd += ["--result", str(result_path)]
+    if args.fault == "hang":
+        # the nodes share the machine's file system: the hanging rank's marker and rank 0's
+        # reports are read by the demo outside the namespaces
+        cmd += ["--inject-hang", hang_injection(args).spec(),
+                "--hang-marker", str(result_path.parent / "hang-marker.json"),
+                "--hang-report", str(result_path.parent / "hang-reports.jsonl")]
     return cmd
+
+
+def hang_injection(args: argparse.Namespace) -> HangInjection:
+    """``--fault hang``: the fault node's first rank hangs at the fault step."""
+    return HangInjection(rank=args.fault_node * args.ranks_per_node, step=max(1, fault_step(args)),
+                         kind=args.hang_kind)
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -354,6 +385,12 @@ def _validate(args: argparse.Namespace) -> None:
         raise DemoError("--fault-at-step must be below --steps")
     if not 0 < args.loss_percent < 100 or args.timeout <= 0:
         raise DemoError("need 0 < --loss-percent < 100 and --timeout > 0")
+    if args.fault == "hang":
+        error = hang_injection(args).check(args.nodes * args.ranks_per_node, args.steps)
+        if error:
+            raise DemoError(f"--fault hang: {error}")
+        if args.hang_bound <= 0:
+            raise DemoError("--hang-bound must be > 0")
     try:
         from laggard.compression import COMPRESSORS
     except ImportError as exc:
@@ -408,6 +445,10 @@ def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
     slow_rank = (args.fault_node * args.ranks_per_node
                  if args.fault == "slow-rank" else -1)
     report = _describe_cluster(args, cluster, fault_node, slow_rank)
+    if args.fault == "hang":
+        hang = hang_injection(args)
+        report.fault.update(rank=hang.rank, hang_kind=hang.kind, at_step=hang.step,
+                            expected_kind=hang.expected_kind)
     _start_agents(cluster, workdir, deadline)
     try:
         prometheus = PrometheusServer(workdir, [f"{n.address}:{AGENT_PORT}"
@@ -423,6 +464,10 @@ def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
         print(f"  prometheus: {prometheus.url} (alert 'for:' cut to {DEMO_ALERT_FOR} for the "
               "demo)")
         injector = _arm_fault(args, cluster, fault_node, slow_rank)
+        if args.fault == "hang":
+            _train_until_hang_named(args, cluster, workdir, prometheus, deadline, report)
+            _judge_hang(report)
+            return report
         try:
             _train(args, cluster, workdir, slow_rank, deadline, report)
         finally:
@@ -502,6 +547,10 @@ def _arm_fault(args: argparse.Namespace, cluster: EmulatedCluster, fault_node: N
               f"degraded to {degraded.describe()}")
         injector.start()
         return injector
+    if args.fault == "hang" and fault_node is not None:
+        print(f"  fault: at step {hang_injection(args).step}, rank "
+              f"{hang_injection(args).rank} on {fault_node.name} hangs: "
+              f"{describe_injection(hang_injection(args))}")
     if slow_rank >= 0:
         print(f"  fault: from step {fault_step(args)}, rank {slow_rank} on "
               f"{cluster.nodes[args.fault_node].name} computes {args.slowdown:g}x its own time "
@@ -512,25 +561,12 @@ def _arm_fault(args: argparse.Namespace, cluster: EmulatedCluster, fault_node: N
 def _train(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path, slow_rank: int,
            deadline: float, report: Report) -> None:
     result_path = workdir / "result.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
-           "PYTHONUNBUFFERED": "1", "LOGLEVEL": "WARNING",
-           # c10d warns that it cannot reverse-resolve 198.18.0.0/15 peers: harmless here.
-           "TORCH_CPP_LOG_LEVEL": "ERROR"}
-    jobs, pumps = [], []
     echo = threading.Event()  # rank 0's progress, until the demo stops the job itself
     echo.set()
     started = time.monotonic()
     print(f"  training {args.steps} steps on {len(cluster.nodes) * args.ranks_per_node} ranks "
           f"(compression {args.compression}); rank 0 prints:")
-    for node in cluster.nodes:
-        proc = cluster.popen(node, _worker_command(args, cluster, node, result_path, slow_rank),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        pump = threading.Thread(target=_pump, daemon=True,
-                                args=(proc.stdout, workdir / f"job-{node.name}.log",
-                                      echo if node.index == 0 else None))
-        pump.start()
-        jobs.append((node, proc))
-        pumps.append(pump)
+    jobs, pumps = _start_job(args, cluster, workdir, slow_rank, echo)
     try:
         for node, proc in jobs:
             remaining = deadline - time.monotonic()
@@ -552,6 +588,125 @@ def _train(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path, sl
                   "world_size": result["world_size"], "loss": result["loss"]}
     report.findings = [f for f in result["findings"]
                        if f.get("detector") in ("straggler", "link")]
+
+
+def _env() -> dict[str, str]:
+    """The job's environment on every node."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
+            "PYTHONUNBUFFERED": "1", "LOGLEVEL": "WARNING",
+            # c10d warns that it cannot reverse-resolve 198.18.0.0/15 peers: harmless here.
+            "TORCH_CPP_LOG_LEVEL": "ERROR"}
+
+
+def _start_job(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path, slow_rank: int,
+               echo: threading.Event) -> tuple[list[tuple[Node, subprocess.Popen[str]]],
+                                               list[threading.Thread]]:
+    """One launcher per node, its output to ``job-<node>.log`` (rank 0's echoed while ``echo``
+    is set); returns the (node, launcher) pairs and the output pumps."""
+    jobs, pumps = [], []
+    for node in cluster.nodes:
+        proc = cluster.popen(node, _worker_command(args, cluster, node, workdir / "result.json",
+                                                   slow_rank),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=_env())
+        pump = threading.Thread(target=_pump, daemon=True,
+                                args=(proc.stdout, workdir / f"job-{node.name}.log",
+                                      echo if node.index == 0 else None))
+        pump.start()
+        jobs.append((node, proc))
+        pumps.append(pump)
+    return jobs, pumps
+
+
+def _train_until_hang_named(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
+                            prometheus: PrometheusServer, deadline: float,
+                            report: Report) -> None:
+    """``--fault hang``: run the job until rank 0 has named the hang in its log and Prometheus
+    fires :data:`HANG_ALERT` for the hung rank, or ``--hang-bound`` seconds after the hang;
+    then stop the job (not gloo's timeout). Fills ``report.job`` with both figures."""
+    hang = hang_injection(args)
+    marker_path, reports_path = workdir / "hang-marker.json", workdir / "hang-reports.jsonl"
+    echo = threading.Event()
+    echo.set()
+    print(f"  training on {len(cluster.nodes) * args.ranks_per_node} ranks until the hang is "
+          "named; rank 0 prints:")
+    jobs, pumps = _start_job(args, cluster, workdir, -1, echo)
+    marker: dict[str, Any] | None = None
+    alert_at: float | None = None
+    alert: dict[str, Any] | None = None
+    active: list[dict[str, Any]] = []  # the alerts while the job hangs (they resolve after)
+    try:
+        while True:
+            time.sleep(0.5)
+            if time.monotonic() > deadline:
+                raise DemoError(f"the job ran past --timeout ({args.timeout:g} s)")
+            for node, proc in jobs:
+                if proc.poll() is not None:
+                    tail = (workdir / f"job-{node.name}.log").read_text()[-2000:]
+                    raise DemoError(f"the job on {node.name} exited {proc.returncode} before "
+                                    f"the hang was named:\n{tail}")
+            if marker is None and marker_path.exists():
+                with contextlib.suppress(OSError, ValueError):
+                    marker = json.loads(marker_path.read_text())
+            if marker is None:
+                continue
+            if alert is None:
+                active = prometheus.alerts()
+                alert = next((a for a in active if a["labels"].get("alertname") == HANG_ALERT
+                              and a["state"] == "firing"), None)
+                alert_at = time.time() if alert is not None else None
+            named = any(r["time"] >= marker["time"] for r in read_json_lines(reports_path))
+            if (named and alert is not None) or time.time() > marker["time"] + args.hang_bound:
+                break
+    finally:
+        echo.clear()  # what the launchers say while being stopped is in the logs
+        cluster.stop_processes(procs=[proc for _, proc in jobs])
+        for pump in pumps:
+            pump.join(2)
+    outcome = hang_outcome(hang, marker, read_json_lines(reports_path), args.hang_bound,
+                           checked=reports_path.exists())
+    report.alerts = [{"alertname": a["labels"]["alertname"], "state": a["state"],
+                      "labels": a["labels"], "activeAt": a.get("activeAt"),
+                      "summary": a.get("annotations", {}).get("summary")}
+                     for a in active]
+    report.ranks = {r["metric"]["rank"]: r["metric"].get("node", "")
+                    for r in prometheus.query("laggard_rank_info")}
+    report.job = {"in_job": outcome, "prometheus": {
+        "alert": HANG_ALERT, "firing": alert is not None,
+        "seconds_to_firing": (round(alert_at - marker["time"], 1)
+                              if alert_at is not None and marker else None),
+        "ranks": alert_ranks(alert) if alert is not None else [],
+        "labels": alert["labels"] if alert is not None else {},
+        "scrape_and_rule_interval_seconds": args.scrape_interval,
+        "alert_for": DEMO_ALERT_FOR}}
+
+
+def alert_ranks(alert: dict[str, Any]) -> list[int]:
+    """The ranks an alert names: its ``rank`` label, or the digits of a ``ranks`` label
+    (``"2"``, ``"2,5"``)."""
+    labels = alert.get("labels", {})
+    text = labels.get("rank") or labels.get("ranks") or ""
+    return sorted({int(t) for t in re.findall(r"\d+", text)})
+
+
+def _judge_hang(report: Report) -> None:
+    """``--fault hang``: named correctly when rank 0's log named the hung rank with its kind
+    and no other, and Prometheus fired the hang alert for that rank alone (with that kind, when
+    the alert says one)."""
+    in_job, prom = report.job["in_job"], report.job["prometheus"]
+    rank = report.fault["rank"]
+    report.verdict = {
+        "in_job_correct": bool(in_job["correct"]),
+        "in_job_seconds": in_job["seconds_to_name"],
+        "prometheus_correct": (prom["firing"] and prom["ranks"] == [rank]
+                               and prom["labels"].get("kind") in (None,
+                                                                  report.fault["expected_kind"])),
+        "prometheus_seconds": prom["seconds_to_firing"],
+        "alerts_firing": sorted({a["alertname"] for a in report.alerts
+                                 if a["state"] == "firing"}),
+        "node": report.ranks.get(str(rank)), "rank": rank, "cause": "hang"}
+    report.verdict["named_correctly"] = (report.verdict["in_job_correct"]
+                                         and report.verdict["prometheus_correct"])
 
 
 def _collect_alerts(prometheus: PrometheusServer, report: Report, deadline: float,
@@ -621,6 +776,22 @@ def _judge(report: Report, args: argparse.Namespace) -> None:
     report.verdict = verdict
 
 
+def _print_hang(report: Report) -> None:
+    v, prom = report.verdict, report.job["prometheus"]
+    print(format_hang(report.job["in_job"]))
+    seconds = prom["seconds_to_firing"]
+    print(f"prometheus: {HANG_ALERT} " + (
+        f"firing {seconds:.1f} s after the hang, ranks {prom['ranks']} (scrape and rule "
+        f"interval {prom['scrape_and_rule_interval_seconds']:g} s, for: {prom['alert_for']})"
+        if prom["firing"] else "not firing within --hang-bound"))
+    for a in report.alerts:
+        print(f"alert:     {a['alertname']} {a['state']}: {a['summary']}")
+    print("the demo stopped the job instead of waiting for gloo's timeout")
+    print(f"verdict:   {'named correctly' if v.get('named_correctly') else 'NOT named correctly'}"
+          f" (in the job: {'yes' if v['in_job_correct'] else 'no'}, Prometheus: "
+          f"{'yes' if v['prometheus_correct'] else 'no'})")
+
+
 def print_report(report: Report) -> None:
     """The end-of-run report, for people."""
     v, fault = report.verdict, report.fault
@@ -631,6 +802,9 @@ def print_report(report: Report) -> None:
     if fault.get("at_step") is not None:
         what += f" from step {fault['at_step']}"
     print(f"injected:  {what}")
+    if fault["kind"] == "hang":
+        _print_hang(report)
+        return
     if report.job:
         loss = report.job["loss"]
         print(f"job:       {report.job['world_size']} ranks, {report.job['steps']} steps in "

@@ -21,10 +21,21 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laggard.demo.hang import (
+    CheckpointInjection,
+    HangInjection,
+    describe_injection,
+    format_hang,
+    hang_outcome,
+    parse_inject,
+    read_json_lines,
+)
 from laggard.demo.report import build_report, format_report, injected_line, percent
 from laggard.detectors.straggler import MIN_RANKS
 
@@ -34,6 +45,8 @@ AGENT_START_TIMEOUT = 15.0
 STOP_GRACE = 5.0
 #: The fewest ranks the demo runs: the fewest the straggler detector compares.
 MIN_WORLD_SIZE = MIN_RANKS
+#: Seconds between two reads of the hang marker and rank 0's hang reports while the job runs.
+HANG_POLL_SECONDS = 0.2
 #: ``laggard.compression.COMPRESSORS`` (not imported: that imports torch).
 COMPRESSION_CHOICES = ("none", "fp16", "sign", "topk", "powersgd", "onebit_adam")
 
@@ -46,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training steps (default: 600)")
     parser.add_argument("--slow-rank", type=int, default=None, metavar="R",
                         help="rank to slow down (default: W // 2)")
-    parser.add_argument("--slowdown", type=float, default=1.25,
+    parser.add_argument("--slowdown", type=float, default=None,
                         help="factor applied to the slow rank's forward+backward time; 1.0 "
-                             "injects nothing (default: 1.25)")
+                             "injects nothing (default: 1.25; 1.0 with --inject)")
     parser.add_argument("--slow-from", type=int, default=None, metavar="S",
                         help="first slowed step (default: a third of --steps)")
     parser.add_argument("--window", type=int, default=20, metavar="K",
@@ -108,12 +121,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rank=R,step=S,bucket=B,element=E,bit=N,where=W with W in "
                              "before_send, after_reduce, param (e.g. rank=1,step=30,bucket=0,"
                              "element=100,bit=30,where=after_reduce)")
+    parser.add_argument("--inject", action="append", default=[], metavar="SPEC",
+                        help="hang=rank:R,step:S,kind:K with K in python (holds the "
+                             "interpreter lock: the rank falls silent), spin (a pure-Python "
+                             "loop), data (the data loader blocks), skip (skips one "
+                             "all-reduce), device (--device emulated-async: the stream never "
+                             "completes an all-reduce): the demo reports who rank 0 named and "
+                             "how fast, then stops the job; or checkpoint=step:S,factor:F (step "
+                             "S takes F times the usual on every rank: slow, not hung). Once "
+                             "each at most")
+    parser.add_argument("--hang-bound", type=float, default=60.0, metavar="SECONDS",
+                        help="with an injected hang: stop the job, exit status 1, when rank 0 "
+                             "has not named it this many seconds after it began (default: 60)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; returns the exit status (0 ok, 1 failed, 2 bad flags, 128+N on signal N)."""
     if args.slow_from is None:
         args.slow_from = args.steps // 3
+    if args.slowdown is None:
+        args.slowdown = 1.0 if args.inject else 1.25
     error = _check_args(args)
     if error:
         print(f"laggard demo: {error}", file=sys.stderr)
@@ -176,6 +203,7 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     injected = (f"rank {args.slow_rank} slowed {percent(args.slowdown - 1)} (--slowdown "
                 f"{args.slowdown:g}) from step {args.slow_from}"
                 if args.slowdown > 1.0 else "no rank slowed")
+    injected += "".join(f"; {describe_injection(i)}" for i in _injections(args))
     print(f"laggard demo: {args.world_size} ranks, {args.steps} steps, {injected}; "
           f"agent metrics at {metrics_url}", flush=True)
     result_path = tmp / "result.json"
@@ -195,16 +223,24 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
          "--parallel", args.parallel, *([] if args.prefetch else ["--no-prefetch"]),
          *(["--run-id", args.run] if args.run else []),
          *(["--gpu-state"] if scenario else []),
-         "--device", getattr(args, "device", "cpu")],
+         "--device", getattr(args, "device", "cpu"),
+         *_injection_flags(args, tmp)],
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+             # the launcher's own temporary files (torchelastic_*) inside the demo's, which is
+             # removed however the job ends (a hung job is killed, and leaves them otherwise)
+             "TMPDIR": str(_job_tmp(tmp)),
              # the demo/test hook of laggard.integrations.gpu_state: the ranks' NVML is the
              # same fake the agent plays
              **({"LAGGARD_FAKE_NVML": f"{args.world_size}:{scenario}"} if scenario else {})},
         stderr=subprocess.PIPE,
     )
     stderr_pump = children.forward_stderr(launcher)
+    watch = _watch_job(launcher, args, tmp, children)
     status = launcher.wait()
     stderr_pump.join(timeout=5)  # the launcher's last lines (a rank's error) before the report
+    hang = _hang_of(args)
+    if hang is not None:
+        return _report_hang(args, hang, watch)
     if not result_path.exists():
         print(f"laggard demo: training failed (launcher exit status {status})", file=sys.stderr)
         return 1
@@ -216,7 +252,10 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     result = json.loads(result_path.read_text())
     agent_ranks = _ranks_seen_by_agent(metrics_url)
     report = build_report(result, args, metrics_url)
+    report["hang"] = hang_outcome(None, None, watch.reports, args.hang_bound,
+                                  checked=watch.checked)
     print(format_report(report, agent_ranks))
+    print(format_hang(report["hang"]))
     status = _write_outputs(args, report, windows_path)
     if args.windows and report["windows_file"]["unsaved"]:
         status = 1  # an output asked for was not (wholly) written; the run itself completed
@@ -318,18 +357,23 @@ class _Children:
 
     def stop_all(self) -> None:
         """SIGTERM every child and its descendants, SIGKILL what is left after a grace."""
-        self._stopping.set()
         for proc in reversed(self._procs):  # the launcher before the agent
-            if proc.poll() is not None:
-                continue
-            descendants = _descendants(proc.pid)
-            _signal_tree(proc.pid, descendants, signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_GRACE)
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_tree(proc.pid, descendants, signal.SIGKILL)
-            proc.wait()
+            self.stop(proc)
+
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGTERM ``proc`` and its descendants, SIGKILL what is left after a grace; from now
+        on its complaints about being stopped are not forwarded."""
+        self._stopping.set()
+        if proc.poll() is not None:
+            return
+        descendants = _descendants(proc.pid)
+        _signal_tree(proc.pid, descendants, signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_tree(proc.pid, descendants, signal.SIGKILL)
+        proc.wait()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -352,6 +396,102 @@ def _signal_tree(pid: int, descendants: list[int], signum: int) -> None:
                 pass
 
 
+# ------------------------------------------------------------------------------ hangs
+@dataclass(slots=True)
+class _Watch:
+    """What the demo saw of the job's hangs while it ran.
+
+    Attributes:
+        marker: what the hanging rank wrote when it hung, or None.
+        reports: rank 0's hang reports (JSON lines of ``HangReportWriter``).
+        checked: rank 0's monitor reports hangs (it made the report file).
+        stopped: why the demo stopped the job (``named``, ``bound``), "" when it ended itself.
+    """
+
+    marker: dict[str, Any] | None = None
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    checked: bool = False
+    stopped: str = ""
+
+
+def _injections(args: argparse.Namespace) -> list[HangInjection | CheckpointInjection]:
+    return [parse_inject(spec) for spec in args.inject]
+
+
+def _hang_of(args: argparse.Namespace) -> HangInjection | None:
+    return next((i for i in _injections(args) if isinstance(i, HangInjection)), None)
+
+
+def _job_tmp(tmp: Path) -> Path:
+    path = tmp / "job-tmp"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _injection_flags(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """The worker's flags for ``--inject``, and where it says a hang began and was named."""
+    flags = ["--hang-marker", str(tmp / "hang-marker.json"),
+             "--hang-report", str(tmp / "hang-reports.jsonl")]
+    for injection in _injections(args):
+        flag = "--inject-hang" if isinstance(injection, HangInjection) else "--inject-checkpoint"
+        flags += [flag, injection.spec()]
+    return flags
+
+
+def _watch_job(launcher: subprocess.Popen[bytes], args: argparse.Namespace, tmp: Path,
+               children: _Children) -> _Watch:
+    """Wait for the job to end; with an injected hang, stop it once rank 0 names a hang after
+    it began, or once ``--hang-bound`` seconds have passed since then without a name."""
+    hang = _hang_of(args)
+    marker_path, reports_path = tmp / "hang-marker.json", tmp / "hang-reports.jsonl"
+    watch = _Watch()
+    while launcher.poll() is None:
+        time.sleep(HANG_POLL_SECONDS)
+        watch.checked = watch.checked or reports_path.exists()
+        if hang is None:
+            continue
+        if watch.marker is None and marker_path.exists():
+            try:
+                watch.marker = json.loads(marker_path.read_text())
+            except (OSError, ValueError):
+                continue  # being replaced: read it next time
+        if watch.marker is None:
+            continue
+        began = watch.marker["time"]
+        if any(r["time"] >= began for r in read_json_lines(reports_path)):
+            watch.stopped = "named"
+        elif time.time() > began + args.hang_bound:
+            watch.stopped = "bound"
+        else:
+            continue
+        children.stop(launcher)
+        break
+    watch.checked = watch.checked or reports_path.exists()
+    watch.reports = read_json_lines(reports_path)
+    return watch
+
+
+def _report_hang(args: argparse.Namespace, hang: HangInjection, watch: _Watch) -> int:
+    """The report of a run with an injected hang; 0 when rank 0 named it rightly in time."""
+    outcome = hang_outcome(hang, watch.marker, watch.reports, args.hang_bound,
+                           checked=watch.checked)
+    outcome["stopped"] = watch.stopped
+    print(format_hang(outcome))
+    if watch.stopped:
+        why = "the hang named" if watch.stopped == "named" else "not named in time"
+        print(f"the demo stopped the job ({why}) instead of waiting for gloo's timeout")
+    status = 0 if outcome["correct"] else 1
+    if args.report:
+        doc = {"world_size": args.world_size, "steps": args.steps, "device": args.device,
+               "parallel": args.parallel, "hang": outcome}
+        try:
+            Path(args.report).write_text(json.dumps(doc, indent=2) + "\n")
+        except OSError as exc:
+            print(f"laggard demo: cannot write report: {exc}", file=sys.stderr)
+            status = 1
+    return status
+
+
 # --------------------------------------------------------------------------------- helpers
 def _check_args(args: argparse.Namespace) -> str | None:
     if args.world_size < MIN_WORLD_SIZE:
@@ -361,7 +501,7 @@ def _check_args(args: argparse.Namespace) -> str | None:
                 f"names a rank only against the median of at least {MIN_WORLD_SIZE} ranks")
     if args.slow_rank is not None and not 0 <= args.slow_rank < args.world_size:
         return f"--slow-rank must be in [0, {args.world_size - 1}]"
-    if not math.isfinite(args.slowdown) or args.slowdown < 1.0:
+    if args.slowdown is not None and (not math.isfinite(args.slowdown) or args.slowdown < 1.0):
         return "--slowdown must be a number >= 1.0"
     if args.window < 2:
         return "--window must be at least 2"
@@ -378,6 +518,9 @@ def _check_args(args: argparse.Namespace) -> str | None:
             return f"--inject-bitflip: {exc}"
         if flip.rank >= args.world_size or flip.step >= args.steps:
             return "--inject-bitflip: rank and step must lie inside the run"
+    error = _check_injections(args)
+    if error:
+        return error
     if args.use_agent and args.intake_address.endswith(":0"):
         return "--use-agent: give the running agent's --intake-address HOST:PORT too"
     if args.use_agent and (args.fake_gpus or args.throttle_slow_gpu):
@@ -388,6 +531,26 @@ def _check_args(args: argparse.Namespace) -> str | None:
     if emulated and (args.compression != "none" or args.inject_bitflip):
         return ("--device emulated-async runs the plain timed all-reduce only: drop "
                 "--compression and --inject-bitflip")
+    return None
+
+
+def _check_injections(args: argparse.Namespace) -> str | None:
+    """Why ``--inject`` cannot run in this demo (one line), or None."""
+    kinds = []
+    for spec in args.inject:
+        try:
+            injection = parse_inject(spec)
+        except ValueError as exc:
+            return f"--inject: {exc}"
+        error = injection.check(args.world_size, args.steps, device=args.device,
+                                parallel=args.parallel)
+        if error:
+            return f"--inject {spec}: {error}"
+        kinds.append(type(injection))
+    if len(set(kinds)) < len(kinds):
+        return "--inject: one hang and one checkpoint at most"
+    if not math.isfinite(args.hang_bound) or args.hang_bound <= 0:
+        return "--hang-bound must be a positive number of seconds"
     return None
 
 

@@ -436,7 +436,12 @@ class EmulatedCluster:
             atexit.unregister(self.close)
 
     def _stop_processes(self) -> None:
-        live = [p for p in self._procs if p.poll() is None]
+        self.stop_processes()
+
+    def stop_processes(self, procs: Sequence[subprocess.Popen[Any]] | None = None) -> None:
+        """SIGTERM, then SIGKILL, the sessions of ``procs`` (of :meth:`popen`; default: all of
+        them); waits for each. The namespaces' other processes go at :meth:`close`."""
+        live = [p for p in (self._procs if procs is None else procs) if p.poll() is None]
         for sig, grace in ((signal.SIGTERM, TERMINATE_GRACE_SECONDS), (signal.SIGKILL, 2.0)):
             for proc in live:
                 with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -29,7 +29,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from laggard.demo.hang import (
+    HangingHook,
+    HangReportWriter,
+    checkpoint_save,
+    hang_forever,
+    parse_inject,
+    write_marker,
+)
 from laggard.demo.model import BUCKET_CAP_MB, ByteBatches, ByteLM, load_stdlib_text
 from laggard.detectors.straggler import StragglerDetector
 from laggard.detectors.window import STEP_COLUMN_NAMES
@@ -83,7 +91,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-state", action="store_true",
                    help="add the GPU-state participant (the demo sets LAGGARD_FAKE_NVML)")
     p.add_argument("--device", choices=["cpu", "emulated-async"], default="cpu")
-    return p.parse_args(argv)
+    p.add_argument("--inject-hang", default="", metavar="SPEC",
+                   help="hang=rank:R,step:S,kind:K (laggard.demo.hang)")
+    p.add_argument("--inject-checkpoint", default="", metavar="SPEC",
+                   help="checkpoint=step:S,factor:F (laggard.demo.hang)")
+    p.add_argument("--hang-marker", default="", help="the hanging rank writes here when it hangs")
+    p.add_argument("--hang-report", default="",
+                   help="rank 0 appends each hang its monitor names here (JSON lines)")
+    args = p.parse_args(argv)
+    args.hang = parse_inject(args.inject_hang) if args.inject_hang else None
+    args.checkpoint = parse_inject(args.inject_checkpoint) if args.inject_checkpoint else None
+    return args
 
 
 def comm_hook(name: str, timer: CommTimer, model: torch.nn.Module) -> tuple[Any, Any]:
@@ -165,6 +183,13 @@ class Job:
     tracer: CollectiveTracer
     per_step: list[list[float]]
     device: Any = None  # --device emulated-async: this rank's EmulatedDevice
+    rank: int = 0
+    step_index: int = 0  # the loop's step, set before each step
+    step_times: list[float] = field(default_factory=list)  # wall seconds of each step so far
+    hang: Any = None  # --inject-hang: HangInjection
+    hang_marker: str = ""
+    hang_hook: HangingHook | None = None  # kinds skip and device: the DDP hook that acts
+    checkpoint: Any = None  # --inject-checkpoint: CheckpointInjection
 
 
 def build_job(args: argparse.Namespace, rank: int) -> Job:
@@ -175,7 +200,7 @@ def build_job(args: argparse.Namespace, rank: int) -> Job:
     batches = ByteBatches(load_stdlib_text(), batch_size=8, seq_len=64,
                           seed=args.seed * 1000 + rank)
     tracer = CollectiveTracer()  # after init_process_group: watches the default group
-    ddp, timer, state, integrity = parallelize(model, args, tracer)
+    ddp, timer, state, integrity, hang_hook = parallelize(model, args, tracer, rank)
     device = None
     extra: dict[str, Any] = {}
     # CPU time of each rank's thread stands in for GPU time: the ranks share this machine's
@@ -191,7 +216,8 @@ def build_job(args: argparse.Namespace, rank: int) -> Job:
         TrainingMonitor.Config(agent_address=args.intake_address, window_steps=args.window,
                                integrity=integrity, phase_clock=clock,
                                windows_path=args.windows,
-                               straggler=detector_config(), run=args.run_id),
+                               straggler=detector_config(), run=args.run_id,
+                               **hang_options(args, rank)),
         comm_timer=timer, tracer=tracer, participants=gpu_state_participants(args), **extra,
     )
     if device is not None and args.parallel == "fsdp":
@@ -201,7 +227,17 @@ def build_job(args: argparse.Namespace, rank: int) -> Job:
     optimizer = make_optimizer(state, model)
     return Job(model=model, ddp=ddp, batches=batches, optimizer=optimizer, monitor=monitor,
                hook_state=state, integrity=integrity, tracer=tracer, per_step=[],
-               device=device)
+               device=device, rank=rank, hang=args.hang, hang_marker=args.hang_marker,
+               hang_hook=hang_hook, checkpoint=args.checkpoint)
+
+
+def hang_options(args: argparse.Namespace, rank: int) -> dict[str, Any]:
+    """The monitor's hang report on rank 0: ``on_hang`` appends each report to
+    ``--hang-report``. Empty when no report is asked for."""
+    if not args.hang_report or rank != 0:
+        return {}
+    open(args.hang_report, "a").close()  # the launcher's sign that hangs are reported
+    return {"on_hang": HangReportWriter(args.hang_report)}
 
 
 def gpu_state_participants(args: argparse.Namespace) -> list[Any]:
@@ -214,25 +250,30 @@ def gpu_state_participants(args: argparse.Namespace) -> list[Any]:
     return [GpuStateParticipant(GpuStateParticipant.Config(sample_interval_seconds=0.05))]
 
 
-def parallelize(model: ByteLM, args: argparse.Namespace,
-                tracer: CollectiveTracer) -> tuple[Any, CommTimer | None, Any, Any]:
+def parallelize(model: ByteLM, args: argparse.Namespace, tracer: CollectiveTracer,
+                rank: int = 0) -> tuple[Any, CommTimer | None, Any, Any, HangingHook | None]:
     """Wrap the model for ``--parallel``: ``(model to call, CommTimer or None, hook state or
-    None, GradientIntegrity or None)``. DDP feeds the tracer through its timed hook; FSDP2
-    through its timed all-gather and reduce-scatter."""
+    None, GradientIntegrity or None, the hang hook or None)``. DDP feeds the tracer through its
+    timed hook; FSDP2 through its timed all-gather and reduce-scatter. With ``--inject-hang``
+    of kind ``skip`` or ``device`` the DDP hook is wrapped in a :class:`HangingHook`."""
     if args.parallel == "fsdp":
         from laggard.demo.fsdp import shard
 
         shard(model, tracer, prefetch=args.prefetch)
-        return model, None, None, None
+        return model, None, None, None, None
     # Small buckets (the model has ~0.3 M parameters): several all-reduces per step, so
     # communication can overlap backward as in a large job with 25 MB buckets.
     ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
     timer = CommTimer(tracer=tracer)
     state, integrity = integrity_hook(ddp, args.compression, timer, args.inject_bitflip)
+    hang_hook = None
     if integrity is None:
         state, hook = comm_hook(args.compression, timer, model)
+        if args.hang is not None and args.hang.kind in ("skip", "device"):
+            hang_hook = HangingHook(hook, args.hang, rank, args.hang_marker, timer)
+            hook = hang_hook.as_hook()
         ddp.register_comm_hook(state, hook)
-    return ddp, timer, state, integrity
+    return ddp, timer, state, integrity, hang_hook
 
 
 #: What ``_step_comm`` returns, per step.
@@ -255,8 +296,10 @@ def train_step(job: Job) -> float:
     monitor, throttle = job.monitor, job.model.throttle
     with monitor.step():
         with monitor.phase("data"):
+            _maybe_hang(job, "data")
             x, y = job.batches.next()
         with monitor.phase("forward"):
+            _maybe_hang(job, "python", "spin")
             loss = F.cross_entropy(job.ddp(x).flatten(0, 1), y.flatten())
         with monitor.phase("backward"):
             loss.backward()
@@ -268,8 +311,35 @@ def train_step(job: Job) -> float:
         throttle.optimizer_seconds = time.thread_time() - optimizer_started
         value = loss.item()
         monitor.note("loss", value)  # inside the step: it belongs to this step's window
+        _maybe_checkpoint(job)
     job.per_step.append(_step_comm(monitor))
     return value
+
+
+def _maybe_hang(job: Job, *kinds: str) -> None:
+    """Hang here if ``--inject-hang`` names this rank, this step and one of ``kinds``."""
+    hang = job.hang
+    if (hang is not None and hang.kind in kinds and hang.rank == job.rank
+            and hang.step == job.step_index):
+        write_marker(job.hang_marker, hang)
+        hang_forever(hang.kind)
+
+
+def _maybe_checkpoint(job: Job) -> None:
+    """With ``--inject-checkpoint``, at its step on every rank: a ``checkpoint`` phase inside
+    the step, ``factor - 1`` times this rank's median step so far (the step then takes about
+    ``factor`` times the usual)."""
+    ckpt = job.checkpoint
+    if ckpt is None or ckpt.step != job.step_index or not job.step_times:
+        return
+    usual = float(np.median(job.step_times))
+    started = time.perf_counter()
+    with job.monitor.phase("checkpoint"):
+        checkpoint_save(job.model, (ckpt.factor - 1.0) * usual)
+    if job.rank == 0:
+        took = time.perf_counter() - started + usual
+        print(f"checkpoint: step {ckpt.step} took about {took:.1f} s, {took / usual:.0f}x the "
+              f"usual {usual:.3f} s step, on every rank", flush=True)
 
 
 def train_step_async(job: Job) -> float:
@@ -281,8 +351,10 @@ def train_step_async(job: Job) -> float:
     monitor, device = job.monitor, job.device
     with monitor.step():
         with monitor.phase("data"):
+            _maybe_hang(job, "data")
             x, y = job.batches.next()
         with monitor.phase("forward"):
+            _maybe_hang(job, "python", "spin")
             loss = device.launch(_forward, job, x, y)
         with monitor.phase("backward"):
             device.launch(_backward, loss)
@@ -290,6 +362,7 @@ def train_step_async(job: Job) -> float:
             device.launch(_optimizer_step, job)
         value = loss.item()  # the synchronisation: outside the phases, as in train_step
         monitor.note("loss", value)
+        _maybe_checkpoint(job)  # the stream is idle: everything launched has been read back
     job.per_step.append(_step_comm(monitor))
     return float(value)
 
@@ -321,9 +394,13 @@ def run_steps(job: Job, args: argparse.Namespace, rank: int) -> tuple[dict[int, 
     for step in range(args.steps):
         if slowed and step == args.slow_from:
             job.model.throttle.factor = args.slowdown - 1.0
+        job.step_index = step
+        if job.hang_hook is not None:
+            job.hang_hook.step = step
         start = time.perf_counter()
         loss = train_step(job) if job.device is None else train_step_async(job)
         step_times.append(time.perf_counter() - start)
+        job.step_times.append(step_times[-1])
         local_losses.append(loss)
         if step == 0 or step == args.steps - 1:
             losses[step] = global_mean(loss)  # same call on every rank

@@ -72,6 +72,37 @@ def test_two_nodes_slowed_rank_is_named_with_node_cause_and_alert(tmp_path: Path
 
 
 @pytest.mark.usefixtures("need_namespaces")
+def test_a_hung_rank_is_named_in_the_job_and_by_the_hang_alert_then_the_job_stopped(
+        tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="the demo job needs torch (pip install 'laggard[torch]')")
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    out = tmp_path / "report.json"
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "laggard.cli", "cluster-demo", "--nodes", "3", "--fault", "hang",
+         "--hang-kind", "data", "--fault-node", "2", "--steps", "400", "--window", "10",
+         "--fault-at-step", "20", "--hang-bound", "90", "--timeout", "240", "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=280)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, output
+    report = json.loads(out.read_text())
+    verdict, prometheus = report["verdict"], report["job"]["prometheus"]
+    assert verdict["in_job_correct"] and verdict["prometheus_correct"], output
+    assert prometheus["ranks"] == [2] and verdict["node"] == "node2"
+    assert 0 < verdict["in_job_seconds"] <= 30 and 0 < verdict["prometheus_seconds"] <= 60
+    assert "LaggardJobHung" in verdict["alerts_firing"]
+    assert "verdict:   named correctly" in output
+    assert time.monotonic() - started < 240  # stopped once named: never gloo's timeout
+    assert _leftovers(proc.pid) == []
+
+
+@pytest.mark.usefixtures("need_namespaces")
 def test_three_nodes_degraded_link_is_named_in_job_with_node_cause_and_alert(
         tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="the demo job needs torch (pip install 'laggard[torch]')")
