@@ -67,7 +67,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -573,20 +573,32 @@ def hang_message(verdict: HangVerdict, states: Mapping[int, RankState], own_step
                     "native code, or gone)")
         text += _phase_text(ranks, states)
         parts.append(f"in {where}: {text}" if where else text)
-    return f"hung since step {_hung_step(verdict, states, own_step):,} " + "; ".join(parts)
+    sep = " " if parts and parts[0].startswith("in ") else ": "
+    return f"hung since step {_hung_step(verdict, states, own_step):,}{sep}" + "; ".join(parts)
 
 
 def _hung_step(verdict: HangVerdict, states: Mapping[int, RankState], own_step: int) -> int:
-    steps = [s.step for r in verdict.ranks if (s := states.get(r)) is not None
-             and s.step is not None]
+    """The step the job stopped in: the lowest step of the culprits that still report, else of
+    every rank that still reports (a silent rank's last key may be from long before it froze:
+    its store thread could not run), else rank 0's own."""
+    def fresh_steps(ranks: Iterable[int]) -> list[int]:
+        return [s.step for r in ranks if (s := states.get(r)) is not None
+                and s.step is not None and s.silent_seconds is None]
+    steps = fresh_steps(verdict.ranks) or fresh_steps(states)
     return min(steps) if steps else own_step
 
 
 def _phase_text(ranks: Sequence[int], states: Mapping[int, RankState]) -> str:
-    """`` (last in phase data for 95 s)`` for culprits sharing a phase, per rank otherwise."""
+    """`` (last in phase data for 95 s)`` for culprits sharing a phase, per rank otherwise;
+    for silent ranks `` (last heard at step 29, in phase backward)``: their last key is from
+    before they froze, so its phase age says nothing of now."""
     known = [(r, s) for r in ranks if (s := states.get(r)) is not None and s.phase is not None]
     if not known:
         return ""
+    if any(s.silent_seconds is not None for _, s in known):
+        shown = ", ".join(f"rank {r} at step {s.step}, in phase {s.phase}" if len(known) > 1
+                          else f"at step {s.step}, in phase {s.phase}" for r, s in known[:4])
+        return f" (last heard {shown}{', ...' if len(known) > 4 else ''})"
     phases = {s.phase for _, s in known}
     if len(phases) == 1:
         seconds = max(s.phase_seconds or 0.0 for _, s in known)

@@ -357,6 +357,21 @@ def test_the_message_names_every_group_and_kind():
         "#20,537 of group dp: ranks 12 and 14 never issued it (last in phase data for 95 s)")
 
 
+
+def test_a_silent_culprits_stale_key_gives_neither_the_step_nor_a_phase_age():
+    """A rank that froze holding the GIL wrote its last key long before (here at step 0, before
+    its store thread could run again): the job is hung in the step its peers report, and its
+    phase is where it was last heard, with no age (seen from a new user's job: "hung since
+    step 0 rank 1 ... (last in phase backward for 0 s)")."""
+    states = {0: RankState(rank=0, step=30, phase="collective_wait", phase_seconds=12.0),
+              1: RankState(rank=1, step=0, phase="backward", phase_seconds=0.0,
+                           silent_seconds=8.0),
+              2: RankState(rank=2, step=30, phase="collective_wait", phase_seconds=12.0)}
+    verdict = HangVerdict(culprits=[HangCulprit(rank=1, kind="silent")])
+    assert hang_message(verdict, states, own_step=30) == (
+        "hung since step 30: rank 1 stopped reporting 8 s ago (holding the GIL, stuck in "
+        "native code, or gone) (last heard at step 0, in phase backward)")
+
 # ------------------------------------------------------------------ the store thread's I/O
 class FakeStore:
     """A dict with the Store methods the exchange uses; ``get`` of a missing key would block."""
