@@ -426,9 +426,22 @@ def _table(findings: list[Finding], errors: bool = False, show_source: bool = Fa
             where = _where(f)
             if (f.subject, where) not in seen:
                 seen.add((f.subject, where))
-                lines.append(f"  {f.subject}: {f.kind} ({_shown_source(f.source or '', root)})"
+                lines.append(f"  {f.subject}: {f.kind}{_hang_kinds(f)} "
+                             f"({_shown_source(f.source or '', root)})"
                              + (f"; {where}" if where else ""))
     return "\n".join(lines)
+
+
+def _hang_kinds(f: Finding) -> str:
+    """`` [device]``: how the hang rules name the finding's ranks (missing, device, silent;
+    ``laggard.detectors.hang``), where the finding carries them; ``""`` otherwise."""
+    if f.kind == "collective_stuck":
+        return " [device]"
+    kinds = f.evidence.get("kinds") if isinstance(f.evidence, dict) else None
+    if not isinstance(kinds, dict):
+        return ""
+    named = sorted({str(k) for k in kinds.values() if k})
+    return f" [{', '.join(named)}]" if named else ""
 
 
 def run(args: argparse.Namespace) -> int:

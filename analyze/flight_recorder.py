@@ -35,7 +35,8 @@ def fr_findings(source: str, analysis: FrAnalysis, locations: dict[int, str]) ->
     out = [_lagging_finding(source, lag, analysis, locations, primary=i == 0)
            for i, lag in enumerate(analysis.lagging)]
     out += [_stuck_finding(source, st, locations) for st in analysis.stuck]
-    out += [_p2p_finding(source, stall) for stall in analysis.p2p]
+    out += [_p2p_finding(source, stall, analysis.verdict.kind_of(stall.stalled))
+            for stall in analysis.p2p]
     out += [_silent_finding(source, c.rank) for c in analysis.verdict.culprits
             if c.kind == "silent" and not c.group]
     for mm in analysis.mismatches:
@@ -127,8 +128,13 @@ def _stuck_finding(source: str, st: StuckCollective, locations: dict[int, str]) 
                 f"on its node")
 
 
-def _p2p_finding(source: str, stall: P2PStall) -> Finding:
+def _p2p_finding(source: str, stall: P2PStall, kind: str | None) -> Finding:
+    """A stalled pair. ``kind``: how the rules name the stalled rank (a rank stuck on the device
+    in another group never posts its side either: that is the cause to say)."""
     side = "receive" if stall.stalled == stall.receiver else "send"
+    why = (f"which never posted the matching {side}: it is stuck on the device (work its "
+           f"peers completed is pending there)" if kind == "device"
+           else f"which never posted the matching {side}")
     return incident(
         source=source, kind="p2p_stall", severity=Severity.CRITICAL,
         subject=f"rank {stall.stalled}",
@@ -140,8 +146,8 @@ def _p2p_finding(source: str, stall: P2PStall) -> Finding:
         message=f"point-to-point {stall.sender} -> {stall.receiver} in "
                 f"{_group(stall.pg, stall.pg_desc)}: {stall.sends} send(s) against "
                 f"{stall.recvs} receive(s); rank {stall.waiting} waits in {stall.op} "
-                f"({_shape(stall.input_sizes, stall.input_dtypes)}) for rank {stall.stalled}, "
-                f"which never posted the matching {side}")
+                f"({_shape(stall.input_sizes, stall.input_dtypes)}; the op as recorded, in "
+                f"group ranks) for rank {stall.stalled}, {why}")
 
 
 def _silent_finding(source: str, rank: int) -> Finding:

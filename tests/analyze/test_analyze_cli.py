@@ -230,6 +230,8 @@ def test_a_directory_of_mixed_files_names_the_culprits():
     for subject in ("GPU 0000:9b:00", "ranks 9, 14", "GPU 0000:91:00",
                     "node01 GPU 4 <-> 192.0.2.10", "GPU 0000:75:00", "ranks 1, 2, 5, 6, 7"):
         assert subject in culprits
+    # the hang rules' kind beside a flight-recorder culprit: 9 and 14 are stuck on the device
+    assert "ranks 9, 14: collective_timeout [device]" in culprits
     assert "Traceback" not in result.stderr
 
 
