@@ -206,17 +206,12 @@ class StepRecord:
         Raises:
             RecordError: a field of the wrong type or out of range.
         """
-        run = check_run(doc.get("run", ""))
-        world_size = _int(doc, "world_size", 1, MAX_RANKS_ON_WIRE)
-        rank = _int(doc, "rank", 0, world_size - 1)
-        step = _int(doc, "step", 0, MAX_WIRE_NUMBER)
+        run, world_size, rank, step = _rank_identity(doc)
         uuid, pci_bus_id = _device_id(doc, "uuid"), _device_id(doc, "pci_bus_id")
         local_rank = doc.get("local_rank")
         if local_rank is not None:
             local_rank = _int(doc, "local_rank", 0, MAX_RANKS_ON_WIRE)
-        node = doc.get("node")
-        if node is not None and (not isinstance(node, str) or len(node) > _MAX_NAME_LEN):
-            raise RecordError("schema", "node must be a short string")
+        node = _node(doc)
         phases = doc.get("phases", {})
         if not isinstance(phases, dict) or len(phases) > _MAX_PHASES:
             raise RecordError("schema", "phases must be a small object")
@@ -493,14 +488,9 @@ class Heartbeat:
         Raises:
             RecordError: a field of the wrong type or out of range.
         """
-        run = check_run(doc.get("run", ""))
-        world_size = _int(doc, "world_size", 1, MAX_RANKS_ON_WIRE)
-        rank = _int(doc, "rank", 0, world_size - 1)
-        step = _int(doc, "step", 0, MAX_WIRE_NUMBER)
+        run, world_size, rank, step = _rank_identity(doc)
         pid = None if doc.get("pid") is None else _int(doc, "pid", 1, (1 << 31) - 1)
-        node = doc.get("node")
-        if node is not None and (not isinstance(node, str) or len(node) > _MAX_NAME_LEN):
-            raise RecordError("schema", "node must be a short string")
+        node = _node(doc)
         phase = doc.get("phase")
         phase_seconds, step_seconds = doc.get("phase_seconds"), doc.get("step_seconds")
         groups_doc = doc.get("groups", [])
@@ -650,6 +640,22 @@ def json_depth(payload: bytes, limit: int = MAX_JSON_DEPTH) -> int:
             break
         brackets = reduced
     return limit + 1
+
+
+def _rank_identity(doc: dict[str, Any]) -> tuple[str, int, int, int]:
+    """A per-rank datagram's ``run``, ``world_size``, ``rank`` and ``step``, validated."""
+    run = check_run(doc.get("run", ""))
+    world_size = _int(doc, "world_size", 1, MAX_RANKS_ON_WIRE)
+    return (run, world_size, _int(doc, "rank", 0, world_size - 1),
+            _int(doc, "step", 0, MAX_WIRE_NUMBER))
+
+
+def _node(doc: dict[str, Any]) -> str | None:
+    """The optional ``node``: a short string."""
+    node = doc.get("node")
+    if node is not None and (not isinstance(node, str) or len(node) > _MAX_NAME_LEN):
+        raise RecordError("schema", "node must be a short string")
+    return node
 
 
 def _int(doc: dict[str, Any], key: str, low: int, high: int) -> int:
