@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from laggard.detectors.causes import PARTIAL_NOTES_MESSAGE, CauseAttribution
 from laggard.detectors.finding import Finding
 from laggard.detectors.window import WindowColumn, WindowRecord
 
@@ -152,7 +153,9 @@ class StragglerParticipant(WindowParticipant):
     Adds no column (it reads the monitor's own ``compute_seconds``, ``data_seconds``,
     ``collective_wait_seconds`` and ``transfer_seconds``); on rank 0 runs
     :class:`~laggard.detectors.straggler.StragglerDetector` and returns its findings and
-    per-rank scores. When the record has the GPU-state columns
+    per-rank scores. A compute finding whose excess is mostly Python GC or extra work becomes
+    kind ``gc`` or ``load_imbalance`` (:class:`~laggard.detectors.causes.CauseAttribution`).
+    When the record has the GPU-state columns
     (:class:`~laggard.integrations.gpu_state.GpuStateParticipant`), a compute finding names
     the cause from the straggler's GPU (:func:`with_gpu_cause`).
 
@@ -163,6 +166,7 @@ class StragglerParticipant(WindowParticipant):
         detector: the detector (rank 0 only; None elsewhere).
         device_windows_skipped: windows on the device clock with no device value yet (the
             first: device columns are gathered one window late), not given to the detector.
+        causes: the :class:`~laggard.detectors.causes.CauseAttribution` (its ``stats``).
     """
 
     name = "straggler"
@@ -172,6 +176,7 @@ class StragglerParticipant(WindowParticipant):
         self.config = config
         self.detector: Any = None
         self.device_windows_skipped = 0
+        self.causes = CauseAttribution()
 
     def attach(self, context: MonitorContext) -> None:
         super().attach(context)
@@ -199,8 +204,12 @@ class StragglerParticipant(WindowParticipant):
             return None
         from laggard.detectors.straggler import RankWindow
 
-        findings = [with_gpu_cause(f, record)
-                    for f in self.detector.update(RankWindow.from_record(record))]
+        ranks = [int(r) for r in record.ranks]  # every rank is every rank's peer
+        found = self.causes.apply(self.detector.update(RankWindow.from_record(record)),
+                                  record, lambda rank: ranks)
+        if self.causes.stats["partial_work_notes"] and self.context is not None:
+            self.context.log_once("partial-work-notes", PARTIAL_NOTES_MESSAGE)
+        findings = [with_gpu_cause(f, record) for f in found]
         return WindowOutcome(
             findings=findings,
             scores={int(r): float(v) for r, v in self.detector.scores.items()},

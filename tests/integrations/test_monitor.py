@@ -256,7 +256,10 @@ def _window(rng: np.random.Generator, step: int, slow_rank: int | None,
                # the device clock's columns, as a monitor on the wall clock fills them
                "compute_device_seconds": np.full(ranks, np.nan), "compute_cpu_seconds": compute,
                "collective_wait_device_seconds": np.full(ranks, np.nan),
-               "device_pending_count": np.zeros(ranks)}
+               "device_pending_count": np.zeros(ranks),
+               # no collection, no work noted
+               "gc_seconds": np.zeros(ranks), "gc_generation": np.full(ranks, -1.0),
+               "tokens": np.full(ranks, np.nan), "samples": np.full(ranks, np.nan)}
     return WindowRecord(step=step, columns=columns, ranks=np.arange(ranks), world_size=ranks,
                         nodes=["node07"] * ranks)
 
