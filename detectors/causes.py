@@ -392,11 +392,16 @@ def _gc_text(parts: Decomposition) -> str:
 
 def _load_text(parts: Decomposition) -> str:
     unit = parts.work_unit or "tokens"
+    work = parts.work_seconds or 0.0
+    # the median's time per unit includes its fixed cost per step (optimizer, launches), so
+    # the extra units can cost more at that rate than the whole excess
+    share = (f"all of its {_ms(parts.excess_seconds)}" if work >= parts.excess_seconds
+             else f"{_ms(work)} of its {_ms(parts.excess_seconds)}")
     return (f"more work, not a slow GPU: {_ratio(parts.work_ratio)} the median rank's {unit} "
             f"per step ({_pct(parts.work_share)} of its peer group's); at the median's "
-            f"{_per_unit(parts.seconds_per_unit)} per {unit[:-1]} that is "
-            f"{_ms(parts.work_seconds or 0.0)} of its {_ms(parts.excess_seconds)} per step over "
-            "its peers' median compute, and every other rank waits for it")
+            f"{_per_unit(parts.seconds_per_unit)} per {unit[:-1]} its extra {unit} cost "
+            f"{_ms(work)} per step, {share} per step over its peers' median compute, and every "
+            "other rank waits for it")
 
 
 def _slow_per_unit_text(parts: Decomposition) -> str:
