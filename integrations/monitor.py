@@ -5,7 +5,7 @@ Per step, one :class:`~laggard.wire.StepRecord` UDP datagram goes to the node ag
 and forget on a non-blocking socket, so a missing, slow or crashed agent costs the job nothing but
 a counted drop. Every ``window_steps`` steps all ranks exchange one window record with one
 ``all_gather`` (:mod:`laggard.detectors.window`: the medians of the step columns over the window,
-seven float64 per rank whatever K, then the participants' columns), each participant turns the
+one float64 each per rank whatever K, then the participants' columns), each participant turns the
 gathered record into findings (:mod:`laggard.integrations.participants`), and rank 0 logs each
 finding once when it is raised and once when it clears and sends a
 :class:`~laggard.wire.WindowReport` to its agent.
