@@ -109,15 +109,6 @@ from laggard.detectors.window import summarize_window  # noqa: E402
 from laggard.integrations.monitor import TrainingMonitor  # noqa: E402
 
 
-@pytest.fixture
-def receiver():
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(5)
-    yield sock
-    sock.close()
-
-
 def _step_record(sock: socket.socket) -> StepRecord:
     while True:
         item = decode_datagram(sock.recv(65536))

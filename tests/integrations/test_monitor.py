@@ -31,16 +31,6 @@ from laggard.wire import Heartbeat, StepRecord, WindowReport, decode_datagram  #
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture
-def receiver():
-    """A UDP socket standing in for the agent's intake."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(5)
-    yield sock
-    sock.close()
-
-
 def _recv(sock: socket.socket) -> StepRecord | WindowReport:
     """The next step record or window report (the heartbeat thread's datagrams skipped)."""
     while True:
