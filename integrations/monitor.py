@@ -369,9 +369,6 @@ class TrainingMonitor:
         self.where: tuple[str, float] = ("outside", time.perf_counter())
         self._heartbeat: Any = None
         self._gc: GcTimer | None = None
-        if self.config.gc_timing:
-            self._gc = _gc_timer(self)
-            self.stats.gc = self._gc.stats
         self._gc_generation = -1  # the highest generation collected so far in this window
         self._work = dict.fromkeys(WORK_NOTES, math.nan)  # this step's noted work
         self._step_start = 0.0
@@ -390,6 +387,9 @@ class TrainingMonitor:
         self.phase_clock = self._resolve_clock(device, model, dist_mod)
         self._device_id = _rank_device(model)
         self._clock = _PHASE_CLOCKS[self.phase_clock]
+        if self.config.gc_timing:
+            self._gc = _gc_timer(self, thread_cpu=self.phase_clock == "thread_cpu")
+            self.stats.gc = self._gc.stats
         self._identities: list[tuple[str, int | None]] | None = None
         self._notes: dict[str, list[float]] = {}
         self._windows_file: Any = None
@@ -885,17 +885,18 @@ class TrainingMonitor:
             log.warning(msg, *args)
 
 
-def _gc_timer(monitor: TrainingMonitor) -> GcTimer:
+def _gc_timer(monitor: TrainingMonitor, thread_cpu: bool) -> GcTimer:
     """The monitor's GC timer, installed, reading the training thread's phase from
-    ``monitor.where``. It holds the monitor weakly and leaves ``gc.callbacks`` when the monitor
-    is closed or collected, so a monitor dropped without ``close()`` does not live on."""
+    ``monitor.where`` (and its CPU clock when ``thread_cpu``). It holds the monitor weakly and
+    leaves ``gc.callbacks`` when the monitor is closed or collected, so a monitor dropped
+    without ``close()`` does not live on."""
     ref = weakref.ref(monitor)
 
     def phase_of() -> str:
         live = ref()
         return live.where[0] if live is not None else OUTSIDE
 
-    timer = GcTimer(phase_of=phase_of).install()
+    timer = GcTimer(phase_of=phase_of, thread_cpu=thread_cpu).install()
     weakref.finalize(monitor, timer.remove)
     return timer
 
