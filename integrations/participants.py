@@ -172,7 +172,10 @@ class StragglerParticipant(WindowParticipant):
     - :class:`~laggard.detectors.stage_balance.StageBalance` compares the groups' work (2 or
       more groups): a heavier stage is ``kind="stage_imbalance"``, not a straggler.
 
-    Scores are merged over groups (global ranks are distinct), detector stats summed. Every
+    Scores are merged over groups (global ranks are distinct), detector stats summed (but
+    ``windows``: this participant's; ``missing_rank_reports``: counted once over the job;
+    ``stage_*``: the stage balance's; ``peer_group_mismatch_windows``: windows of another world
+    size than the groups', skipped). Every
     straggler finding carries ``evidence["peer_group"]`` (its group's name, ``"all"`` without
     groups) and ``evidence["compared"]`` (``"within peer group"`` or ``"across groups,
     work-normalised"``). Without peer groups (or with one group of every rank) it behaves
@@ -209,6 +212,7 @@ class StragglerParticipant(WindowParticipant):
         self._pooled_groups: list[int] = []
         self._causes: Any = None
         self._mismatched_windows = 0
+        self._group_windows = 0
 
     def attach(self, context: MonitorContext) -> None:
         super().attach(context)
@@ -332,6 +336,7 @@ class StragglerParticipant(WindowParticipant):
             scores.update(detector.scores)
             for key, value in detector.stats.items():
                 stats[key] = stats.get(key, 0) + int(value)
+        stats["windows"] = self._group_windows = self._group_windows + 1  # not one per group
         if record.world_size is not None:
             # each detector sees a subset with world_size=None: count absent ranks once here
             stats["missing_rank_reports"] = stats.get("missing_rank_reports", 0) + max(
