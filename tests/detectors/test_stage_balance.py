@@ -88,3 +88,20 @@ def test_bad_input_is_counted_never_raised():
     assert detector.update(WindowRecord(step=2, ranks=np.arange(4), columns={})) == []
     with pytest.raises(ValueError):
         StageBalance.Config(over_windows=9)
+
+
+def test_the_agent_counts_a_rank_less_stage_imbalance_and_flags_no_rank():
+    from laggard.agent.context import FindingLog
+    from laggard.agent.intake import RankTable
+    from laggard.wire import WindowReport
+
+    detector = StageBalance(PP)
+    finding = feed(detector, PP, [[0.1, 0.13]] * 4)[0][1]
+    findings = FindingLog()
+    table = RankTable(max_ranks=8, findings=findings, default_node="n0")
+    table.ingest(WindowReport(step=40, world_size=4, findings=[finding.to_dict()]).encode())
+    assert findings.counts() == {("straggler", "stage_imbalance", "warning"): 1}
+    names = {s.name for m in table.collect() for s in m.samples}
+    flagged = [s for m in table.collect() for s in m.samples
+               if s.name == "laggard_straggler_active"]
+    assert flagged == [] and "laggard_intake_ranks" in names
