@@ -352,7 +352,7 @@ def _cause_attribution(context: MonitorContext) -> Any:
     """The cause attribution (:mod:`laggard.detectors.causes`, issue 23) when it is installed,
     else None: guarded so this participant works before that module lands."""
     try:
-        from laggard.detectors.causes import CauseAttribution  # type: ignore[import-not-found]
+        from laggard.detectors.causes import CauseAttribution
     except ImportError:
         return None
     try:
