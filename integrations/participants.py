@@ -174,7 +174,8 @@ class StragglerParticipant(WindowParticipant):
 
     Scores are merged over groups (global ranks are distinct), detector stats summed (but
     ``windows``: this participant's; ``missing_rank_reports``: counted once over the job;
-    ``stage_*``: the stage balance's; ``peer_group_mismatch_windows``: windows of another world
+    ``stage_too_few_groups_windows``, ``stage_unknown_ranks``: the stage balance's;
+    ``peer_group_mismatch_windows``: windows of another world
     size than the groups', skipped). Every
     straggler finding carries ``evidence["peer_group"]`` (its group's name, ``"all"`` without
     groups) and ``evidence["compared"]`` (``"within peer group"`` or ``"across groups,
@@ -343,8 +344,9 @@ class StragglerParticipant(WindowParticipant):
                 record.world_size - int(np.unique(ranks).size), 0)
         if self.stage_balance is not None:
             found += self.stage_balance.update(record)
-            for key, value in self.stage_balance.stats.items():
-                stats[f"stage_{key}"] = int(value)
+            # two of its counters only: a WindowReport carries at most 16 (laggard.wire)
+            for key in ("too_few_groups_windows", "unknown_ranks"):
+                stats[f"stage_{key}"] = int(self.stage_balance.stats[key])
         return found, scores, stats
 
 
@@ -374,8 +376,14 @@ def _median_step(record: WindowRecord) -> float | None:
 def _tagged(finding: Finding, group: str, compared: str) -> Finding:
     """A rank finding with its peer group and how it was compared in its evidence (and, for a
     group other than the whole job, said in its message)."""
-    if finding.kind == "stage_imbalance" or finding.rank is None:
+    if finding.kind == "stage_imbalance":
         return finding
+    if finding.rank is None:  # a group detector's slowdown is its group's, not the job's
+        if group == "all":
+            return finding
+        return dataclasses.replace(
+            finding, message=finding.message.replace("whole job", f"peer group {group}", 1),
+            evidence={**finding.evidence, "peer_group": group})
     message = finding.message
     if group != "all" and not finding.cleared:
         message += (f" [compared within its peer group {group}]"

@@ -17,6 +17,7 @@ from laggard.detectors.finding import JOB_FINDING_KINDS
 from laggard.detectors.peer_groups import PeerGroups
 from laggard.detectors.window import WindowRecord
 from laggard.integrations.participants import MonitorContext, StragglerParticipant
+from laggard.wire import WindowReport, decode_datagram
 
 WINDOWS = 16
 
@@ -176,6 +177,13 @@ def test_a_heavier_stage_of_two_ranks_is_a_stage_imbalance_and_no_straggler():
     assert set(p.detectors) == {"pooled"} and p.stage_balance is not None
     found = raised(run(p, groups, work={0: 0.100, 1: 0.130}))
     assert [f.kind for f in found] == ["stage_imbalance"]
+    # what the monitor sends the agent with it parses there (at most 16 counters, a rank-less
+    # finding with a dict in its evidence)
+    outcome = p.on_window(record(WINDOWS, groups, work={0: 0.100, 1: 0.130}))
+    report = WindowReport(step=99, world_size=4, scores=outcome.scores,
+                          detector_stats=outcome.detector_stats,
+                          findings=[found[0].to_dict()])
+    assert decode_datagram(report.encode()).findings[0]["kind"] == "stage_imbalance"
     imbalance = found[0]
     assert imbalance.rank is None and imbalance.detector == "straggler"
     assert imbalance.subject == "pipeline stage 1 (pp=1: ranks 2, 3)"
