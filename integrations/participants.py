@@ -172,6 +172,12 @@ class StragglerParticipant(WindowParticipant):
     - :class:`~laggard.detectors.stage_balance.StageBalance` compares the groups' work (2 or
       more groups): a heavier stage is ``kind="stage_imbalance"``, not a straggler.
 
+    Each of the D detectors is tuned for ``false_alarm_windows x D`` windows between false
+    alarms, so the job as a whole keeps the configured rate. Memory: a group's detector keeps
+    per-rank arrays up to its highest global rank (about 330 bytes a rank), so G groups of a
+    job of R ranks hold about ``330 x G x R`` bytes on rank 0 (64 groups of 16,384 ranks: 350
+    MB); the per-group rows are not compacted yet.
+
     Scores are merged over groups (global ranks are distinct), detector stats summed (but
     ``windows``: this participant's; ``missing_rank_reports``: counted once over the job;
     ``stage_too_few_groups_windows``, ``stage_unknown_ranks``: the stage balance's;
@@ -214,6 +220,8 @@ class StragglerParticipant(WindowParticipant):
         self._causes: Any = None
         self._mismatched_windows = 0
         self._group_windows = 0
+        self._stray_ranks = 0
+        self._missing_reports = 0
 
     def attach(self, context: MonitorContext) -> None:
         super().attach(context)
@@ -238,16 +246,22 @@ class StragglerParticipant(WindowParticipant):
             return
         from laggard.detectors.stage_balance import StageBalance
 
-        min_ranks = (self.config or StragglerDetector.Config()).min_ranks
-        for g, ranks in enumerate(groups.groups):
-            if len(ranks) >= min_ranks:
-                self.detectors[groups.names[g]] = StragglerDetector(self.config)
-            else:
-                self._pooled_groups.append(g)
+        base = self.config or StragglerDetector.Config()
+        min_ranks = base.min_ranks
+        big = [g for g, ranks in enumerate(groups.groups) if len(ranks) >= min_ranks]
+        self._pooled_groups = [g for g in range(len(groups.groups)) if g not in big]
         pooled = sum(len(groups.groups[g]) for g in self._pooled_groups)
         small = [groups.names[g] for g in self._pooled_groups]
+        # Each detector splits its false-alarm budget over its own ranks only: D detectors
+        # side by side would raise D times as many false alarms as one over the job, so each
+        # gets D times the mean windows between them (the job's rate is the configured one).
+        count = len(big) + (pooled >= min_ranks)
+        config = dataclasses.replace(
+            base, false_alarm_windows=base.false_alarm_windows * max(count, 1))
+        for g in big:
+            self.detectors[groups.names[g]] = StragglerDetector(config)
         if pooled >= min_ranks:
-            self.detectors[self.POOLED] = StragglerDetector(self.config)
+            self.detectors[self.POOLED] = StragglerDetector(config)
             context.log_once("peer-groups-pooled", "laggard: peer groups %s have fewer than %d "
                              "ranks each: their ranks are compared across groups by "
                              "work-normalised time (each rank's times over its group's fastest "
@@ -316,6 +330,8 @@ class StragglerParticipant(WindowParticipant):
             return [], {}, {"peer_group_mismatch_windows": self._mismatched_windows}
         window = RankWindow.from_record(record)
         ranks = np.asarray(window.ranks, dtype=np.int64).ravel()
+        # rows of a rank in no group (negative, past the world size) reach no detector
+        stray = int((~np.isin(ranks, np.arange(groups.world_size))).sum())
         for g, name in enumerate(groups.names):
             detector = self.detectors.get(name)
             if detector is None:
@@ -337,11 +353,16 @@ class StragglerParticipant(WindowParticipant):
             scores.update(detector.scores)
             for key, value in detector.stats.items():
                 stats[key] = stats.get(key, 0) + int(value)
-        stats["windows"] = self._group_windows = self._group_windows + 1  # not one per group
+        # cumulative, like the detectors' own counters
+        self._group_windows += 1
+        self._stray_ranks += stray
         if record.world_size is not None:
             # each detector sees a subset with world_size=None: count absent ranks once here
-            stats["missing_rank_reports"] = stats.get("missing_rank_reports", 0) + max(
-                record.world_size - int(np.unique(ranks).size), 0)
+            known = np.unique(ranks[(ranks >= 0) & (ranks < groups.world_size)]).size
+            self._missing_reports += max(record.world_size - int(known), 0)
+        stats["windows"] = self._group_windows  # not one per group
+        stats["invalid_ranks"] = stats.get("invalid_ranks", 0) + self._stray_ranks
+        stats["missing_rank_reports"] = self._missing_reports
         if self.stage_balance is not None:
             found += self.stage_balance.update(record)
             # two of its counters only: a WindowReport carries at most 16 (laggard.wire)

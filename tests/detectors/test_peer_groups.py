@@ -244,3 +244,20 @@ def test_a_record_of_another_world_size_is_counted_not_raised():
 def test_peer_groups_of_another_job_raise_at_attach():
     with pytest.raises(ValueError, match="cover 4 ranks"):
         participant(PeerGroups.from_lists([[0, 1], [2, 3]], 4), 8)
+
+
+def test_counters_over_groups_are_cumulative_and_count_each_window_once():
+    groups = PeerGroups.from_lists([[0, 1, 2], [3, 4, 5]], 6)
+    p = participant(groups, 6)
+    for i in range(3):
+        partial = record(i, groups, work={0: 0.1, 1: 0.1})
+        keep = np.array([0, 1, 2, 3, 4])  # rank 5 missing every window
+        partial = WindowRecord(step=partial.step, ranks=np.array([0, 1, 2, 3, 4]),
+                               world_size=6, columns={k: v[keep] for k, v in
+                                                      partial.columns.items()})
+        if i == 2:
+            partial.ranks[0] = 99  # a rank in no group
+        stats = p.on_window(partial).detector_stats
+    assert stats["windows"] == 3
+    assert stats["missing_rank_reports"] == 1 + 1 + 2
+    assert stats["invalid_ranks"] == 1
