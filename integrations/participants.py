@@ -296,7 +296,11 @@ class StragglerParticipant(WindowParticipant):
         # (tokens/samples noted) turn a compute finding into kind "gc" / "load_imbalance",
         # judged against the rank's peers; before with_gpu_cause, which reads kind "compute".
         if self._causes is not None:
-            found = self._causes.apply(found, record, self._peers_of)
+            try:
+                found = self._causes.apply(found, record, self._peers_of)
+            except Exception as exc:  # noqa: BLE001 - the findings go out without a cause
+                if self.context is not None:
+                    self.context.count_error("cause_attribution", exc)
         # --
         findings = [with_gpu_cause(f, record) for f in found]
         return WindowOutcome(

@@ -261,3 +261,21 @@ def test_counters_over_groups_are_cumulative_and_count_each_window_once():
     assert stats["windows"] == 3
     assert stats["missing_rank_reports"] == 1 + 1 + 2
     assert stats["invalid_ranks"] == 1
+
+
+def test_a_failing_cause_attribution_is_counted_and_the_findings_still_go_out():
+    errors = []
+    p = StragglerParticipant(None)
+    p.attach(MonitorContext(rank=0, world_size=4, node="n0", local_rank=0, window_steps=20,
+                            group=lambda: None, log_once=lambda *a: None,
+                            count_error=lambda where, exc: errors.append(where)))
+
+    class Broken:
+        def apply(self, findings, record, peers_of):
+            assert peers_of(1) == (0, 1, 2, 3)
+            raise RuntimeError("boom")
+
+    p._causes = Broken()
+    found = raised(run(p, PeerGroups.all(4), work={0: 0.1}, slow={2: 1.3}))
+    assert [f.rank for f in found] == [2]
+    assert set(errors) == {"cause_attribution"}
