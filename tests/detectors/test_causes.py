@@ -3,6 +3,7 @@ partial work notes, clears that keep the kind."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -48,7 +49,10 @@ def _apply(causes: CauseAttribution, record: WindowRecord, findings=(), peers=AL
 def test_an_excess_that_is_mostly_gc_becomes_kind_gc_with_what_helps():
     causes = CauseAttribution()
     record = _record([10, 10.2, 13, 9.8], gc_ms=[0.1, 0.1, 2.6, 0.1], generation=[0, 0, 2, 0])
-    [finding] = _apply(causes, record, [_compute_finding(lost_seconds_per_hour=360.0)])
+    original = _compute_finding(lost_seconds_per_step=0.0029, lost_seconds_per_hour=360.0)
+    original = dataclasses.replace(
+        original, message=original.message + " [compared within its peer group pp=0]")
+    [finding] = _apply(causes, record, [original])
     assert finding.kind == "gc" and finding.detector == "straggler" and finding.rank == 2
     assert finding.evidence["cause"] == "gc"
     parts = finding.evidence["decomposition"]
@@ -60,7 +64,9 @@ def test_an_excess_that_is_mostly_gc_becomes_kind_gc_with_what_helps():
     msg = finding.message
     assert msg.startswith("rank 2 on node07: Python garbage collection, not a slow GPU")
     assert "pauses 2.6 ms per step" in msg and "up to generation 2" in msg
-    assert "2.5 ms of its 2.9 ms per step" in msg and "loses 360 s per hour" in msg
+    assert "2.5 ms of its 2.9 ms per step" in msg
+    assert "(costs the job 0.0029 s per step, 6.0 min per hour)" in msg
+    assert msg.endswith("so no rank pauses alone [compared within its peer group pp=0]")
     assert "gc.freeze()" in msg and "Megatron-LM" in msg and "gc.collect() every N steps" in msg
     assert "GPU's clocks" not in msg
     assert causes.stats["gc"] == 1 and causes.kinds == {2: "gc"}
