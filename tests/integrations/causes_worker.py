@@ -34,7 +34,11 @@ from laggard.integrations.comm_timing import CommTimer, allreduce_timing_hook
 from laggard.integrations.monitor import TrainingMonitor
 
 SLOW_RANK = 2
-STEPS = 240
+#: 32 windows: the detector learns the noise in its first 5 and needs 3 or more of evidence; on
+#: a loaded 2-core host (load average 9, 3 jobs like this one side by side) a 1.3x-token rank
+#: was still unnamed after 24 windows once in 7 runs (its CPU time then only 16% over the
+#: median's, the others' inflated), so the run leaves room.
+STEPS = 320
 WINDOW = 10
 BATCH, SEQ = 16, 96
 TOKEN_RATIO = 1.3
@@ -106,6 +110,10 @@ def main(out: Path, scenario: str) -> None:
             "last_window": {name: [float(v) for v in last[name]]
                             for name in ("compute_seconds", "gc_seconds", "gc_generation",
                                          "tokens")},
+            # every window's compute and wait per rank, ms: what a failure is read from
+            "windows_ms": {name: [[round(1e3 * float(v), 2) for v in w[name]]
+                                  for w in monitor.windows]
+                           for name in ("compute_seconds", "collective_wait_seconds")},
             "gc": {"collections": monitor.stats.gc.collections,
                    "other_thread_collections": monitor.stats.gc.other_thread_collections},
             "bad_notes": monitor.stats.bad_notes,

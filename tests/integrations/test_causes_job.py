@@ -31,7 +31,8 @@ def _assert_named(result: dict, kind: str) -> dict:
     findings = _rank_findings(result)
     summary = [(f["rank"], f["kind"], f["step"], f.get("cleared", False)) for f in findings]
     detail = json.dumps({"findings": summary, "causes": result["causes"],
-                         "last_window": result["last_window"]})
+                         "last_window": result["last_window"],
+                         "windows_ms": result["windows_ms"]})
     raised = [f for f in result["raised"] if f.get("rank") is not None]
     assert raised, f"nobody named: {detail}"
     assert {f["rank"] for f in findings} == {SLOW_RANK}, detail
