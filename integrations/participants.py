@@ -154,7 +154,11 @@ class StragglerParticipant(WindowParticipant):
     :class:`~laggard.detectors.straggler.StragglerDetector` and returns its findings and
     per-rank scores. When the record has the GPU-state columns
     (:class:`~laggard.integrations.gpu_state.GpuStateParticipant`), a compute finding names
-    the cause from the straggler's GPU (:func:`with_gpu_cause`).
+    the cause from the straggler's GPU (:func:`with_gpu_cause`). Before that, a compute
+    finding whose excess over its peers is mostly Python GC or extra work (tokens or samples
+    noted) becomes kind ``gc`` or ``load_imbalance``
+    (:class:`~laggard.detectors.causes.CauseAttribution`); a token note on some ranks only is
+    said once in the log.
 
     With peer groups (:class:`~laggard.detectors.peer_groups.PeerGroups` of more than one
     group: a pipeline's stages, tensor-parallel coordinates), each rank is compared only with
@@ -202,6 +206,8 @@ class StragglerParticipant(WindowParticipant):
             2 or more groups), else None.
         device_windows_skipped: windows on the device clock with no device value yet (the
             first: device columns are gathered one window late), not given to the detector.
+        causes: the :class:`~laggard.detectors.causes.CauseAttribution` (rank 0; its
+            ``stats``), else None.
     """
 
     name = "straggler"
@@ -301,6 +307,11 @@ class StragglerParticipant(WindowParticipant):
             except Exception as exc:  # noqa: BLE001 - the findings go out without a cause
                 if self.context is not None:
                     self.context.count_error("cause_attribution", exc)
+            if getattr(self._causes, "stats", {}).get("partial_work_notes") and \
+                    self.context is not None:
+                from laggard.detectors.causes import PARTIAL_NOTES_MESSAGE
+
+                self.context.log_once("partial-work-notes", PARTIAL_NOTES_MESSAGE)
         # --
         findings = [with_gpu_cause(f, record) for f in found]
         return WindowOutcome(
@@ -308,6 +319,11 @@ class StragglerParticipant(WindowParticipant):
             scores={int(r): float(v) for r, v in scores.items()},
             detector_stats={k: int(v) for k, v in stats.items()},
         )
+
+    @property
+    def causes(self) -> Any:
+        """The cause attribution (rank 0), else None."""
+        return self._causes
 
     def _peers_of(self, rank: int) -> tuple[int, ...]:
         """The ranks ``rank`` is compared with (its peer group; every rank without groups)."""
