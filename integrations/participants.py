@@ -298,7 +298,7 @@ class StragglerParticipant(WindowParticipant):
             scores, stats = self.detector.scores, dict(self.detector.stats)
         else:
             found, scores, stats = self._update_groups(record, step_seconds)
-        # -- cause attribution (issue 23, detectors/causes.py): GC pauses and uneven work
+        # Cause attribution (detectors/causes.py): GC pauses and uneven work
         # (tokens/samples noted) turn a compute finding into kind "gc" / "load_imbalance",
         # judged against the rank's peers; before with_gpu_cause, which reads kind "compute".
         if self._causes is not None:
@@ -312,7 +312,6 @@ class StragglerParticipant(WindowParticipant):
                 from laggard.detectors.causes import PARTIAL_NOTES_MESSAGE
 
                 self.context.log_once("partial-work-notes", PARTIAL_NOTES_MESSAGE)
-        # --
         findings = [with_gpu_cause(f, record) for f in found]
         return WindowOutcome(
             findings=findings,
@@ -392,12 +391,10 @@ class StragglerParticipant(WindowParticipant):
 
 
 def _cause_attribution(context: MonitorContext) -> Any:
-    """The cause attribution (:mod:`laggard.detectors.causes`, issue 23) when it is installed,
-    else None: guarded so this participant works before that module lands."""
-    try:
-        from laggard.detectors.causes import CauseAttribution
-    except ImportError:
-        return None
+    """The cause attribution (:mod:`laggard.detectors.causes`), or None when it cannot be
+    built (counted: detection goes on without causes)."""
+    from laggard.detectors.causes import CauseAttribution
+
     try:
         return CauseAttribution()
     except Exception as exc:  # noqa: BLE001 - no attribution, detection goes on
