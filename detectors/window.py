@@ -98,6 +98,9 @@ STEP_COLUMNS: tuple[WindowColumn, ...] = (
     WindowColumn("device_pending_count", "count", "sum",
                  "steps whose device events were still pending at their window's gather "
                  "(device columns NaN for them, the CPU clock used instead)"),
+    # Pipeline parallelism (laggard.integrations.trace_sources.instrument_pipeline); 0 without.
+    WindowColumn("p2p_wait_seconds", "seconds", "median",
+                 "exposed P2P wait: the training thread blocked in pipeline send/recv waits"),
 )
 #: The step columns the device clock fills, one window late (the rest stay the CPU's).
 DEVICE_CLOCK_COLUMNS: tuple[str, ...] = (

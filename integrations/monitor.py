@@ -587,7 +587,9 @@ class TrainingMonitor:
             self._intervals, step_seconds=end - self._step_start, collectives=comm,
             exposed_interval=getattr(comm, "exposed_interval", None),
             wall_clock=self._clock is time.perf_counter,
-            blocking_collectives=self.comm_timer is None)
+            blocking_collectives=self.comm_timer is None,
+            p2p_wait_seconds=getattr(self._trace and self._trace.last_step,
+                                     "p2p_wait_seconds", 0.0))
         for name, value in times.columns().items():
             self._steps[_STEP_ROWS[name], column] = value
         self._steps[_STEP_ROWS["compute_cpu_seconds"], column] = times.compute_seconds

@@ -15,6 +15,10 @@ so the rules are tested with plain numbers:
   optimizer, the loop's own names), or the step's time minus the wait when no phase was timed.
   Synchronous collectives that only the tracer saw (FSDP2 on gloo) sat inside the wall-clock
   phases with no interval to subtract: their exposed time comes off compute.
+* **exposed P2P wait** (pipeline parallelism: the training thread blocked in the schedule's
+  waits for sends and receives, :func:`~laggard.integrations.trace_sources.instrument_pipeline`)
+  sat inside the wall-clock phase that ran the schedule: it comes off compute on the wall clock,
+  and travels as ``p2p_wait_seconds``, never as collective wait.
 
 On the device clock (:func:`device_step_times`) a step also has *device marks*: timing events
 recorded on the stream at each phase's start and end, at the last gradient bucket's readiness
@@ -82,6 +86,7 @@ class StepTimes:
             when no collective was timed.
         comm_bytes: payload bytes handed to collectives.
         step_seconds: wall time of the step.
+        p2p_wait_seconds: exposed P2P wait (pipeline send / receive waits).
     """
 
     phases: dict[str, float]
@@ -91,6 +96,7 @@ class StepTimes:
     collective_seconds: float
     comm_bytes: float
     step_seconds: float
+    p2p_wait_seconds: float = 0.0
 
     def columns(self) -> dict[str, float]:
         """The window record's step columns (``laggard.detectors.window.STEP_COLUMNS``) this
@@ -103,6 +109,7 @@ class StepTimes:
             "step_seconds": self.step_seconds,
             "collective_seconds": self.collective_seconds,
             "comm_bytes": self.comm_bytes,
+            "p2p_wait_seconds": self.p2p_wait_seconds,
         }
 
 
@@ -114,6 +121,7 @@ def step_times(
     exposed_interval: tuple[float, float] | None = None,
     wall_clock: bool = True,
     blocking_collectives: bool = False,
+    p2p_wait_seconds: float = 0.0,
 ) -> StepTimes:
     """Split one step's time into compute, data and collective wait (module docstring).
 
@@ -128,6 +136,8 @@ def step_times(
         blocking_collectives: the collectives were synchronous calls made inside the phases
             that only the tracer saw (no CommTimer): their exposed time comes off compute on
             the wall clock.
+        p2p_wait_seconds: the step's exposed P2P wait (the tracer's); off compute on the wall
+            clock.
 
     Returns:
         :class:`StepTimes`; every duration >= 0.
@@ -150,6 +160,9 @@ def step_times(
         compute = max(0.0, step_seconds - wait)
     if collectives is not None and blocking_collectives and wall_clock and exposed is None:
         compute = max(0.0, compute - wait)
+    p2p_wait = max(0.0, p2p_wait_seconds) if math.isfinite(p2p_wait_seconds) else 0.0
+    if wall_clock or not phases:
+        compute = max(0.0, compute - p2p_wait)
     return StepTimes(
         phases=phases,
         compute_seconds=compute,
@@ -158,6 +171,7 @@ def step_times(
         collective_seconds=collectives.total_seconds if collectives is not None else wait,
         comm_bytes=float(collectives.bytes) if collectives is not None else 0.0,
         step_seconds=step_seconds,
+        p2p_wait_seconds=p2p_wait,
     )
 
 

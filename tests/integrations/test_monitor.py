@@ -256,7 +256,8 @@ def _window(rng: np.random.Generator, step: int, slow_rank: int | None,
                # the device clock's columns, as a monitor on the wall clock fills them
                "compute_device_seconds": np.full(ranks, np.nan), "compute_cpu_seconds": compute,
                "collective_wait_device_seconds": np.full(ranks, np.nan),
-               "device_pending_count": np.zeros(ranks)}
+               "device_pending_count": np.zeros(ranks),
+               "p2p_wait_seconds": np.zeros(ranks)}
     return WindowRecord(step=step, columns=columns, ranks=np.arange(ranks), world_size=ranks,
                         nodes=["node07"] * ranks)
 

@@ -65,7 +65,8 @@ def test_no_phase_timed_makes_the_step_minus_the_wait_compute():
     assert times.compute_seconds == pytest.approx(0.4) and times.data_seconds == 0
     assert list(times.columns()) == ["compute_seconds", "data_seconds",
                                      "collective_wait_seconds", "transfer_seconds",
-                                     "step_seconds", "collective_seconds", "comm_bytes"]
+                                     "step_seconds", "collective_seconds", "comm_bytes",
+                                     "p2p_wait_seconds"]
 
 
 def test_phases_never_go_negative_and_repeated_names_add_up():
