@@ -4,10 +4,10 @@ Beside ``hang=...`` and ``checkpoint=...`` (:mod:`laggard.demo.hang`), ``laggard
 takes (the causes of stragglers in Lin et al., "Understanding Stragglers in Large Model Training
 Using What-if Analysis", OSDI'25):
 
-* ``gc=rank:R``: rank R builds cyclic garbage every step (small self-referencing lists, freed
-  only by Python's cycle collector), sized as it runs so that the collector spends about 30% of
-  the rank's step (:class:`CyclicGarbage`); a real job's cause: a training loop that leaves
-  reference cycles behind (closures, exceptions, graphs of Python objects).
+* ``gc=rank:R``: from ``--slow-from`` on, rank R builds cyclic garbage every step (small
+  self-referencing lists, freed only by Python's cycle collector), sized as it runs so that the
+  collector spends about 30% of the rank's step (:class:`CyclicGarbage`); a real job's cause: a
+  training loop that leaves reference cycles behind (closures, exceptions, object graphs).
 * ``tokens=rank:R,factor:F``: rank R's sequences are F times longer (default 1.3): more work,
   not a slower rank. Every rank notes its tokens per step (``monitor.note("tokens", n)``);
   ``note:off`` leaves the note out, to see what is reported without it. With ``--parallel pp``

@@ -35,7 +35,7 @@ from laggard.demo.hang import (
     read_json_lines,
 )
 from laggard.demo.injections import Injection, describe, parse_injection
-from laggard.demo.report import build_report, format_report, injected_line, percent
+from laggard.demo.report import build_report, format_report, percent, summary_lines
 from laggard.detectors.straggler import MIN_RANKS
 
 #: Seconds to wait for the agent's /metrics to answer after starting it.
@@ -295,7 +295,7 @@ def _write_outputs(args: argparse.Namespace, report: dict[str, Any], windows: Pa
             return 1
         try:
             size = write_report(windows, Path(args.html), title="laggard demo run report",
-                                summary=[injected_line(report)])
+                                summary=summary_lines(report))
             print(f"run report: {args.html} ({size / 1e3:.0f} kB; open it in a browser)")
         except (OSError, ValueError, ImportError) as exc:
             print(f"laggard demo: cannot write the HTML report: {exc}", file=sys.stderr)

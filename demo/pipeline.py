@@ -106,8 +106,6 @@ class Pipeline:
         dp_group, dp_size: the ranks of its stage (gradient all-reduce).
         loss_group: the ranks of its pipeline (the loss all-reduce; not traced).
         buckets: gradient buckets, lists of parameters in reverse order (as DDP's).
-        garbage: ``--inject gc`` on this rank: the :class:`CyclicGarbage`, else None.
-        tokens: this rank's tokens per step; noted unless ``note_tokens`` is False.
         handle: the pipeline instrumentation (undone at the end).
     """
 
@@ -119,9 +117,6 @@ class Pipeline:
     dp_size: int
     loss_group: Any
     buckets: list[list[torch.nn.Parameter]]
-    garbage: CyclicGarbage | None
-    tokens: int
-    note_tokens: bool
     handle: Any
 
 
@@ -190,14 +185,15 @@ def build_pipeline_job(args: argparse.Namespace, rank: int, job_cls: Any,
     pipeline = Pipeline(
         stage=stage, replica=replica, schedule=schedule, module=module,
         dp_group=mesh["dp"].get_group(), dp_size=world // STAGES, loss_group=loss_group,
-        buckets=_buckets([p for p in module.parameters() if p.requires_grad]),
-        garbage=CyclicGarbage() if gc_inj else None, tokens=BATCH_SIZE * seq_len,
-        note_tokens=tokens_inj is None or tokens_inj.noted, handle=handle)
+        buckets=_buckets([p for p in module.parameters() if p.requires_grad]), handle=handle)
     optimizer = torch.optim.AdamW(module.parameters(), lr=3e-3)
     return job_cls(model=model, ddp=module, batches=batches, optimizer=optimizer,
                    monitor=monitor, hook_state=None, integrity=None, tracer=tracer,
                    per_step=[], rank=rank, hang=args.hang, hang_marker=args.hang_marker,
-                   checkpoint=args.checkpoint, pipeline=pipeline, step_fn=train_step_pp)
+                   checkpoint=args.checkpoint, pipeline=pipeline, step_fn=train_step_pp,
+                   garbage=CyclicGarbage() if gc_inj else None, garbage_from=args.slow_from,
+                   tokens=BATCH_SIZE * seq_len,
+                   note_tokens=tokens_inj is None or tokens_inj.noted)
 
 
 def _replica_of(rank: int, world: int) -> int:
@@ -219,19 +215,15 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def train_step_pp(job: Any) -> float:
     """One monitored pipeline step; returns the pipeline's mean loss over its microbatches."""
-    from laggard.demo.worker import _maybe_checkpoint, _maybe_hang, _step_comm
+    from laggard.demo.worker import _step_comm, begin_compute, end_of_step, load_batch
 
     monitor, pipe = job.monitor, job.pipeline
     throttle = job.model.throttle
     started = time.thread_time()
     with monitor.step():
-        with monitor.phase("data"):
-            _maybe_hang(job, "data")
-            x, y = job.batches.next()
+        x, y = load_batch(job)
         with monitor.phase("forward_backward"):
-            _maybe_hang(job, "python", "spin")
-            if pipe.garbage is not None:
-                pipe.garbage.build()
+            begin_compute(job)
             if throttle.factor > 0:
                 throttle.start_step()
             losses: list[torch.Tensor] = []
@@ -249,12 +241,9 @@ def train_step_pp(job: Any) -> float:
         loss = torch.tensor([own])
         dist.all_reduce(loss, group=pipe.loss_group)  # only the last stage has it
         value = float(loss.item())
-        monitor.note("loss", value)
-        if pipe.note_tokens:
-            monitor.note("tokens", float(pipe.tokens))
-        _maybe_checkpoint(job)
-    if pipe.garbage is not None:
-        pipe.garbage.end_step(time.thread_time() - started)
+        end_of_step(job, value)
+    if job.garbage is not None:
+        job.garbage.end_step(time.thread_time() - started)
     job.per_step.append(_step_comm(monitor))
     return value
 

@@ -197,6 +197,7 @@ class Job:
     pipeline: Any = None  # --parallel pp: laggard.demo.pipeline.Pipeline
     step_fn: Any = None  # one monitored step (None: train_step, or train_step_async)
     garbage: CyclicGarbage | None = None  # --inject gc=rank:R on rank R
+    garbage_from: int = 0  # the first step it builds garbage in (--slow-from)
     tokens: int = 0  # tokens per step (batch x sequence length)
     note_tokens: bool = True  # monitor.note("tokens", ...) each step (tokens=...,note:off: no)
 
@@ -249,6 +250,7 @@ def build_job(args: argparse.Namespace, rank: int) -> Job:
                hook_state=state, integrity=integrity, tracer=tracer, per_step=[],
                device=device, rank=rank, hang=args.hang, hang_marker=args.hang_marker,
                hang_hook=hang_hook, checkpoint=args.checkpoint, garbage=garbage,
+               garbage_from=args.slow_from,
                tokens=8 * seq_len, note_tokens=tokens is None or tokens.noted)
 
 
@@ -312,18 +314,37 @@ def _step_comm(monitor: TrainingMonitor) -> list[float]:
             t.op_seconds("allreduce"), t.total_seconds, t.exposed_seconds, t.hidden_seconds]
 
 
+def load_batch(job: Job) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's ``data`` phase: the next batch (or the injected data hang)."""
+    with job.monitor.phase("data"):
+        _maybe_hang(job, "data")
+        return job.batches.next()
+
+
+def begin_compute(job: Job) -> None:
+    """At the start of the step's first compute phase: the injected Python hangs, and the
+    injected rank's cyclic garbage (``--inject gc``)."""
+    _maybe_hang(job, "python", "spin")
+    if job.garbage is not None and job.step_index >= job.garbage_from:
+        job.garbage.build()
+
+
+def end_of_step(job: Job, loss: float) -> None:
+    """Inside the step, after its phases: the loss and tokens notes, the injected checkpoint."""
+    job.monitor.note("loss", loss)  # inside the step: it belongs to this step's window
+    if job.note_tokens:
+        job.monitor.note("tokens", float(job.tokens))
+    _maybe_checkpoint(job)
+
+
 def train_step(job: Job) -> float:
     """One monitored training step; returns this rank's loss."""
     monitor, throttle = job.monitor, job.model.throttle
     started = time.thread_time()
     with monitor.step():
-        with monitor.phase("data"):
-            _maybe_hang(job, "data")
-            x, y = job.batches.next()
+        x, y = load_batch(job)
         with monitor.phase("forward"):
-            _maybe_hang(job, "python", "spin")
-            if job.garbage is not None:
-                job.garbage.build()
+            begin_compute(job)
             loss = F.cross_entropy(job.ddp(x).flatten(0, 1), y.flatten())
         with monitor.phase("backward"):
             loss.backward()
@@ -334,10 +355,7 @@ def train_step(job: Job) -> float:
             job.optimizer.zero_grad(set_to_none=True)
         throttle.optimizer_seconds = time.thread_time() - optimizer_started
         value = loss.item()
-        monitor.note("loss", value)  # inside the step: it belongs to this step's window
-        if job.note_tokens:
-            monitor.note("tokens", float(job.tokens))
-        _maybe_checkpoint(job)
+        end_of_step(job, value)
     if job.garbage is not None:
         job.garbage.end_step(time.thread_time() - started)
     job.per_step.append(_step_comm(monitor))
@@ -448,8 +466,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if job.device is not None:
         job.device.synchronize()
     job.monitor.close()
-    if job.garbage is not None or (job.pipeline and job.pipeline.garbage is not None):
-        (job.garbage or job.pipeline.garbage).close()
+    if job.garbage is not None:
+        job.garbage.close()
     if job.pipeline is not None:
         job.pipeline.handle.undo()
     if job.hook_state is not None:
