@@ -66,7 +66,8 @@ _JOB_OVER_WINDOWS = 3
 #: delta / 2 for the fall from the least excess a finding stands for (the raise reference) to 0.
 _RECOVERY_REFERENCE = 0.5
 
-__all__ = ["DETECTOR", "MIN_RANKS", "SIGNAL_KINDS", "RankWindow", "StragglerDetector"]
+__all__ = ["DETECTOR", "MIN_RANKS", "SIGNAL_KINDS", "RankWindow", "StragglerDetector",
+           "lost_text", "time_lost"]
 
 
 def _nanmedian(values: np.ndarray) -> float:
@@ -120,6 +121,14 @@ class StragglerDetector:
             about 5% slower, negative means faster than the median rank.
         active: global rank -> the finding currently raised for that rank.
         job_slowdown: the active whole-job slowdown finding, or None.
+        step_seconds: set by the caller before :meth:`update`: the job's step time in that
+            window (seconds; the monitor's median ``step_seconds``), for a finding's time lost
+            per hour; None: estimated as the median rank's compute + data + wait (+ transfer).
+        unit_seconds: set by the caller before :meth:`update` when the window's durations are
+            work-normalised (each rank's divided by its peer group's work per step): global
+            rank -> the seconds one unit stands for on that rank, so a finding's seconds
+            (message, ``lost_seconds_per_step``) are the rank's own; None: durations are
+            seconds.
         stats: counters of bad or unusable input: ``windows``, ``malformed_windows``,
             ``too_few_ranks_windows``, ``missing_rank_reports`` (ranks absent from a window
             whose world size is known), ``invalid_ranks`` (negative, duplicate or out of range),
@@ -261,6 +270,8 @@ class StragglerDetector:
         self.scores: dict[int, float] = {}
         self.active: dict[int, Finding] = {}
         self.job_slowdown: Finding | None = None
+        self.step_seconds: float | None = None
+        self.unit_seconds: dict[int, float] | None = None
         self.stats: dict[str, int] = dict.fromkeys(
             (
                 "windows",
@@ -477,8 +488,14 @@ class StragglerDetector:
             return findings
 
         self._grow(int(ranks.max()) + 1)
+        step_s = self.step_seconds
+        if step_s is None or not step_s > 0:
+            # every rank's step ends at the sync point: its work, its wait, its transfer
+            step_s = _nanmedian(work + np.nan_to_num(wait_med)
+                                + np.nan_to_num(row_nanmedian(transfer)))
         findings += self._advance(
-            window, ranks[present], per_rank[present], wait_med[present], work[present], job_work
+            window, ranks[present], per_rank[present], wait_med[present], work[present], job_work,
+            step_s,
         )
         return findings
 
@@ -493,6 +510,7 @@ class StragglerDetector:
         wait: np.ndarray,
         work: np.ndarray,
         job_work: float,
+        step_seconds: float,
     ) -> list[Finding]:
         """One window of present ranks: record, test, clear, raise, then the whole job."""
         slot = self._windows_seen % self.config.persistence_windows
@@ -510,7 +528,8 @@ class StragglerDetector:
             self._last_excess[ranks], self._last_confirmed[ranks] = excess, confirmed
         findings = self._clear_ranks(window.step, ranks)
         if warmed_up:
-            findings += self._raise_ranks(window, ranks, typical, job_work, medians)
+            findings += self._raise_ranks(window, ranks, typical, job_work, medians,
+                                          step_seconds)
         findings += self._check_job(window.step, typical[:, _WORK_SECONDS],
                                     count[:, _WORK_SECONDS], slot, warmed_up)
         return findings
@@ -653,7 +672,7 @@ class StragglerDetector:
 
     def _raise_ranks(
         self, window: RankWindow, ranks: np.ndarray, typical: np.ndarray, job_work: float,
-        medians: np.ndarray,
+        medians: np.ndarray, step_seconds: float,
     ) -> list[Finding]:
         """Raise a finding for each present rank whose evidence reached the interval, on the
         signal with the most evidence relative to its interval."""
@@ -671,7 +690,7 @@ class StragglerDetector:
             finding = self._rank_finding(
                 rank=rank, signal=signal, step=window.step, context=context,
                 typical=typical[row], chart=chart,
-                job_work=job_work, medians=medians,
+                job_work=job_work, medians=medians, step_seconds=step_seconds,
             )
             self.active[rank] = finding
             self._active_signal[rank] = signal
@@ -745,18 +764,26 @@ class StragglerDetector:
         chart: int,
         job_work: float,
         medians: np.ndarray,
+        step_seconds: float,
     ) -> Finding:
         node, local_rank = context.lookup(rank)
+        # Work-normalised windows (peer groups pooled across stages): into the rank's seconds.
+        unit = (self.unit_seconds or {}).get(rank, 1.0)
+        job_work, medians = job_work * unit, medians * unit
+        if self.unit_seconds is not None and self.step_seconds is None:
+            step_seconds *= unit
         where = f"rank {rank}"
         if node is not None:
             where += f" on {node}"
         if local_rank is not None:
             where += f" (local rank {local_rank})"
         slowdown = float(typical[signal])
+        lost = time_lost(slowdown * job_work, step_seconds)
         message = _message(signal=signal, where=where, slowdown=slowdown, job_work=job_work,
                            signal_seconds=float(medians[signal]),
                            hint=self.config.compute_hint,
-                           windows=self.config.persistence_windows)
+                           windows=self.config.persistence_windows,
+                           cost=lost_text(lost))
         t = self._test
         details: dict[str, Any] = {
             "slowdown": _round(slowdown),
@@ -773,6 +800,7 @@ class StragglerDetector:
             "median_data_seconds": _round(float(medians[_DATA])),
             "median_transfer_seconds": _round(float(medians[_TRANSFER])),
             "windows": self.config.persistence_windows,
+            **lost,
         }
         return Finding(
             detector=DETECTOR,
@@ -796,8 +824,36 @@ class StragglerDetector:
         return cleared
 
 
+def time_lost(lost_seconds_per_step: float, step_seconds: float) -> dict[str, float | None]:
+    """What a finding costs the job: its evidence ``lost_seconds_per_step`` (the seconds per
+    step every other rank waits at the synchronisation point for this one's excess) and
+    ``lost_seconds_per_hour`` (``3600 x lost / step seconds``: job time lost per hour of
+    training at the current step time) and ``step_seconds`` (that step time).
+
+    Args:
+        lost_seconds_per_step: the excess, seconds per step (clipped at 0).
+        step_seconds: the job's step time, seconds (NaN or <= 0: per hour unknown, None).
+    """
+    lost = max(float(lost_seconds_per_step), 0.0)
+    per_hour = 3600 * lost / step_seconds if step_seconds > 0 else math.nan
+    return {"lost_seconds_per_step": _round(lost),
+            "lost_seconds_per_hour": _round(per_hour),
+            "step_seconds": _round(step_seconds)}
+
+
+def lost_text(lost: dict[str, float | None]) -> str:
+    """``"costs the job 0.031 s per step, 9.4 min per hour"`` from :func:`time_lost`'s
+    evidence (the per-hour part left out when unknown)."""
+    per_step = lost.get("lost_seconds_per_step") or 0.0
+    text = f"costs the job {per_step:.3g} s per step"
+    per_hour = lost.get("lost_seconds_per_hour")
+    if per_hour is not None:
+        text += f", {per_hour / 60:.1f} min per hour"
+    return text
+
+
 def _message(*, signal: int, where: str, slowdown: float, job_work: float,
-             signal_seconds: float, hint: str, windows: int) -> str:
+             signal_seconds: float, hint: str, windows: int, cost: str) -> str:
     """A rank finding's message: one number for the slowdown, said over which windows, then
     what to check.
 
@@ -807,6 +863,7 @@ def _message(*, signal: int, where: str, slowdown: float, job_work: float,
         job_work: the median rank's work (compute + data) per step, seconds.
         signal_seconds: the median rank's seconds per step of this signal.
         windows: the windows that median is taken over (``persistence_windows``).
+        cost: what it costs the job (:func:`lost_text`).
     """
     extra_ms = 1e3 * slowdown * job_work
     over = f"in its last {windows} windows"  # the median of those windows
@@ -815,14 +872,14 @@ def _message(*, signal: int, where: str, slowdown: float, job_work: float,
         pct = 100 * slowdown * job_work / signal_seconds if signal_seconds > 0 else 100 * slowdown
         return (f"{where}: forward+backward {pct:.0f}% slower than the median rank {over} "
                 f"(+{extra_ms:.1f} ms per step), and every other rank waits for it in the "
-                f"gradient collective: {hint}")
+                f"gradient collective ({cost}): {hint}")
     if signal == _DATA:
         return (f"{where}: data loading +{extra_ms:.1f} ms per step over the median rank {over} "
-                f"({100 * slowdown:.0f}% of a step's work), and every other rank waits for it: "
-                "check its input pipeline (loader workers, storage, host CPU)")
+                f"({100 * slowdown:.0f}% of a step's work), and every other rank waits for it "
+                f"({cost}): check its input pipeline (loader workers, storage, host CPU)")
     return (f"{where}: collective transfer +{extra_ms:.1f} ms per step over the median rank "
             f"{over} ({100 * slowdown:.0f}% of a step's work), and every other rank waits for "
-            "it: check its network link (NIC, cable, switch port)")
+            f"it ({cost}): check its network link (NIC, cable, switch port)")
 
 
 def _sort_windows(history: np.ndarray) -> np.ndarray:

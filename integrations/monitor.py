@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from laggard.detectors.finding import Finding
+from laggard.detectors.peer_groups import PeerGroups
 from laggard.detectors.window import (
     STEP_COLUMN_NAMES,
     STEP_COLUMNS,
@@ -172,10 +173,16 @@ class TrainingMonitor:
         model: the job's model (a module, or a sequence of them), for ``phase_clock="auto"``
             (device when its parameters are on one CUDA device) and to refuse the device
             clock for a model spread over several devices (counted, logged once, wall clock).
+        mesh: the job's ``DeviceMesh`` (the whole mesh, with ``mesh_dim_names``): ranks
+            sharing every coordinate but the data-parallel ones are compared only with each
+            other (:meth:`~laggard.detectors.peer_groups.PeerGroups.from_mesh`); the ``pp``
+            coordinate is the group's pipeline stage. None: ``Config.peer_groups``, else all
+            ranks in one group.
 
     Raises:
-        ValueError: an invalid configuration, or two participants declaring one column
-            (raised here, before training starts).
+        ValueError: an invalid configuration, two participants declaring one column, a mesh
+            or peer groups that do not map to this job's ranks, or both ``mesh`` and
+            ``Config.peer_groups`` given (raised here, before training starts).
 
     Attributes:
         stats: :class:`MonitorStats`.
@@ -191,6 +198,8 @@ class TrainingMonitor:
             ``"device"`` (``"auto"`` resolved; ``"device"`` refused falls back to ``"wall"``).
         device_clock: the :class:`~laggard.integrations.device_clock.DeviceClock` on the
             device clock (its ``stats``), else None.
+        peer_groups: the resolved :class:`~laggard.detectors.peer_groups.PeerGroups` (from
+            ``mesh``, ``Config.peer_groups``, or every rank: ``source == "all"``).
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -217,6 +226,12 @@ class TrainingMonitor:
 
         straggler: Any = None
         """``StragglerDetector.Config`` of the detector on rank 0; None for its defaults."""
+
+        peer_groups: Sequence[Sequence[int]] | None = None
+        """Ranks doing the same work, compared only with each other (a partition of
+        ``range(world_size)``: every rank in exactly one group; checked at construction); a
+        heavier group is a stage imbalance, not a straggler (docs/integrations.md, "Peer
+        groups"). None: the ``mesh`` given to the monitor, else every rank in one group."""
 
         history_windows: int = 256
         """Window records rank 0 keeps (their width-1 columns: about ``R x 8`` float64 each)."""
@@ -321,8 +336,12 @@ class TrainingMonitor:
         participants: Sequence[Participant] = (),
         device: Any = None,
         model: Any = None,
+        mesh: Any = None,
     ) -> None:
         self.config = config if config is not None else TrainingMonitor.Config()
+        if mesh is not None and self.config.peer_groups is not None:
+            raise ValueError("give the peer groups once: TrainingMonitor(mesh=...) or "
+                             "Config(peer_groups=...), not both")
         self.comm_timer = comm_timer
         self.tracer = tracer
         self.stats = MonitorStats()
@@ -340,6 +359,10 @@ class TrainingMonitor:
         self.local_rank = local_rank if local_rank is not None else (
             int(env_local) if env_local is not None else None)
         self.node = self.config.node or socket.gethostname()
+        self.peer_groups = (
+            PeerGroups.from_mesh(mesh, self.world_size) if mesh is not None
+            else PeerGroups.from_lists(self.config.peer_groups, self.world_size)
+            if self.config.peer_groups is not None else PeerGroups.all(max(self.world_size, 1)))
         self.step_index = 0
         self._steps = np.zeros((len(STEP_COLUMNS), self.config.window_steps), dtype=np.float64)
         self._steps[[_STEP_ROWS[n] for n in ("compute_device_seconds",
@@ -464,7 +487,8 @@ class TrainingMonitor:
     def _builtin_participants(self) -> list[Participant]:
         """Straggler detector; with a tracer, the link probe and the tracer's block (whose
         link detector reads the probe's column); the integrity check when configured."""
-        out: list[Participant] = [StragglerParticipant(self.config.straggler)]
+        out: list[Participant] = [StragglerParticipant(self.config.straggler,
+                                                       peer_groups=self.peer_groups)]
         if self.tracer is not None:
             from laggard.integrations.link_probe import DEFAULT_PROBE_BYTES, LinkProbeParticipant
             from laggard.integrations.trace_window import TraceParticipant

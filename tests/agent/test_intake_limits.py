@@ -7,7 +7,7 @@ from support import registry_of
 
 from laggard.agent.context import FindingLog
 from laggard.agent.intake import RankTable
-from laggard.detectors import integrity, link, straggler
+from laggard.detectors import integrity, link, stage_balance, straggler
 from laggard.detectors.finding import JOB_FINDING_KINDS
 from laggard.wire import CollectiveTiming, StepRecord, WindowReport
 
@@ -75,7 +75,8 @@ def test_findings_with_fresh_label_strings_add_no_series():
 def test_the_vocabulary_holds_every_kind_the_in_job_detectors_send():
     link_kinds = set(re.findall(r'kind="(\w+)"', open(link.__file__).read()))
     assert link_kinds == {"link"}
-    assert set(straggler.SIGNAL_KINDS) | {"job_slowdown"} == JOB_FINDING_KINDS["straggler"]
+    assert set(straggler.SIGNAL_KINDS) | {"job_slowdown", stage_balance.KIND} == \
+        JOB_FINDING_KINDS["straggler"]
     assert link_kinds == JOB_FINDING_KINDS[link.DETECTOR] and link.DETECTOR == "link"
     source = open(integrity.__file__).read()
     kinds = set(re.findall(r'kind="(\w+)"', source)) | set(re.findall(r'"(\w+_mismatch)"', source))
