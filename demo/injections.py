@@ -179,7 +179,8 @@ def describe(injection: Injection, parallel: str = "ddp") -> str:
                 else "no rank notes its tokens (note:off)")
         return f"{who} gets {injection.factor:g}x longer sequences ({note})"
     if isinstance(injection, StageInjection):
-        return f"pipeline stage {injection.stage} holds {injection.layers} more blocks"
+        return (f"pipeline stage {injection.stage} holds {injection.layers} more "
+                f"block{'s' if injection.layers > 1 else ''}")
     return describe_injection(injection)
 
 

@@ -80,6 +80,8 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
         "peer_groups": groups,
         "injections": list(result.get("injections") or []),
     }
+    if args.slowdown > 1.0:  # against its own peer group, as the table says
+        report["injected"]["measured_slowdown"] = _rank_excess(report, args.slow_rank)
     report["causes"] = cause_outcomes(report)
     return report
 
