@@ -215,7 +215,13 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def train_step_pp(job: Any) -> float:
     """One monitored pipeline step; returns the pipeline's mean loss over its microbatches."""
-    from laggard.demo.worker import _step_comm, begin_compute, end_of_step, load_batch
+    from laggard.demo.worker import (
+        _step_comm,
+        begin_compute,
+        end_of_step,
+        load_batch,
+        size_garbage,
+    )
 
     monitor, pipe = job.monitor, job.pipeline
     throttle = job.model.throttle
@@ -242,8 +248,7 @@ def train_step_pp(job: Any) -> float:
         dist.all_reduce(loss, group=pipe.loss_group)  # only the last stage has it
         value = float(loss.item())
         end_of_step(job, value)
-    if job.garbage is not None:
-        job.garbage.end_step(time.thread_time() - started)
+    size_garbage(job, started)
     job.per_step.append(_step_comm(monitor))
     return value
 

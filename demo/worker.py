@@ -329,6 +329,13 @@ def begin_compute(job: Job) -> None:
         job.garbage.build()
 
 
+def size_garbage(job: Job, step_started: float) -> None:
+    """After a step that built garbage (``--inject gc``): size the next step's from this step's
+    thread CPU time since ``step_started`` (``time.thread_time()``)."""
+    if job.garbage is not None and job.step_index >= job.garbage_from:
+        job.garbage.end_step(time.thread_time() - step_started)
+
+
 def end_of_step(job: Job, loss: float) -> None:
     """Inside the step, after its phases: the loss and tokens notes, the injected checkpoint."""
     job.monitor.note("loss", loss)  # inside the step: it belongs to this step's window
@@ -356,8 +363,7 @@ def train_step(job: Job) -> float:
         throttle.optimizer_seconds = time.thread_time() - optimizer_started
         value = loss.item()
         end_of_step(job, value)
-    if job.garbage is not None:
-        job.garbage.end_step(time.thread_time() - started)
+    size_garbage(job, started)
     job.per_step.append(_step_comm(monitor))
     return value
 
@@ -475,12 +481,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if job.device is not None:
         job.device.close()
     injected = job.model.throttle.injected_seconds
-    injected_t = torch.tensor([float(np.median(injected)) if injected else 0.0])
+    collected = job.garbage.gc_seconds if job.garbage is not None else []
+    injected_t = torch.tensor([float(np.median(injected)) if injected else 0.0,
+                               float(np.median(collected)) if collected else 0.0])
     dist.all_reduce(injected_t, op=dist.ReduceOp.MAX)  # only the slowed rank injects
     tail = local_losses[-args.window:]
     loss = {"first": losses.get(0), "last": losses.get(args.steps - 1),
             "last_window_mean": global_mean(sum(tail) / len(tail))}
-    return result_of(job, args, world, loss, float(injected_t.item()))
+    result = result_of(job, args, world, loss, float(injected_t[0]))
+    # --inject gc: the injected rank's collector seconds per step (its own gc.callbacks)
+    result["injected_gc_seconds_per_step"] = float(injected_t[1])
+    return result
 
 
 def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, Any],
