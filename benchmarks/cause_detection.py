@@ -24,6 +24,11 @@ Per scenario: hits / runs, runs with a wrong rank named, runs with a false kind 
 the injected ranks, or a stage finding where none was injected), what was named (counts), and
 the median run time and load. The injected rank and stage rotate with the run's index.
 
+With ``--parallel pp`` the tokens scenarios run at ``--tokens-world-size`` ranks (6: 3 per
+stage): longer sequences go through a whole pipeline, and with 2 ranks per stage that pipeline
+is half of every peer group, so no rank stands out of the pooled comparison's median (4 ranks:
+nothing is named, see docs/demo.md).
+
 Usage::
 
     python benchmarks/cause_detection.py --runs 2                  # ~1.5 min per run, 2 cores
@@ -48,6 +53,13 @@ from typing import Any
 SCENARIOS = ("clean", "slow", "stage", "gc", "tokens", "tokens-nonote")
 
 
+def world_of(scenario: str, args: argparse.Namespace) -> int:
+    """The ranks of one run of ``scenario`` (module docstring: tokens in a pipeline)."""
+    if scenario.startswith("tokens") and args.parallel == "pp":
+        return max(args.world_size, args.tokens_world_size)
+    return int(args.world_size)
+
+
 def scenario_flags(scenario: str, index: int, parallel: str, world: int) -> list[str]:
     """The demo's flags for one run of ``scenario`` (the injected rank / stage rotates)."""
     rank = (1 + index) % world
@@ -69,11 +81,12 @@ def scenario_flags(scenario: str, index: int, parallel: str, world: int) -> list
 def run_one(out: Path, scenario: str, index: int, args: argparse.Namespace) -> dict[str, Any]:
     """One demo run; returns its metadata (the report is written beside it)."""
     stem = out / f"{scenario}-{index}"
+    world = world_of(scenario, args)
     cmd = [sys.executable, "-m", "laggard.cli", "demo", "--parallel", args.parallel,
-           "--world-size", str(args.world_size), "--steps", str(args.steps),
+           "--world-size", str(world), "--steps", str(args.steps),
            "--window", str(args.window), "--slow-from", str(args.slow_from),
            "--seed", str(index), "--report", f"{stem}.json",
-           *scenario_flags(scenario, index, args.parallel, args.world_size)]
+           *scenario_flags(scenario, index, args.parallel, world)]
     load = os.getloadavg()[0]
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
@@ -154,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--parallel", choices=["ddp", "fsdp", "pp"], default="pp")
     p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--tokens-world-size", type=int, default=6,
+                   help="pp: ranks of the tokens scenarios (default 6; docstring)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--slow-from", type=int, default=100, help="onset of slow and gc")
     p.add_argument("--window", type=int, default=20)

@@ -34,7 +34,7 @@ from laggard.demo.hang import (
     hang_outcome,
     read_json_lines,
 )
-from laggard.demo.injections import Injection, describe, parse_injection
+from laggard.demo.injections import Injection, TokensInjection, describe, parse_injection
 from laggard.demo.report import build_report, format_report, percent, summary_lines
 from laggard.detectors.straggler import MIN_RANKS
 
@@ -211,6 +211,12 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     injected += "".join(f"; {describe(i, args.parallel)}" for i in _injections(args))
     layout = (f" (2 pipeline stages x {args.world_size // 2} data-parallel ranks)"
               if args.parallel == "pp" else "")
+    if args.parallel == "pp" and args.world_size < 6 and any(
+            isinstance(i, TokensInjection) for i in _injections(args)):
+        print("laggard demo: note: the longer sequences go through rank "
+              f"{next(i.rank for i in _injections(args) if isinstance(i, TokensInjection))}'s "
+              "whole pipeline, half of each 2-rank stage: no rank can stand out of its stage's "
+              "median; --world-size 6 (3 ranks per stage) names them", file=sys.stderr)
     print(f"laggard demo: {args.world_size} ranks{layout}, {args.steps} steps, {injected}; "
           f"agent metrics at {metrics_url}", flush=True)
     result_path = tmp / "result.json"
