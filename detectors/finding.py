@@ -122,8 +122,8 @@ class Detector(Protocol[W_contra]):
 #: ``laggard_findings_total`` and ``laggard_straggler_active``; anything else is exported as
 #: ``other``, so no sender can grow the exposition (tests keep this in step with the detectors).
 JOB_FINDING_KINDS: dict[str, frozenset[str]] = {
-    "straggler": frozenset({"compute", "data", "communication", "job_slowdown",
-                            "stage_imbalance"}),
+    "straggler": frozenset({"compute", "data", "communication", "job_slowdown", "gc",
+                            "load_imbalance", "stage_imbalance"}),
     "link": frozenset({"link"}),
     "integrity": frozenset({"sum_mismatch", "check_fault", "nonfinite", "payload_mismatch",
                             "replica_mismatch", "result_mismatch"}),

@@ -98,6 +98,22 @@ STEP_COLUMNS: tuple[WindowColumn, ...] = (
     WindowColumn("device_pending_count", "count", "sum",
                  "steps whose device events were still pending at their window's gather "
                  "(device columns NaN for them, the CPU clock used instead)"),
+    # Python GC (laggard.integrations.gc_timing) and the work each rank did
+    # (TrainingMonitor.note("tokens", n) / note("samples", n)): what tells a rank slowed by
+    # collections, or given more work, from a slow GPU (laggard.detectors.causes).
+    WindowColumn("gc_seconds", "seconds", "median",
+                 "the training thread's Python garbage collection inside the step's compute "
+                 "(the gc phase, on the phase clock; wall time on the device clock); NaN with "
+                 "TrainingMonitor.Config(gc_timing=False)"),
+    WindowColumn("gc_generation", "count", "last",
+                 "the highest generation (0-2) the training thread collected in the window; -1 "
+                 "none, NaN when not measured"),
+    WindowColumn("tokens", "count", "median",
+                 "tokens per step: the sum of a step's monitor.note('tokens', n); NaN when not "
+                 "noted"),
+    WindowColumn("samples", "count", "median",
+                 "samples per step: the sum of a step's monitor.note('samples', n); NaN when not "
+                 "noted"),
     # Pipeline parallelism (laggard.integrations.trace_sources.instrument_pipeline); 0 without.
     WindowColumn("p2p_wait_seconds", "seconds", "median",
                  "exposed P2P wait: the training thread blocked in pipeline send/recv waits"),

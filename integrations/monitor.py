@@ -5,7 +5,7 @@ Per step, one :class:`~laggard.wire.StepRecord` UDP datagram goes to the node ag
 and forget on a non-blocking socket, so a missing, slow or crashed agent costs the job nothing but
 a counted drop. Every ``window_steps`` steps all ranks exchange one window record with one
 ``all_gather`` (:mod:`laggard.detectors.window`: the medians of the step columns over the window,
-seven float64 per rank whatever K, then the participants' columns), each participant turns the
+one float64 each per rank whatever K, then the participants' columns), each participant turns the
 gathered record into findings (:mod:`laggard.integrations.participants`), and rank 0 logs each
 finding once when it is raised and once when it clears and sends a
 :class:`~laggard.wire.WindowReport` to its agent.
@@ -43,10 +43,12 @@ import collections
 import itertools
 import json
 import logging
+import math
 import os
 import socket
 import sys
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -63,6 +65,7 @@ from laggard.detectors.window import (
     summarize_window,
 )
 from laggard.integrations.agent_socket import AgentSocket, check_intake_target
+from laggard.integrations.gc_timing import OUTSIDE, GcTimer
 from laggard.integrations.participants import (
     MonitorContext,
     Participant,
@@ -104,6 +107,8 @@ _DEVICE_BACKENDS = frozenset({"nccl", "gloo"})
 _STEP_ROWS = {name: row for row, name in enumerate(STEP_COLUMN_NAMES)}
 #: Per-step collective entries sent in one StepRecord; beyond it they are merged per op.
 _MAX_COLLECTIVES_PER_RECORD = 32
+#: The notes every rank keeps, per step, for the window's work columns (``monitor.note``).
+WORK_NOTES = ("tokens", "samples")
 
 
 @dataclass(slots=True)
@@ -127,6 +132,11 @@ class MonitorStats:
         heartbeat: the heartbeat threads' counters (:class:`~laggard.integrations.heartbeat.
             HeartbeatStats`: datagrams, store writes and reads, bad keys, hangs reported);
             None with the heartbeat and the store exchange off.
+        bad_notes: ``note("tokens" | "samples", value)`` calls whose value was not a finite
+            number >= 0 (negative, NaN, infinite, a bool, not a number): ignored.
+        gc: the GC timer's counters (:class:`~laggard.integrations.gc_timing.GcStats`:
+            collections per generation, other threads' and between-step collections); None
+            with ``Config(gc_timing=False)``.
     """
 
     records_sent: int = 0
@@ -139,6 +149,8 @@ class MonitorStats:
     device_fallbacks: int = 0
     device_pending: int = 0
     heartbeat: Any = None
+    bad_notes: int = 0
+    gc: Any = None
 
 
 class TrainingMonitor:
@@ -251,6 +263,13 @@ class TrainingMonitor:
         when the job's tensors are on CUDA (``model`` on a CUDA device, a ``device`` module
         given, or ``torch.cuda`` initialised), else ``"wall"``. Step time and collective
         times stay wall time."""
+
+        gc_timing: bool = True
+        """Time the training thread's Python garbage collections (``gc.callbacks``,
+        :mod:`laggard.integrations.gc_timing`; two clock reads per collection): each phase loses
+        the collections that fell in it to a phase ``"gc"`` (on the CPU clocks), and the window
+        gets ``gc_seconds`` and ``gc_generation``, from which a straggler slowed by its
+        collections is reported as ``kind="gc"`` rather than as a slow GPU."""
 
         link_probe_bytes: int | None = None
         """Payload of the per-window link probe (``laggard.integrations.link_probe``): each
@@ -372,6 +391,9 @@ class TrainingMonitor:
         #: one assignment (the heartbeat thread reads it without a lock).
         self.where: tuple[str, float] = ("outside", time.perf_counter())
         self._heartbeat: Any = None
+        self._gc: GcTimer | None = None
+        self._gc_generation = -1  # the highest generation collected so far in this window
+        self._work = dict.fromkeys(WORK_NOTES, math.nan)  # this step's noted work
         self._step_start = 0.0
         self._step_ctx = _StepContext(self)
         self._logged: set[str] = set()
@@ -388,6 +410,9 @@ class TrainingMonitor:
         self.phase_clock = self._resolve_clock(device, model, dist_mod)
         self._device_id = _rank_device(model)
         self._clock = _PHASE_CLOCKS[self.phase_clock]
+        if self.config.gc_timing:
+            self._gc = _gc_timer(self, thread_cpu=self.phase_clock == "thread_cpu")
+            self.stats.gc = self._gc.stats
         self._identities: list[tuple[str, int | None]] | None = None
         self._notes: dict[str, list[float]] = {}
         self._windows_file: Any = None
@@ -524,14 +549,28 @@ class TrainingMonitor:
         return _PhaseContext(self, name, self._clock)
 
     def note(self, name: str, value: float) -> None:
-        """Record a value of the training loop (e.g. ``loss``) for the saved windows: rank 0
-        writes each name's mean over the window beside the window's statistics
-        (:attr:`Config.windows_path`). Cheap, never raises; ignored without a windows path.
+        """Record a value of the training loop.
+
+        ``"tokens"`` and ``"samples"``, on every rank: the work of this step, summed over the
+        step's notes into the window's ``tokens`` / ``samples`` columns (NaN for a step
+        without one; a note between two steps counts toward the next). Given on every rank,
+        the straggler's cause tells a rank with more work (``kind="load_imbalance"``) from a
+        rank slow per token (:mod:`laggard.detectors.causes`). A value that is not a finite
+        number >= 0 is counted (``stats.bad_notes``) and ignored.
+
+        Any other name (e.g. ``loss``) is for the saved windows: rank 0 writes each name's mean
+        over the window beside the window's statistics (:attr:`Config.windows_path`); ignored
+        without a windows path.
+
+        Cheap, never raises.
 
         Args:
-            name: the value's name (at most 16 distinct names are kept).
-            value: a float (NaN and infinities are dropped).
+            name: the value's name (at most 16 distinct names are kept besides the work notes).
+            value: a number (for the other names NaN and infinities are dropped).
         """
+        if name in self._work:
+            self._note_work(name, value)
+            return
         if not self.config.windows_path or self.rank != 0:
             return
         try:
@@ -546,10 +585,28 @@ class TrainingMonitor:
         except (TypeError, ValueError):
             return
 
+    def _note_work(self, name: str, value: object) -> None:
+        """Add a tokens or samples note to this step's sum; bad values counted, ignored."""
+        try:
+            if isinstance(value, bool):
+                raise TypeError("a bool is not an amount of work")
+            amount = float(value)  # type: ignore[arg-type]
+            if not (math.isfinite(amount) and amount >= 0):
+                raise ValueError(f"work must be a finite number >= 0, got {amount}")
+        except Exception:  # noqa: BLE001 - e.g. a tensor of several elements: never raise
+            self.stats.bad_notes += 1
+            self._log_once("bad-note", "laggard: monitor.note(%r, %r) is not a finite number "
+                           ">= 0: ignored (counted in stats.bad_notes)", name, value)
+            return
+        total = self._work[name]
+        self._work[name] = amount if total != total else total + amount
+
     def close(self) -> None:
         """Close the socket and destroy the gather group this monitor created; take the FSDP2
         stall markers out. Never raises."""
         try:
+            if self._gc is not None:
+                self._gc.remove()
             if self._heartbeat is not None:  # first: it sends through the socket
                 self._heartbeat.close()
                 self._heartbeat = None
@@ -578,6 +635,8 @@ class TrainingMonitor:
     def _begin_step(self) -> None:
         self.where = ("step", time.perf_counter())
         self._intervals.clear()
+        if self._gc is not None:
+            self._gc.begin_step()
         if self.device_clock is not None:
             try:
                 self.device_clock.begin_step()
@@ -607,15 +666,22 @@ class TrainingMonitor:
         comm: Any = self.comm_timer.take_step() if self.comm_timer is not None else None
         if comm is None and self._trace is not None:
             comm = self._trace.last_step
+        collected = self._gc.take_step() if self._gc is not None else None
         times = step_times(
             self._intervals, step_seconds=end - self._step_start, collectives=comm,
             exposed_interval=getattr(comm, "exposed_interval", None),
             wall_clock=self._clock is time.perf_counter,
             blocking_collectives=self.comm_timer is None,
+            gc_by_phase=None if collected is None else (
+                collected.cpu_by_phase if self.phase_clock == "thread_cpu"
+                else collected.wall_by_phase),
+            # the device clock's phases are device time: the pause is only reported there
+            move_gc=self.device_clock is None,
             p2p_wait_seconds=getattr(self._trace and self._trace.last_step,
                                      "p2p_wait_seconds", 0.0))
         for name, value in times.columns().items():
             self._steps[_STEP_ROWS[name], column] = value
+        self._record_gc_and_work(column, collected)
         self._steps[_STEP_ROWS["compute_cpu_seconds"], column] = times.compute_seconds
         if self.device_clock is not None:
             clock = self.device_clock
@@ -635,6 +701,20 @@ class TrainingMonitor:
                 pci_bus_id=self._device_id.pci_bus_id if self._device_id else None,
             )
             self._send(record.encode())
+
+    def _record_gc_and_work(self, column: int, collected: Any) -> None:
+        """This step's ``gc_generation`` (the window's highest so far, for the column's "last"
+        reduction) and its noted ``tokens`` / ``samples``."""
+        if column == 0:
+            self._gc_generation = -1
+        generation = math.nan
+        if collected is not None:
+            self._gc_generation = max(self._gc_generation, collected.generation)
+            generation = float(self._gc_generation)
+        self._steps[_STEP_ROWS["gc_generation"], column] = generation
+        for name, amount in self._work.items():
+            self._steps[_STEP_ROWS[name], column] = amount
+            self._work[name] = math.nan
 
     def _send(self, payload: bytes) -> None:
         try:
@@ -829,6 +909,22 @@ class TrainingMonitor:
         if key not in self._logged:
             self._logged.add(key)
             log.warning(msg, *args)
+
+
+def _gc_timer(monitor: TrainingMonitor, thread_cpu: bool) -> GcTimer:
+    """The monitor's GC timer, installed, reading the training thread's phase from
+    ``monitor.where`` (and its CPU clock when ``thread_cpu``). It holds the monitor weakly and
+    leaves ``gc.callbacks`` when the monitor is closed or collected, so a monitor dropped
+    without ``close()`` does not live on."""
+    ref = weakref.ref(monitor)
+
+    def phase_of() -> str:
+        live = ref()
+        return live.where[0] if live is not None else OUTSIDE
+
+    timer = GcTimer(phase_of=phase_of, thread_cpu=thread_cpu).install()
+    weakref.finalize(monitor, timer.remove)
+    return timer
 
 
 def _evidence_text(evidence: dict[str, Any]) -> str:

@@ -154,7 +154,11 @@ class StragglerParticipant(WindowParticipant):
     :class:`~laggard.detectors.straggler.StragglerDetector` and returns its findings and
     per-rank scores. When the record has the GPU-state columns
     (:class:`~laggard.integrations.gpu_state.GpuStateParticipant`), a compute finding names
-    the cause from the straggler's GPU (:func:`with_gpu_cause`).
+    the cause from the straggler's GPU (:func:`with_gpu_cause`). Before that, a compute
+    finding whose excess over its peers is mostly Python GC or extra work (tokens or samples
+    noted) becomes kind ``gc`` or ``load_imbalance``
+    (:class:`~laggard.detectors.causes.CauseAttribution`); a token note on some ranks only is
+    said once in the log.
 
     With peer groups (:class:`~laggard.detectors.peer_groups.PeerGroups` of more than one
     group: a pipeline's stages, tensor-parallel coordinates), each rank is compared only with
@@ -202,6 +206,8 @@ class StragglerParticipant(WindowParticipant):
             2 or more groups), else None.
         device_windows_skipped: windows on the device clock with no device value yet (the
             first: device columns are gathered one window late), not given to the detector.
+        causes: the :class:`~laggard.detectors.causes.CauseAttribution` (rank 0; its
+            ``stats``), else None.
     """
 
     name = "straggler"
@@ -292,7 +298,7 @@ class StragglerParticipant(WindowParticipant):
             scores, stats = self.detector.scores, dict(self.detector.stats)
         else:
             found, scores, stats = self._update_groups(record, step_seconds)
-        # -- cause attribution (issue 23, detectors/causes.py): GC pauses and uneven work
+        # Cause attribution (detectors/causes.py): GC pauses and uneven work
         # (tokens/samples noted) turn a compute finding into kind "gc" / "load_imbalance",
         # judged against the rank's peers; before with_gpu_cause, which reads kind "compute".
         if self._causes is not None:
@@ -301,13 +307,22 @@ class StragglerParticipant(WindowParticipant):
             except Exception as exc:  # noqa: BLE001 - the findings go out without a cause
                 if self.context is not None:
                     self.context.count_error("cause_attribution", exc)
-        # --
+            if getattr(self._causes, "stats", {}).get("partial_work_notes") and \
+                    self.context is not None:
+                from laggard.detectors.causes import PARTIAL_NOTES_MESSAGE
+
+                self.context.log_once("partial-work-notes", PARTIAL_NOTES_MESSAGE)
         findings = [with_gpu_cause(f, record) for f in found]
         return WindowOutcome(
             findings=findings,
             scores={int(r): float(v) for r, v in scores.items()},
             detector_stats={k: int(v) for k, v in stats.items()},
         )
+
+    @property
+    def causes(self) -> Any:
+        """The cause attribution (rank 0), else None."""
+        return self._causes
 
     def _peers_of(self, rank: int) -> tuple[int, ...]:
         """The ranks ``rank`` is compared with (its peer group; every rank without groups)."""
@@ -376,12 +391,10 @@ class StragglerParticipant(WindowParticipant):
 
 
 def _cause_attribution(context: MonitorContext) -> Any:
-    """The cause attribution (:mod:`laggard.detectors.causes`, issue 23) when it is installed,
-    else None: guarded so this participant works before that module lands."""
-    try:
-        from laggard.detectors.causes import CauseAttribution
-    except ImportError:
-        return None
+    """The cause attribution (:mod:`laggard.detectors.causes`), or None when it cannot be
+    built (counted: detection goes on without causes)."""
+    from laggard.detectors.causes import CauseAttribution
+
     try:
         return CauseAttribution()
     except Exception as exc:  # noqa: BLE001 - no attribution, detection goes on

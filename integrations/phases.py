@@ -15,6 +15,13 @@ so the rules are tested with plain numbers:
   optimizer, the loop's own names), or the step's time minus the wait when no phase was timed.
   Synchronous collectives that only the tracer saw (FSDP2 on gloo) sat inside the wall-clock
   phases with no interval to subtract: their exposed time comes off compute.
+* **gc** is the training thread's Python garbage collection (:mod:`laggard.integrations.
+  gc_timing`, per phase, on the phase clock): each phase loses the collections that fell in it
+  and a phase ``"gc"`` holds them, so ``backward`` measures backward and the pause has a name.
+  ``gc`` is not ``data``, so it counts in compute: a rank whose collections hold the job up is
+  still a compute straggler, and :mod:`laggard.detectors.causes` names the cause. A collection
+  in the loop's ``data`` phase thus moves from data to compute. Collections between two timed
+  phases were in no phase and stay out of every one.
 * **exposed P2P wait** (pipeline parallelism: the training thread blocked in the schedule's
   waits for sends and receives, :func:`~laggard.integrations.trace_sources.instrument_pipeline`)
   sat inside the wall-clock phase that ran the schedule: it comes off compute on the wall clock,
@@ -39,7 +46,7 @@ read back as device seconds since the step's first mark. Their arithmetic is pur
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,6 +54,8 @@ from typing import Protocol
 WAIT_PHASE = "collective_wait"
 #: The data-loading phase.
 DATA_PHASE = "data"
+#: The phase that holds the training thread's garbage-collection pauses.
+GC_PHASE = "gc"
 
 #: Kinds of device marks (``(kind, name, device_seconds)`` in :func:`device_step_times`).
 PHASE_START, PHASE_END = "start", "end"
@@ -86,6 +95,9 @@ class StepTimes:
             when no collective was timed.
         comm_bytes: payload bytes handed to collectives.
         step_seconds: wall time of the step.
+        gc_seconds: the training thread's garbage collection inside the compute this step
+            reports: the ``gc`` phase when phases were timed, every collection of the step when
+            none was (compute is then the whole step); NaN when not measured.
         p2p_wait_seconds: exposed P2P wait (pipeline send / receive waits).
     """
 
@@ -96,6 +108,7 @@ class StepTimes:
     collective_seconds: float
     comm_bytes: float
     step_seconds: float
+    gc_seconds: float = math.nan
     p2p_wait_seconds: float = 0.0
 
     def columns(self) -> dict[str, float]:
@@ -109,6 +122,7 @@ class StepTimes:
             "step_seconds": self.step_seconds,
             "collective_seconds": self.collective_seconds,
             "comm_bytes": self.comm_bytes,
+            "gc_seconds": self.gc_seconds,
             "p2p_wait_seconds": self.p2p_wait_seconds,
         }
 
@@ -121,6 +135,8 @@ def step_times(
     exposed_interval: tuple[float, float] | None = None,
     wall_clock: bool = True,
     blocking_collectives: bool = False,
+    gc_by_phase: Mapping[str, float] | None = None,
+    move_gc: bool = True,
     p2p_wait_seconds: float = 0.0,
 ) -> StepTimes:
     """Split one step's time into compute, data and collective wait (module docstring).
@@ -136,6 +152,12 @@ def step_times(
         blocking_collectives: the collectives were synchronous calls made inside the phases
             that only the tracer saw (no CommTimer): their exposed time comes off compute on
             the wall clock.
+        gc_by_phase: phase name -> seconds (on the phases' clock) the training thread spent
+            collecting garbage in that phase (``GcStep.wall_by_phase`` / ``cpu_by_phase``);
+            ``"step"``: between timed phases. None: not measured (``gc_seconds`` NaN).
+        move_gc: move each phase's collections into the ``gc`` phase (a phase never loses
+            more than it had); False (the device clock, whose phases are device time) only
+            reports ``gc_seconds``, every collection of the step.
         p2p_wait_seconds: the step's exposed P2P wait (the tracer's); off compute on the wall
             clock.
 
@@ -151,6 +173,11 @@ def step_times(
             # phase it fell in, so phases measure this rank's own work.
             seconds -= max(0.0, min(stop, exposed[1]) - max(start, exposed[0]))
         phases[name] = phases.get(name, 0.0) + max(0.0, seconds)
+    gc_seconds = math.nan
+    if gc_by_phase is not None:
+        gc_seconds = sum(v for v in gc_by_phase.values() if v > 0)
+        if move_gc and phases:
+            gc_seconds = _move_gc(phases, gc_by_phase)
     own_wait = phases.pop(WAIT_PHASE, 0.0)
     wait = collectives.exposed_seconds if collectives is not None else own_wait
     data = phases.get(DATA_PHASE, 0.0)
@@ -171,8 +198,28 @@ def step_times(
         collective_seconds=collectives.total_seconds if collectives is not None else wait,
         comm_bytes=float(collectives.bytes) if collectives is not None else 0.0,
         step_seconds=step_seconds,
+        gc_seconds=gc_seconds,
         p2p_wait_seconds=p2p_wait,
     )
+
+
+def _move_gc(phases: dict[str, float], gc_by_phase: Mapping[str, float]) -> float:
+    """Move each phase's garbage collection into :data:`GC_PHASE` (in place); returns the
+    seconds of collection now in that phase. A phase the loop itself named ``gc`` (a timed
+    manual ``gc.collect()``) keeps its time and gains the rest."""
+    moved = in_gc_phase = 0.0
+    for name, seconds in gc_by_phase.items():
+        if name not in phases or not seconds > 0:
+            continue  # between phases ("step"), or a phase that was not timed
+        taken = min(phases[name], seconds)
+        if name == GC_PHASE:
+            in_gc_phase += taken
+            continue
+        phases[name] -= taken
+        moved += taken
+    if moved > 0:
+        phases[GC_PHASE] = phases.get(GC_PHASE, 0.0) + moved
+    return moved + in_gc_phase
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +393,6 @@ def device_step_times(cpu: StepTimes, marks: Sequence[tuple[str, str, float]] | 
     )
 
 
-__all__ = ["BUCKET_READY", "DATA_PHASE", "PHASE_END", "PHASE_START", "STALL_END", "STALL_START",
-           "SYNC_END", "WAIT_PHASE", "DevicePhases", "DeviceStepTimes", "StepCollectives",
-           "StepTimes", "device_phases", "device_step_times", "step_times"]
+__all__ = ["BUCKET_READY", "DATA_PHASE", "GC_PHASE", "PHASE_END", "PHASE_START", "STALL_END",
+           "STALL_START", "SYNC_END", "WAIT_PHASE", "DevicePhases", "DeviceStepTimes",
+           "StepCollectives", "StepTimes", "device_phases", "device_step_times", "step_times"]

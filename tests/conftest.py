@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -21,3 +22,13 @@ def agent_factory() -> Iterator[object]:
     yield factory
     for agent in started:
         stop_agent(agent)
+
+
+@pytest.fixture
+def receiver() -> Iterator[socket.socket]:
+    """A UDP socket on loopback standing in for the agent's intake (5 s receive timeout)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(5)
+    yield sock
+    sock.close()

@@ -7,7 +7,7 @@ from support import registry_of
 
 from laggard.agent.context import FindingLog
 from laggard.agent.intake import RankTable
-from laggard.detectors import integrity, link, stage_balance, straggler
+from laggard.detectors import causes, integrity, link, stage_balance, straggler
 from laggard.detectors.finding import JOB_FINDING_KINDS
 from laggard.wire import CollectiveTiming, StepRecord, WindowReport
 
@@ -75,8 +75,9 @@ def test_findings_with_fresh_label_strings_add_no_series():
 def test_the_vocabulary_holds_every_kind_the_in_job_detectors_send():
     link_kinds = set(re.findall(r'kind="(\w+)"', open(link.__file__).read()))
     assert link_kinds == {"link"}
-    assert set(straggler.SIGNAL_KINDS) | {"job_slowdown", stage_balance.KIND} == \
-        JOB_FINDING_KINDS["straggler"]
+    assert (set(straggler.SIGNAL_KINDS)
+            | {"job_slowdown", stage_balance.KIND, causes.GC_KIND, causes.LOAD_KIND}
+            == JOB_FINDING_KINDS["straggler"])
     assert link_kinds == JOB_FINDING_KINDS[link.DETECTOR] and link.DETECTOR == "link"
     source = open(integrity.__file__).read()
     kinds = set(re.findall(r'kind="(\w+)"', source)) | set(re.findall(r'"(\w+_mismatch)"', source))
@@ -92,6 +93,24 @@ def test_a_link_finding_is_exported_as_straggler_active_kind_link():
     text = generate_latest(registry_of(table)).decode()
     assert 'laggard_straggler_active{kind="link",rank="1",run=""} 1.0' in text
     assert findings.counts() == {("link", "link", "warning"): 1}  # laggard_findings_total
+
+
+def test_a_gc_or_load_imbalance_finding_is_exported_by_its_cause_and_clears_with_it():
+    findings = FindingLog()
+    table = RankTable(max_ranks=8, findings=findings, default_node="n0")
+    raised = [{"detector": "straggler", "kind": kind, "severity": "warning", "rank": rank}
+              for rank, kind in ((1, "gc"), (2, "load_imbalance"))]
+    table.ingest(WindowReport(step=0, world_size=4, findings=raised).encode())
+    text = generate_latest(registry_of(table)).decode()
+    assert 'laggard_straggler_active{kind="gc",rank="1",run=""} 1.0' in text
+    assert 'laggard_straggler_active{kind="load_imbalance",rank="2",run=""} 1.0' in text
+    assert findings.counts() == {("straggler", "gc", "warning"): 1,
+                                 ("straggler", "load_imbalance", "warning"): 1}
+    table.ingest(WindowReport(step=20, world_size=4, findings=[
+        {**raised[0], "cleared": True}]).encode())
+    text = generate_latest(registry_of(table)).decode()
+    assert 'kind="gc"' not in text.split("laggard_straggler_active", 1)[1].split("# HELP")[0]
+    assert 'laggard_straggler_active{kind="load_imbalance",rank="2",run=""} 1.0' in text
 
 
 def test_a_rank_unseen_for_the_ttl_is_forgotten_with_its_score_and_flags():

@@ -31,16 +31,6 @@ from laggard.wire import Heartbeat, StepRecord, WindowReport, decode_datagram  #
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture
-def receiver():
-    """A UDP socket standing in for the agent's intake."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(5)
-    yield sock
-    sock.close()
-
-
 def _recv(sock: socket.socket) -> StepRecord | WindowReport:
     """The next step record or window report (the heartbeat thread's datagrams skipped)."""
     while True:
@@ -257,6 +247,9 @@ def _window(rng: np.random.Generator, step: int, slow_rank: int | None,
                "compute_device_seconds": np.full(ranks, np.nan), "compute_cpu_seconds": compute,
                "collective_wait_device_seconds": np.full(ranks, np.nan),
                "device_pending_count": np.zeros(ranks),
+               # no collection, no work noted
+               "gc_seconds": np.zeros(ranks), "gc_generation": np.full(ranks, -1.0),
+               "tokens": np.full(ranks, np.nan), "samples": np.full(ranks, np.nan),
                "p2p_wait_seconds": np.zeros(ranks)}
     return WindowRecord(step=step, columns=columns, ranks=np.arange(ranks), world_size=ranks,
                         nodes=["node07"] * ranks)
@@ -503,4 +496,48 @@ def test_the_device_clocks_first_window_is_not_bad_input_for_the_detector(receiv
     assert straggler.detector.stats["invalid_durations"] == 0
     monitor.analyse(_window(np.random.default_rng(7), 39, None))  # a CPU-clock record goes in
     assert straggler.detector.stats["windows"] == 1
+    monitor.close()
+
+
+def test_tokens_and_samples_are_noted_on_every_rank_per_step_and_bad_ones_counted(receiver,
+                                                                                   caplog):
+    monitor = _monitor(receiver.getsockname()[1], rank=3)  # not rank 0, no windows path
+    with caplog.at_level(logging.WARNING, logger="laggard.integrations.monitor"):
+        for step, notes in enumerate([[512, 488], [], [1000.0], [-1, float("nan"), "many",
+                                                                  True, torch.ones(2)]]):
+            with monitor.step():
+                for n in notes:
+                    monitor.note("tokens", n)
+                if step == 0:
+                    monitor.note("samples", torch.tensor(8))  # a 1-element tensor is a number
+    rows = {name: monitor._steps[STEP_COLUMN_NAMES.index(name), :4].tolist()
+            for name in ("tokens", "samples")}
+    assert rows["tokens"][:3] == [1000.0, pytest.approx(float("nan"), nan_ok=True), 1000.0]
+    assert rows["tokens"][3] != rows["tokens"][3]  # only bad notes: not noted
+    assert rows["samples"][0] == 8.0 and all(v != v for v in rows["samples"][1:])
+    assert monitor.stats.bad_notes == 5
+    assert sum("stats.bad_notes" in r.getMessage() for r in caplog.records) == 1  # logged once
+    monitor.close()
+
+
+def test_a_gc_straggler_reaches_the_log_and_the_agent_as_kind_gc(receiver, caplog):
+    monitor = _monitor(receiver.getsockname()[1], rank=0)
+    rng = np.random.default_rng(3)
+    plan = [None] * 6 + [2] * 8
+    with caplog.at_level(logging.WARNING, logger="laggard"):
+        for i, slow in enumerate(plan):
+            record = _window(rng, 20 * i + 19, slow)
+            if slow is not None:  # of its 9 ms excess, 8 ms are collections
+                record.columns["gc_seconds"][slow] = 0.008
+                record.columns["gc_generation"][slow] = 1
+            # a token note on one rank only: not work-normalised, logged once
+            record.columns["tokens"][1] = 512
+            monitor.analyse(record)
+    assert [(f.rank, f.kind) for f in monitor.findings] == [(2, "gc")]
+    assert "Python garbage collection" in monitor.findings[0].message
+    reports = [_recv(receiver) for _ in plan]
+    assert [(f["rank"], f["kind"]) for r in reports for f in r.findings] == [(2, "gc")]
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("on every rank, every step" in m for m in messages) == 1
+    assert monitor.participant("straggler").causes.stats["partial_work_notes"] == len(plan)
     monitor.close()

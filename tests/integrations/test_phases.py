@@ -66,7 +66,48 @@ def test_no_phase_timed_makes_the_step_minus_the_wait_compute():
     assert list(times.columns()) == ["compute_seconds", "data_seconds",
                                      "collective_wait_seconds", "transfer_seconds",
                                      "step_seconds", "collective_seconds", "comm_bytes",
-                                     "p2p_wait_seconds"]
+                                     "gc_seconds", "p2p_wait_seconds"]
+
+
+def test_garbage_collection_leaves_the_phase_it_fell_in_for_a_gc_phase():
+    intervals = [("data", 0.0, 0.1), ("forward", 0.1, 0.4), ("backward", 0.4, 0.9)]
+    times = step_times(intervals, step_seconds=1.0,
+                       gc_by_phase={"forward": 0.05, "data": 0.02, "step": 0.01})
+    assert times.phases == pytest.approx({"data": 0.08, "forward": 0.25, "backward": 0.5,
+                                          "gc": 0.07})
+    # gc is compute: the pause still counts against the rank, under its own name; the
+    # collection between two phases ("step") was in no phase and stays out
+    assert times.compute_seconds == pytest.approx(0.82)
+    assert times.data_seconds == pytest.approx(0.08)
+    assert times.gc_seconds == pytest.approx(0.07)
+    assert times.columns()["gc_seconds"] == pytest.approx(0.07)
+
+
+def test_a_phase_never_loses_more_than_it_had_and_unmeasured_gc_is_nan():
+    times = step_times([("forward", 0.0, 0.1)], step_seconds=0.2,
+                       gc_by_phase={"forward": 0.5, "optimizer": 0.1})
+    assert times.phases == pytest.approx({"forward": 0.0, "gc": 0.1})
+    assert times.gc_seconds == pytest.approx(0.1)
+    assert step_times([("forward", 0.0, 0.1)], step_seconds=0.2).gc_seconds != \
+        step_times([("forward", 0.0, 0.1)], step_seconds=0.2).gc_seconds  # NaN
+
+
+def test_without_timed_phases_or_on_the_device_clock_gc_is_only_reported():
+    # no phase: compute is the whole step, every collection is in it
+    bare = step_times([], step_seconds=0.5, gc_by_phase={"step": 0.1})
+    assert bare.compute_seconds == pytest.approx(0.5) and bare.gc_seconds == pytest.approx(0.1)
+    # the device clock's phases are device time: nothing moves
+    device = step_times([("forward", 0.0, 0.3)], step_seconds=0.4,
+                        gc_by_phase={"forward": 0.1}, move_gc=False)
+    assert device.phases == pytest.approx({"forward": 0.3})
+    assert device.gc_seconds == pytest.approx(0.1)
+
+
+def test_the_loops_own_gc_phase_keeps_its_time_and_counts_its_collections():
+    times = step_times([("forward", 0.0, 0.2), ("gc", 0.2, 0.3)], step_seconds=0.3,
+                       gc_by_phase={"gc": 0.09, "forward": 0.05})
+    assert times.phases == pytest.approx({"forward": 0.15, "gc": 0.15})
+    assert times.gc_seconds == pytest.approx(0.14)
 
 
 def test_phases_never_go_negative_and_repeated_names_add_up():
