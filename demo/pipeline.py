@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
-import logging
 import time
 from typing import Any
 
@@ -47,8 +45,6 @@ from laggard.integrations.monitor import TrainingMonitor
 from laggard.integrations.trace_sources import instrument_pipeline, wire_bytes
 from laggard.integrations.tracer import CollectiveTracer
 
-log = logging.getLogger("laggard.demo")
-
 #: Pipeline stages (the mesh's ``pp`` size).
 STAGES = 2
 #: Microbatches per step (Schedule1F1B).
@@ -61,7 +57,7 @@ BATCH_SIZE = 16
 SEQ_LEN = 64
 
 __all__ = ["BATCH_SIZE", "MICROBATCHES", "PIPELINE_LAYERS", "STAGES", "Pipeline",
-           "build_pipeline_job", "mesh_options", "peer_groups_of", "stage_split",
+           "build_pipeline_job", "stage_split",
            "train_step_pp"]
 
 
@@ -72,26 +68,6 @@ def stage_split(stage_injection: StageInjection | None = None) -> tuple[int, int
     first = PIPELINE_LAYERS // 2 + (extra if stage_injection and stage_injection.stage == 0
                                     else 0)
     return PIPELINE_LAYERS + extra, first
-
-
-def peer_groups_of(world_size: int) -> list[list[int]]:
-    """The ranks of each stage (the mesh's ``dp`` groups): the peer groups of the pipeline."""
-    per_stage = world_size // STAGES
-    return [list(range(s * per_stage, (s + 1) * per_stage)) for s in range(STAGES)]
-
-
-def mesh_options(mesh: Any, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """How this laggard's monitor takes the peer groups: ``(TrainingMonitor kwargs, Config
-    kwargs)``: ``mesh=`` where the monitor has it, else ``Config(peer_groups=...)``, else
-    neither (every rank compared with every other, logged once)."""
-    if "mesh" in inspect.signature(TrainingMonitor.__init__).parameters:
-        return {"mesh": mesh}, {}
-    if "peer_groups" in {f.name for f in dataclasses.fields(TrainingMonitor.Config)}:
-        return {}, {"peer_groups": peer_groups_of(world_size)}
-    if dist.get_rank() == 0:
-        log.warning("laggard demo: this monitor takes no peer groups: every rank is compared "
-                    "with every other, the stages with each other")
-    return {}, {}
 
 
 @dataclasses.dataclass(slots=True)
@@ -170,15 +146,15 @@ def build_pipeline_job(args: argparse.Namespace, rank: int, job_cls: Any,
     pipe = PipelineStage(module, stage, STAGES, torch.device("cpu"), group=mesh["pp"].get_group())
     schedule = Schedule1F1B(pipe, n_microbatches=MICROBATCHES, loss_fn=_loss)
     loss_group = _pipeline_groups(world)
-    monitor_kwargs, config_kwargs = mesh_options(mesh, world)
     from laggard.demo.worker import gpu_state_participants, hang_options
 
+    # the mesh: each rank is compared with the ranks of its stage (same pp coordinate)
     monitor = TrainingMonitor(
         TrainingMonitor.Config(agent_address=args.intake_address, window_steps=args.window,
                                phase_clock="thread_cpu", windows_path=args.windows,
                                straggler=detector, run=args.run_id,
-                               **hang_options(args, rank), **config_kwargs),
-        tracer=tracer, participants=gpu_state_participants(args), **monitor_kwargs)
+                               **hang_options(args, rank)),
+        tracer=tracer, participants=gpu_state_participants(args), mesh=mesh)
     gc_inj = any(isinstance(i, GcInjection) and i.rank == rank for i in injections)
     batches = ByteBatches(load_stdlib_text(), batch_size=BATCH_SIZE, seq_len=seq_len,
                           seed=args.seed * 1000 + replica)

@@ -522,7 +522,7 @@ def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, An
            if f not in monitor.findings],
         "cleared": [f.to_dict() for f in monitor.cleared],
         "parallel": args.parallel, "prefetch": args.prefetch,
-        "peer_groups": peer_groups_doc(job, world),
+        "peer_groups": peer_groups_doc(job),
         "injections": [i.spec() for i in args.causes],
         "device": args.device,
         "phase_clock": monitor.phase_clock,
@@ -545,20 +545,11 @@ def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, An
     }
 
 
-def peer_groups_doc(job: Job, world: int) -> dict[str, Any] | None:
-    """The monitor's peer groups (``groups``, ``names``, ``stages``, ``source``), None when it
-    has none: a monitor without peer groups, and not a pipeline."""
-    groups = getattr(job.monitor, "peer_groups", None)
-    if groups is not None:
-        return {"groups": [list(g) for g in groups.groups], "names": list(groups.names),
-                "stages": list(groups.stages), "source": groups.source}
-    if job.pipeline is None:
-        return None
-    from laggard.demo.pipeline import peer_groups_of
-
-    stages = peer_groups_of(world)
-    return {"groups": stages, "names": [f"pp={s}" for s in range(len(stages))],
-            "stages": list(range(len(stages))), "source": "demo (this monitor has none)"}
+def peer_groups_doc(job: Job) -> dict[str, Any]:
+    """The monitor's peer groups: ``groups``, ``names``, ``stages``, ``source``."""
+    groups = job.monitor.peer_groups
+    return {"groups": [list(g) for g in groups.groups], "names": list(groups.names),
+            "stages": list(groups.stages), "source": groups.source}
 
 
 def _json_floats(rows: list[list[float]]) -> list[list[float | None]]:
