@@ -128,16 +128,27 @@ class ByteLM(nn.Module):
 
 class FirstStage(nn.Module):
     """Pipeline stage 0 of a :class:`ByteLM`: the embedding and the first ``blocks`` blocks
-    (the modules are the model's own, not copies). (B, T) int64 tokens -> (B, T, dim)."""
+    (the modules are the model's own, not copies). (B, T) int64 tokens -> (B, T, dim).
 
-    def __init__(self, model: ByteLM, blocks: int) -> None:
+    With ``adapter=True`` a residual MLP of two ``dim x dim`` layers follows the embedding
+    (made here, from the global generator: seed it the same on every rank of the stage): the
+    counterweight of the last stage's head and loss, so the two stages do about the same work
+    (see :mod:`laggard.demo.pipeline`).
+    """
+
+    def __init__(self, model: ByteLM, blocks: int, *, adapter: bool = False) -> None:
         super().__init__()
         self.embed, self.position = model.embed, model.position
         self.blocks = nn.Sequential(*list(model.blocks)[:blocks])
         self.throttle = model.throttle
+        dim = model.embed.embedding_dim
+        self.adapter = (nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim))
+                        if adapter else None)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens) + self.position[: tokens.shape[1]]
+        if self.adapter is not None:
+            x = x + self.adapter(x)
         if self.throttle.factor > 0:
             x = Throttle.apply(x, self.throttle)  # its backward, the stage's last, burns
         return self.blocks(x)
@@ -160,8 +171,10 @@ class LastStage(nn.Module):
         return self.head(self.ln(self.blocks(x)))
 
 
-def split_stages(model: ByteLM, first_blocks: int) -> tuple[FirstStage, LastStage]:
-    """Split ``model`` into two pipeline stages at block ``first_blocks``.
+def split_stages(model: ByteLM, first_blocks: int, *, adapter: bool = False,
+                 ) -> tuple[FirstStage, LastStage]:
+    """Split ``model`` into two pipeline stages at block ``first_blocks`` (``adapter``: stage
+    0's counterweight, :class:`FirstStage`).
 
     Raises:
         ValueError: a split that leaves a stage without a block.
@@ -169,7 +182,7 @@ def split_stages(model: ByteLM, first_blocks: int) -> tuple[FirstStage, LastStag
     if not 0 < first_blocks < len(model.blocks):
         raise ValueError(f"a split at block {first_blocks} of {len(model.blocks)} leaves a "
                          "stage without blocks")
-    return FirstStage(model, first_blocks), LastStage(model, first_blocks)
+    return FirstStage(model, first_blocks, adapter=adapter), LastStage(model, first_blocks)
 
 
 # ----------------------------------------------------------------------- fault injection

@@ -1,8 +1,8 @@
 """``laggard demo --parallel pp``: the demo's model as a 2-stage pipeline x data parallel on gloo.
 
 W ranks (4 by default) form a ``DeviceMesh`` of shape ``(2, W / 2)``, dims ``("pp", "dp")``:
-ranks ``0 .. W/2 - 1`` are pipeline stage 0 (the embedding and the first half of the blocks),
-the others stage 1 (the second half, the final norm and the head); rank ``r`` of stage 0 and
+ranks ``0 .. W/2 - 1`` are pipeline stage 0 (the embedding, a small residual MLP and the first
+half of the blocks), the others stage 1 (the second half, the final norm and the head); rank ``r`` of stage 0 and
 rank ``r + W/2`` of stage 1 are one pipeline (one data-parallel replica). Each pipeline trains
 with ``torch.distributed.pipelining`` (``PipelineStage`` + ``Schedule1F1B``,
 :data:`MICROBATCHES` microbatches per step), its sends and receives traced per peer
@@ -18,9 +18,12 @@ the P2P waits, which a thread's CPU clock does not count) and ``optimizer``. The
 all-reduce and the loss's all-reduce within the pipeline (so that every rank, rank 0 among them,
 knows its pipeline's loss) run between the phases.
 
-Balance: with :data:`PIPELINE_LAYERS` blocks split 2 / 2, stage 1's head (a 96 x 256 linear
-layer and the loss over 256 classes) costs about a quarter of a block; the two stages' thread
-CPU times per step were within 5% of each other here (see :func:`stage_split`).
+Balance: with :data:`PIPELINE_LAYERS` blocks split 2 / 2 and nothing more, stage 1 did 7% more
+thread CPU per step than stage 0 in a clean run here (42.6 vs 39.7 ms), 13% on a host at load
+17, enough to cross the stage-balance detector's 10% (one false ``stage_imbalance`` in 2 clean
+runs): its head and loss, and the schedule's last-stage work. Stage 0's counterweight, a
+residual MLP of two 96 x 96 layers after the embedding (:class:`~laggard.demo.model.
+FirstStage`), brings the two within 1% (50.6 vs 50.3 ms at load 18).
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ def build_pipeline_job(args: argparse.Namespace, rank: int, job_cls: Any,
     torch.manual_seed(args.seed)  # the same model on every rank: each keeps its stage
     model = ByteLM(layers=layers, seq_len=max_len)
     model.throttle.incremental = True
-    module = split_stages(model, first)[stage]
+    module = split_stages(model, first, adapter=True)[stage]
     # after the mesh (and before any later group): the tracer watches the pp and dp groups
     tracer = CollectiveTracer()
     handle = instrument_pipeline(tracer)
@@ -209,10 +212,12 @@ def train_step_pp(job: Any) -> float:
             if throttle.factor > 0:
                 throttle.start_step()
             losses: list[torch.Tensor] = []
+            # return_outputs=False: the last stage would otherwise keep and concatenate every
+            # microbatch's logits each step (about 7% of its step here), work stage 0 has not
             if pipe.stage == 0:
-                pipe.schedule.step(x)
+                pipe.schedule.step(x, return_outputs=False)
             else:
-                pipe.schedule.step(target=y, losses=losses)
+                pipe.schedule.step(target=y, losses=losses, return_outputs=False)
         _allreduce_gradients(job)
         optimizer_started = time.thread_time()
         with monitor.phase("optimizer"):
