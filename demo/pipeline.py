@@ -2,8 +2,9 @@
 
 W ranks (4 by default) form a ``DeviceMesh`` of shape ``(2, W / 2)``, dims ``("pp", "dp")``:
 ranks ``0 .. W/2 - 1`` are pipeline stage 0 (the embedding, a small residual MLP and the first
-half of the blocks), the others stage 1 (the second half, the final norm and the head); rank ``r`` of stage 0 and
-rank ``r + W/2`` of stage 1 are one pipeline (one data-parallel replica). Each pipeline trains
+half of the blocks), the others stage 1 (the second half, the final norm and the head); rank
+``r`` of stage 0 and rank ``r + W/2`` of stage 1 are one pipeline (one data-parallel replica).
+Each pipeline trains
 with ``torch.distributed.pipelining`` (``PipelineStage`` + ``Schedule1F1B``,
 :data:`MICROBATCHES` microbatches per step), its sends and receives traced per peer
 (:func:`~laggard.integrations.trace_sources.instrument_pipeline`); after the schedule every
