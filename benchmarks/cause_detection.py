@@ -164,6 +164,8 @@ def table(runs: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=2, help="runs per scenario (default 2)")
+    p.add_argument("--first-run", type=int, default=0,
+                   help="index of the first run (seed, injected rank): add runs to an --out")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--parallel", choices=["ddp", "fsdp", "pp"], default="pp")
     p.add_argument("--world-size", type=int, default=4)
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="laggard-causes-") as tmp:
         out = Path(args.out) if args.out else Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        for index in range(args.runs):
+        for index in range(args.first_run, args.first_run + args.runs):
             for scenario in scenarios:  # interleaved: the load falls on every scenario alike
                 meta = run_one(out, scenario, index, args)
                 print(f"{scenario}-{index}: status {meta['status']}, "
