@@ -34,7 +34,8 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
     stat_names = result.get("stat_names", list(STEP_COLUMN_NAMES))
     records = [WindowRecord.from_saved({**w, "stat_names": stat_names}) for w in chosen]
     names = ("compute_seconds", "collective_wait_seconds", "data_seconds", "step_seconds",
-             "collective_seconds", "comm_bytes", "p2p_wait_seconds", *CLOCK_COLUMNS)
+             "collective_seconds", "comm_bytes", "p2p_wait_seconds", "gc_seconds", "tokens",
+             *CLOCK_COLUMNS)
     ranks = []
     for rank in range(result["world_size"]):
         def median(name: str, rank: int = rank) -> float | None:
