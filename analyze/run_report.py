@@ -322,7 +322,8 @@ def render_html(run: RunWindows, *, title: str, summary: list[str] | None = None
                    if heat is not None else "")
     heat_notes = "".join(f"<p class=note>{html.escape(n)}</p>" for n in not_drawn)
     raised = [f for f in run.findings if not f.get("cleared")]
-    items = "".join(f"<li>step {html.escape(str(f.get('step')))}: "
+    items = "".join(f"<li>step {html.escape(str(f.get('step')))} "
+                    f"({html.escape(str(f.get('kind', '')))}): "
                     f"{html.escape(str(f.get('message', '')))}</li>" for f in raised)
     lines = "".join(f"<p>{html.escape(s)}</p>" for s in summary or [])
     bad = (f"<p class=note>{_unreadable(run.bad_lines)} skipped.</p>"

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["EXPECTED_KIND", "HANG_KINDS", "CheckpointInjection", "HangInjection",
-           "HangReportWriter", "parse_inject", "read_json_lines", "verdict_of"]
+           "HangReportWriter", "parse_inject", "parse_spec", "read_json_lines", "verdict_of"]
 
 #: Injected kind -> what it does to the rank (the demo's one-line description).
 HANG_KINDS: dict[str, str] = {
@@ -148,6 +148,8 @@ _FIELDS: dict[str, tuple[type[Any], dict[str, type[Any]]]] = {
     "hang": (HangInjection, {"rank": int, "step": int, "kind": str}),
     "checkpoint": (CheckpointInjection, {"step": int, "factor": float}),
 }
+#: The forms :func:`parse_inject` reads, for its error message.
+_USAGE = "hang=rank:R,step:S,kind:K or checkpoint=step:S,factor:F"
 
 
 def parse_inject(spec: str) -> HangInjection | CheckpointInjection:
@@ -158,11 +160,28 @@ def parse_inject(spec: str) -> HangInjection | CheckpointInjection:
         ValueError: an unknown injection, key or kind, a missing key, a value of the wrong type
             or out of range; the message is one line.
     """
+    return parse_spec(spec, _FIELDS, _USAGE)
+
+
+def parse_spec(spec: str, fields: dict[str, tuple[type[Any], dict[str, type[Any]]]],
+               usage: str, defaults: dict[str, dict[str, Any]] | None = None) -> Any:
+    """Read ``WHAT=key:value,key:value`` into ``fields[WHAT]``'s class (the parser of every
+    ``--inject`` form: :func:`parse_inject`, :func:`laggard.demo.injections.parse_injection`).
+
+    Args:
+        spec: the flag's value.
+        fields: ``WHAT`` -> (class, key -> type); the class is called with the keys.
+        usage: the accepted forms, for the message on an unknown ``WHAT``.
+        defaults: ``WHAT`` -> key -> value of the keys that may be left out.
+
+    Raises:
+        ValueError: an unknown ``WHAT`` or key, a key given twice or missing, a value of the
+            wrong type, or what the class refuses; the message is one line.
+    """
     what, sep, rest = spec.strip().partition("=")
-    if not sep or what not in _FIELDS:
-        raise ValueError(f"expected hang=rank:R,step:S,kind:K or checkpoint=step:S,factor:F, "
-                         f"got {spec!r}")
-    cls, types = _FIELDS[what]
+    if not sep or what not in fields:
+        raise ValueError(f"expected {usage}, got {spec!r}")
+    cls, types = fields[what]
     values: dict[str, Any] = {}
     for part in rest.split(","):
         key, sep, value = part.partition(":")
@@ -178,6 +197,7 @@ def parse_inject(spec: str) -> HangInjection | CheckpointInjection:
         except ValueError:
             raise ValueError(f"{what}: {key} must be {types[key].__name__}, got {value!r}") \
                 from None
+    values = {**(defaults or {}).get(what, {}), **values}
     missing = [k for k in types if k not in values]
     if missing:
         raise ValueError(f"{what}: missing {', '.join(missing)} (keys: {', '.join(types)})")

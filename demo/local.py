@@ -30,13 +30,12 @@ from typing import Any
 from laggard.demo.hang import (
     CheckpointInjection,
     HangInjection,
-    describe_injection,
     format_hang,
     hang_outcome,
-    parse_inject,
     read_json_lines,
 )
-from laggard.demo.report import build_report, format_report, injected_line, percent
+from laggard.demo.injections import Injection, TokensInjection, describe, parse_injection
+from laggard.demo.report import build_report, format_report, percent, summary_lines
 from laggard.detectors.straggler import MIN_RANKS
 
 #: Seconds to wait for the agent's /metrics to answer after starting it.
@@ -89,9 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(1%%, error feedback), powersgd (rank 4), onebit_adam (1-bit "
                              "Adam: AdamW for 100 steps, then the momentum compressed to 1 bit) "
                              "(default: none)")
-    parser.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp",
-                        help="data parallelism: ddp (DistributedDataParallel, default) or fsdp "
-                             "(FSDP2 fully_shard per block, ZeRO-3)")
+    parser.add_argument("--parallel", choices=["ddp", "fsdp", "pp"], default="ddp",
+                        help="ddp (DistributedDataParallel, default), fsdp (FSDP2 fully_shard "
+                             "per block, ZeRO-3) or pp (2 pipeline stages x W/2 data-parallel "
+                             "ranks: torch.distributed.pipelining, Schedule1F1B; ranks 0..W/2-1 "
+                             "are stage 0)")
     parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                         help="fsdp: issue each all-gather when its block needs it, not before")
     parser.add_argument("--run", default="", metavar="ID",
@@ -128,8 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "all-reduce), device (--device emulated-async: the stream never "
                              "completes an all-reduce): the demo reports who rank 0 named and "
                              "how fast, then stops the job; or checkpoint=step:S,factor:F (step "
-                             "S takes F times the usual on every rank: slow, not hung). Once "
-                             "each at most")
+                             "S takes F times the usual on every rank: slow, not hung); "
+                             "gc=rank:R (rank R makes cyclic garbage: ~30%% of its step in "
+                             "Python's GC), tokens=rank:R[,factor:F][,note:off] (rank R's "
+                             "sequences F times longer, default 1.3; every rank notes its tokens "
+                             "unless note:off; pp: R's whole pipeline), stage=stage:S,layers:N "
+                             "(pp: stage S holds N more blocks). Once each at most")
     parser.add_argument("--hang-bound", type=float, default=60.0, metavar="SECONDS",
                         help="with an injected hang: stop the job, exit status 1, when rank 0 "
                              "has not named it this many seconds after it began (default: 60)")
@@ -203,8 +208,16 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     injected = (f"rank {args.slow_rank} slowed {percent(args.slowdown - 1)} (--slowdown "
                 f"{args.slowdown:g}) from step {args.slow_from}"
                 if args.slowdown > 1.0 else "no rank slowed")
-    injected += "".join(f"; {describe_injection(i)}" for i in _injections(args))
-    print(f"laggard demo: {args.world_size} ranks, {args.steps} steps, {injected}; "
+    injected += "".join(f"; {describe(i, args.parallel)}" for i in _injections(args))
+    layout = (f" (2 pipeline stages x {args.world_size // 2} data-parallel ranks)"
+              if args.parallel == "pp" else "")
+    if args.parallel == "pp" and args.world_size < 6 and any(
+            isinstance(i, TokensInjection) for i in _injections(args)):
+        print("laggard demo: note: the longer sequences go through rank "
+              f"{next(i.rank for i in _injections(args) if isinstance(i, TokensInjection))}'s "
+              "whole pipeline, half of each 2-rank stage: no rank can stand out of its stage's "
+              "median; --world-size 6 (3 ranks per stage) names them", file=sys.stderr)
+    print(f"laggard demo: {args.world_size} ranks{layout}, {args.steps} steps, {injected}; "
           f"agent metrics at {metrics_url}", flush=True)
     result_path = tmp / "result.json"
     windows_path = Path(args.windows) if args.windows else tmp / "windows.jsonl"
@@ -288,7 +301,7 @@ def _write_outputs(args: argparse.Namespace, report: dict[str, Any], windows: Pa
             return 1
         try:
             size = write_report(windows, Path(args.html), title="laggard demo run report",
-                                summary=[injected_line(report)])
+                                summary=summary_lines(report))
             print(f"run report: {args.html} ({size / 1e3:.0f} kB; open it in a browser)")
         except (OSError, ValueError, ImportError) as exc:
             print(f"laggard demo: cannot write the HTML report: {exc}", file=sys.stderr)
@@ -414,8 +427,8 @@ class _Watch:
     stopped: str = ""
 
 
-def _injections(args: argparse.Namespace) -> list[HangInjection | CheckpointInjection]:
-    return [parse_inject(spec) for spec in args.inject]
+def _injections(args: argparse.Namespace) -> list[Injection]:
+    return [parse_injection(spec) for spec in args.inject]
 
 
 def _hang_of(args: argparse.Namespace) -> HangInjection | None:
@@ -433,7 +446,9 @@ def _injection_flags(args: argparse.Namespace, tmp: Path) -> list[str]:
     flags = ["--hang-marker", str(tmp / "hang-marker.json"),
              "--hang-report", str(tmp / "hang-reports.jsonl")]
     for injection in _injections(args):
-        flag = "--inject-hang" if isinstance(injection, HangInjection) else "--inject-checkpoint"
+        flag = ("--inject-hang" if isinstance(injection, HangInjection) else
+                "--inject-checkpoint" if isinstance(injection, CheckpointInjection) else
+                "--inject-cause")
         flags += [flag, injection.spec()]
     return flags
 
@@ -499,6 +514,9 @@ def _check_args(args: argparse.Namespace) -> str | None:
         # out, and a run would train for its whole length to end "NOT found".
         return (f"--world-size must be at least {MIN_WORLD_SIZE}: the straggler detector "
                 f"names a rank only against the median of at least {MIN_WORLD_SIZE} ranks")
+    if args.parallel == "pp" and args.world_size % 2:
+        return (f"--parallel pp runs 2 pipeline stages x W/2 data-parallel ranks: --world-size "
+                f"must be even (got {args.world_size})")
     if args.slow_rank is not None and not 0 <= args.slow_rank < args.world_size:
         return f"--slow-rank must be in [0, {args.world_size - 1}]"
     if args.slowdown is not None and (not math.isfinite(args.slowdown) or args.slowdown < 1.0):
@@ -525,9 +543,11 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return "--use-agent: give the running agent's --intake-address HOST:PORT too"
     if args.use_agent and (args.fake_gpus or args.throttle_slow_gpu):
         return "--fake-gpus and --throttle-slow-gpu start their own agent: drop --use-agent"
-    if args.parallel == "fsdp" and (args.compression != "none" or args.inject_bitflip):
+    if args.parallel != "ddp" and (args.compression != "none" or args.inject_bitflip):
         return "--compression and --inject-bitflip are DDP communication hooks: use --parallel ddp"
     emulated = getattr(args, "device", "cpu") == "emulated-async"
+    if emulated and args.parallel == "pp":
+        return "--parallel pp runs on --device cpu"
     if emulated and (args.compression != "none" or args.inject_bitflip):
         return ("--device emulated-async runs the plain timed all-reduce only: drop "
                 "--compression and --inject-bitflip")
@@ -539,7 +559,7 @@ def _check_injections(args: argparse.Namespace) -> str | None:
     kinds = []
     for spec in args.inject:
         try:
-            injection = parse_inject(spec)
+            injection = parse_injection(spec)
         except ValueError as exc:
             return f"--inject: {exc}"
         error = injection.check(args.world_size, args.steps, device=args.device,
@@ -548,7 +568,7 @@ def _check_injections(args: argparse.Namespace) -> str | None:
             return f"--inject {spec}: {error}"
         kinds.append(type(injection))
     if len(set(kinds)) < len(kinds):
-        return "--inject: one hang and one checkpoint at most"
+        return "--inject: one injection of each kind at most (hang, checkpoint, gc, tokens, stage)"
     if not math.isfinite(args.hang_bound) or args.hang_bound <= 0:
         return "--hang-bound must be a positive number of seconds"
     return None

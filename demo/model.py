@@ -126,6 +126,65 @@ class ByteLM(nn.Module):
         return self.head(self.ln(self.blocks(x)))
 
 
+class FirstStage(nn.Module):
+    """Pipeline stage 0 of a :class:`ByteLM`: the embedding and the first ``blocks`` blocks
+    (the modules are the model's own, not copies). (B, T) int64 tokens -> (B, T, dim).
+
+    With ``adapter=True`` a residual MLP of two ``dim x dim`` layers follows the embedding
+    (made here, from the global generator: seed it the same on every rank of the stage): the
+    counterweight of the last stage's head and loss, so the two stages do about the same work
+    (see :mod:`laggard.demo.pipeline`).
+    """
+
+    def __init__(self, model: ByteLM, blocks: int, *, adapter: bool = False) -> None:
+        super().__init__()
+        self.embed, self.position = model.embed, model.position
+        self.blocks = nn.Sequential(*list(model.blocks)[:blocks])
+        self.throttle = model.throttle
+        dim = model.embed.embedding_dim
+        self.adapter = (nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim))
+                        if adapter else None)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.position[: tokens.shape[1]]
+        if self.adapter is not None:
+            x = x + self.adapter(x)
+        if self.throttle.factor > 0:
+            x = Throttle.apply(x, self.throttle)  # its backward, the stage's last, burns
+        return self.blocks(x)
+
+
+class LastStage(nn.Module):
+    """Pipeline stage 1 of a :class:`ByteLM`: the blocks after the first ``blocks``, the final
+    norm and the head. (B, T, dim) -> (B, T, 256) logits."""
+
+    def __init__(self, model: ByteLM, blocks: int) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*list(model.blocks)[blocks:])
+        self.ln, self.head = model.ln, model.head
+        self.throttle = model.throttle
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.throttle.factor > 0:
+            # at the stage's input: its backward runs last, before the gradient goes upstream
+            x = Throttle.apply(x, self.throttle)
+        return self.head(self.ln(self.blocks(x)))
+
+
+def split_stages(model: ByteLM, first_blocks: int, *, adapter: bool = False,
+                 ) -> tuple[FirstStage, LastStage]:
+    """Split ``model`` into two pipeline stages at block ``first_blocks`` (``adapter``: stage
+    0's counterweight, :class:`FirstStage`).
+
+    Raises:
+        ValueError: a split that leaves a stage without a block.
+    """
+    if not 0 < first_blocks < len(model.blocks):
+        raise ValueError(f"a split at block {first_blocks} of {len(model.blocks)} leaves a "
+                         "stage without blocks")
+    return FirstStage(model, first_blocks, adapter=adapter), LastStage(model, first_blocks)
+
+
 # ----------------------------------------------------------------------- fault injection
 class StepThrottle:
     """The slowed rank's extra work, measured against its own compute *of each step*.
@@ -136,27 +195,44 @@ class StepThrottle:
     step's compute 10% longer, whatever the machine's load does to the step, rather than a fixed
     amount calibrated once.
 
+    A pipeline stage runs several microbatches per step, each with its own backward: with
+    ``incremental=True`` each burn covers the compute since the previous burn (the first, since
+    :meth:`start_step`), so a step's burns add up to ``factor`` times its compute all the same.
+
     Attributes:
         factor: extra work as a fraction of the step's own compute; 0 injects nothing.
         optimizer_seconds: the previous step's optimizer CPU seconds (set by the worker).
         injected_seconds: extra CPU seconds burned in each step so far (cleared by the reader).
+        incremental: several burns per step (microbatches), each for the compute since the last.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, incremental: bool = False) -> None:
         self.factor = 0.0
         self.optimizer_seconds = 0.0
         self.injected_seconds: list[float] = []
+        self.incremental = incremental
         self._started = 0.0
+        self._optimizer_due = 0.0
+        self._fresh = True
 
     def start_step(self) -> None:
         """Mark the start of the step's forward pass (this thread's CPU clock)."""
         self._started = time.thread_time()
+        self._optimizer_due = self.optimizer_seconds
+        self._fresh = True
 
     def burn_for_step(self) -> None:
-        """Burn ``factor`` x this step's compute so far (plus the last optimizer step)."""
-        own = time.thread_time() - self._started + self.optimizer_seconds
+        """Burn ``factor`` x this step's compute so far (plus the last optimizer step); with
+        ``incremental``, the compute since the previous burn of the step."""
+        own = time.thread_time() - self._started + self._optimizer_due
         seconds = self.factor * own
         burn(seconds)
+        if self.incremental:
+            self._started, self._optimizer_due = time.thread_time(), 0.0
+            if not self._fresh and self.injected_seconds:
+                self.injected_seconds[-1] += seconds
+                return
+            self._fresh = False
         self.injected_seconds.append(seconds)
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from laggard.detectors.window import STEP_COLUMN_NAMES, WindowRecord
 
-__all__ = ["build_report", "detector_compute_slowdown", "format_report", "injected_line",
-           "percent", "windows_file_line"]
+__all__ = ["build_report", "cause_line", "cause_outcomes", "detector_compute_slowdown",
+           "format_report", "injected_line", "percent", "summary_lines", "windows_file_line"]
 
 
 def build_report(result: dict[str, Any], args: argparse.Namespace,
@@ -34,7 +34,8 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
     stat_names = result.get("stat_names", list(STEP_COLUMN_NAMES))
     records = [WindowRecord.from_saved({**w, "stat_names": stat_names}) for w in chosen]
     names = ("compute_seconds", "collective_wait_seconds", "data_seconds", "step_seconds",
-             "collective_seconds", "comm_bytes", *CLOCK_COLUMNS)
+             "collective_seconds", "comm_bytes", "p2p_wait_seconds", "gc_seconds", "tokens",
+             *CLOCK_COLUMNS)
     ranks = []
     for rank in range(result["world_size"]):
         def median(name: str, rank: int = rank) -> float | None:
@@ -44,11 +45,16 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
 
         ranks.append({"rank": rank, **{f"{name}_median": median(name) for name in names}})
     findings = [
-        {key: f.get(key) for key in
-         ("detector", "kind", "rank", "step", "severity", "evidence", "message")}
+        {**{key: f.get(key) for key in
+            ("detector", "kind", "rank", "step", "severity", "evidence", "message")},
+         # what a rank-less finding (a pipeline stage) is about
+         **({"subject": f["subject"]} if f.get("subject") else {})}
         for f in result["findings"]
     ]
-    return {
+    groups = _peer_groups(result, findings)
+    for r in ranks:
+        r["peer_group"] = _group_name(groups, r["rank"])
+    report = {
         "world_size": result["world_size"],
         "steps": result["steps"],
         "injected": {"rank": args.slow_rank, "slowdown": args.slowdown,
@@ -72,7 +78,47 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
                      "rank": f.get("rank"), "step": f.get("step")}
                     for f in result.get("cleared", [])],
         "windows_file": _windows_file(result, args),
+        "peer_groups": groups,
+        "injections": list(result.get("injections") or []),
     }
+    if args.slowdown > 1.0:  # against its own peer group, as the table says
+        report["injected"]["measured_slowdown"] = _rank_excess(report, args.slow_rank)
+    report["causes"] = cause_outcomes(report)
+    return report
+
+
+def _peer_groups(result: dict[str, Any], findings: list[dict[str, Any]]
+                 ) -> dict[str, Any] | None:
+    """The job's peer groups: the monitor's (``groups``, ``names``, ``stages``, ``source``),
+    else the group names the findings' evidence gives (``peer_group``), else None."""
+    groups = result.get("peer_groups")
+    if groups:
+        return dict(groups)
+    named = sorted({f["evidence"]["peer_group"] for f in findings
+                    if isinstance(f.get("evidence"), dict) and f["evidence"].get("peer_group")})
+    return {"groups": [], "names": named, "stages": [], "source": "findings"} if named else None
+
+
+def _group_name(groups: dict[str, Any] | None, rank: int) -> str | None:
+    """The name of ``rank``'s peer group, None without groups."""
+    if not groups:
+        return None
+    for members, name in zip(groups.get("groups") or [], groups.get("names") or [],
+                             strict=False):
+        if rank in members:
+            return str(name)
+    return None
+
+
+def _peers(report: dict[str, Any], rank: int) -> list[int]:
+    """The ranks ``rank`` is compared with: the others of its peer group when the job has
+    several groups, else every other rank."""
+    groups = (report.get("peer_groups") or {}).get("groups") or []
+    if len(groups) > 1:
+        for members in groups:
+            if rank in members:
+                return [r for r in members if r != rank]
+    return [r["rank"] for r in report.get("ranks") or [] if r["rank"] != rank]
 
 
 def _windows_file(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -167,10 +213,14 @@ def _measured_slowdown(ranks: list[dict[str, Any]], args: argparse.Namespace) ->
 
 def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) -> str:
     """The report as text for a terminal."""
-    lines = _table_lines(report) + _clock_lines(report) + [""] + _finding_lines(report)
+    groups = _peer_group_line(report)
+    lines = ([groups] if groups else []) + _table_lines(report) + _clock_lines(report) + [""] \
+        + _finding_lines(report)
     comm = report["comm"]
     if report.get("parallel") == "fsdp":
         lines.append(_fsdp_line(report))
+    elif report.get("parallel") == "pp":
+        lines.append(_pipeline_line(report))
     elif comm["bytes"]:
         lines.append(
             f"communication per step (compression: {comm['hook']}): {comm['bytes'] / 1e6:.3f} "
@@ -191,7 +241,109 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
     if lost:
         lines.append(lost)
     lines.append(injected_line(report))
+    lines += [cause_line(outcome) for outcome in report.get("causes") or []]
     return "\n".join(lines)
+
+
+def _pipeline_line(report: dict[str, Any]) -> str:
+    """The pipeline's communication per step: the gradient all-reduce within each stage, the
+    P2P wait."""
+    sc = report.get("step_comm") or {}
+    waits = [r.get("p2p_wait_seconds_median") for r in report["ranks"]]
+    waits_text = ", ".join(f"rank {i} {_ms(w)}" for i, w in enumerate(waits))
+    return (f"communication per step (pipeline, 1F1B): gradient all-reduce within each stage "
+            f"{_ms(sc.get('allreduce_seconds'))} ms (all exposed); P2P wait (blocked in "
+            f"send/recv, ms): {waits_text}")
+
+
+def cause_outcomes(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """What each injection expects the detectors to name, and what they named.
+
+    Returns:
+        One dict per injection (the slowdown first): ``injection`` (its spec), ``expected``
+        (``kind`` and ``ranks``, or ``group`` for a stage; None when nothing is expected:
+        ``tokens`` without the note), ``named`` (``[rank or group, kind]`` of every straggler
+        finding), ``hit`` (the expected kind on every expected rank, or the expected stage),
+        ``wrong_ranks`` (ranks named that were not injected) and ``false_kinds`` (other kinds
+        on the injected ranks, or stage findings of another stage).
+    """
+    from laggard.demo.injections import (
+        GcInjection,
+        StageInjection,
+        TokensInjection,
+        parse_injection,
+    )
+
+    findings = [f for f in report["findings"]
+                if (f.get("detector") or "straggler") == "straggler"]
+    world = report.get("world_size") or 0
+    expectations: list[tuple[str, dict[str, Any] | None]] = []
+    injected = report.get("injected") or {}
+    if (injected.get("slowdown") or 1.0) > 1.0:
+        expectations.append((f"slowdown={injected['slowdown']:g},rank:{injected['rank']}",
+                             {"kind": "compute", "ranks": [injected["rank"]]}))
+    for spec in report.get("injections") or []:
+        try:
+            injection = parse_injection(spec)
+        except ValueError:
+            continue
+        if isinstance(injection, GcInjection):
+            expectations.append((spec, {"kind": "gc", "ranks": [injection.rank]}))
+        elif isinstance(injection, TokensInjection):
+            ranks = [injection.rank]
+            if report.get("parallel") == "pp" and world:
+                ranks = [r for r in range(world) if r % (world // 2) == injection.rank % (
+                    world // 2)]
+            expectations.append((spec, {"kind": "load_imbalance", "ranks": ranks}
+                                 if injection.noted else None))
+        elif isinstance(injection, StageInjection):
+            expectations.append((spec, {"kind": STAGE_KIND, "group": f"pp={injection.stage}"}))
+    return [_outcome(spec, expected, findings) for spec, expected in expectations]
+
+
+def _outcome(spec: str, expected: dict[str, Any] | None,
+             findings: list[dict[str, Any]]) -> dict[str, Any]:
+    named = []
+    for f in findings:
+        where = f["rank"] if f["rank"] is not None else (
+            (f.get("evidence") or {}).get("peer_group") or f.get("subject"))
+        if [where, f["kind"]] not in named:
+            named.append([where, f["kind"]])
+    rank_named = {(w, k) for w, k in named if isinstance(w, int)}
+    group_named = {(w, k) for w, k in named if not isinstance(w, int)}
+    if expected is None:
+        return {"injection": spec, "expected": None, "named": named, "hit": None,
+                "wrong_ranks": [], "false_kinds": []}
+    if "group" in expected:
+        hit = (expected["group"], STAGE_KIND) in group_named
+        return {"injection": spec, "expected": expected, "named": named, "hit": hit,
+                "wrong_ranks": sorted({w for w, _ in rank_named}),
+                "false_kinds": sorted({k for w, k in group_named if w != expected["group"]})}
+    ranks, kind = expected["ranks"], expected["kind"]
+    hit = all((r, kind) in rank_named for r in ranks)
+    return {"injection": spec, "expected": expected, "named": named, "hit": hit,
+            "wrong_ranks": sorted({w for w, _ in rank_named if w not in ranks}),
+            "false_kinds": sorted({k for w, k in rank_named if w in ranks and k != kind}
+                                  | {k for _, k in group_named})}
+
+
+def cause_line(outcome: dict[str, Any]) -> str:
+    """One line per injection: expected, named, and the verdict."""
+    named = ", ".join(f"{'rank ' if isinstance(w, int) else ''}{w} ({k})"
+                      for w, k in outcome["named"]) or "nothing"
+    expected = outcome["expected"]
+    if expected is None:
+        return f"injected {outcome['injection']}: nothing expected; named: {named}"
+    where = (expected["group"] if "group" in expected
+             else "rank" + ("s " if len(expected["ranks"]) > 1 else " ")
+             + ", ".join(map(str, expected["ranks"])))
+    verdict = "RIGHT" if outcome["hit"] and not outcome["wrong_ranks"] else (
+        "found, with others named too" if outcome["hit"] else "NOT found")
+    extra = "".join([f"; wrong ranks {outcome['wrong_ranks']}" if outcome["wrong_ranks"] else "",
+                     f"; other kinds {outcome['false_kinds']}" if outcome["false_kinds"]
+                     else ""])
+    return (f"injected {outcome['injection']}: expected {expected['kind']} on {where}; named: "
+            f"{named}: {verdict}{extra}")
 
 
 def _table_lines(report: dict[str, Any]) -> list[str]:
@@ -199,17 +351,25 @@ def _table_lines(report: dict[str, Any]) -> list[str]:
     clock = ("on the device clock (max of device and CPU time per phase, waits for peers "
              "out), collective wait on the device timeline" if report.get("phase_clock") ==
              "device" else "in each rank's thread CPU time")
+    grouped = len((report.get("peer_groups") or {}).get("groups") or []) > 1
+    versus_what = ("compute over the median of the other ranks of its peer group" if grouped
+                   else "compute over the other ranks' median")
+    pp = report.get("parallel") == "pp"
     lines = ["", f"per-rank medians from step {report['table_from_step']} (ms; compute and data "
-                 f"{clock}, the rest wall time; 'vs others': compute over the other ranks' "
-                 "median)",
-             f"{'rank':>4}  {'compute':>8}  {'vs others':>9}  {'collective wait':>15}  "
-             f"{'data':>6}  {'step':>7}"]
+                 f"{clock}, the rest wall time; 'vs others': {versus_what}"
+                 + ("; P2P wait: blocked in pipeline send/recv" if pp else "") + ")",
+             f"{'rank':>4}  " + (f"{'group':>6}  " if grouped else "")
+             + f"{'compute':>8}  {'vs others':>9}  {'collective wait':>15}  "
+             + (f"{'P2P wait':>8}  " if pp else "") + f"{'data':>6}  {'step':>7}"]
     for r in report["ranks"]:
         excess = _rank_excess(report, r["rank"])
         versus = "-" if excess is None else f"{100 * excess:+.1f}%"
-        lines.append(f"{r['rank']:>4}  {_ms(r['compute_seconds_median']):>8}  {versus:>9}  "
+        lines.append(f"{r['rank']:>4}  " + (f"{r.get('peer_group') or '-':>6}  " if grouped
+                                            else "")
+                     + f"{_ms(r['compute_seconds_median']):>8}  {versus:>9}  "
                      f"{_ms(r['collective_wait_seconds_median']):>15}  "
-                     f"{_ms(r['data_seconds_median']):>6}  {_ms(r['step_seconds_median']):>7}")
+                     + (f"{_ms(r.get('p2p_wait_seconds_median')):>8}  " if pp else "")
+                     + f"{_ms(r['data_seconds_median']):>6}  {_ms(r['step_seconds_median']):>7}")
     return lines
 
 
@@ -268,6 +428,9 @@ def _finding_lines(report: dict[str, Any]) -> list[str]:
         why = _evidence_sentence(f.get("evidence") or {})
         if why:
             lines.append(f"  why: {why}")
+        where = _where_and_cost(f.get("evidence") or {})
+        if where:
+            lines.append(f"  {where}")
         ended = _cleared_step(report, f)
         if ended is not None:
             lines.append(f"  cleared at step {ended} (evidence of recovery)")
@@ -277,13 +440,77 @@ def _finding_lines(report: dict[str, Any]) -> list[str]:
                          f"{again} later window{'s' if again > 1 else ''})")
     # Whole-job findings after the rank findings: one still open at the end first, then those
     # that cleared, each saying so (under load, the shared cores slow every rank for a while).
-    job = [f for f in report["findings"] if f["rank"] is None]
+    stages = [f for f in report["findings"] if f["rank"] is None and f["kind"] == STAGE_KIND]
+    lines += _stage_lines(report, stages)
+    job = [f for f in report["findings"] if f["rank"] is None and f["kind"] != STAGE_KIND]
     for f in sorted(job, key=lambda f: _cleared_step(report, f) is not None):
         ended = _cleared_step(report, f)
         lines.append(f"also: {f['message']} (step {f['step']}; "
                      + ("still open at the end)" if ended is None else
                         f"cleared at step {ended})"))
     return lines
+
+
+#: The kind of a pipeline-stage imbalance finding (``laggard.detectors.stage_balance``).
+STAGE_KIND = "stage_imbalance"
+
+
+def _where_and_cost(evidence: dict[str, Any]) -> str:
+    """A finding's peer group, how it was compared, and what it costs the job ("" if none of
+    these is in its evidence)."""
+    parts = []
+    if evidence.get("peer_group"):
+        parts.append(f"peer group {evidence['peer_group']}"
+                     + (f" (compared {evidence['compared']})" if evidence.get("compared")
+                        else ""))
+    per_step, per_hour = (evidence.get("lost_seconds_per_step"),
+                          evidence.get("lost_seconds_per_hour"))
+    if per_step is not None:
+        parts.append(f"costs the job {1e3 * per_step:.1f} ms per step"
+                     + (f" ({per_hour:.0f} s per hour)" if per_hour is not None else ""))
+    return "; ".join(parts)
+
+
+def _stage_lines(report: dict[str, Any], findings: list[dict[str, Any]]) -> list[str]:
+    """Each stage-imbalance finding once: the stage, the message, each stage's work per step,
+    the balanced split, the cost."""
+    lines: list[str] = []
+    seen: set[Any] = set()
+    for f in findings:
+        evidence = f.get("evidence") or {}
+        key = f.get("subject") or evidence.get("peer_group")
+        if key in seen:
+            continue
+        seen.add(key)
+        lines.append(f"stage imbalance: {key or 'a pipeline stage'}, first flagged at step "
+                     f"{f['step']}")
+        lines.append(f"  {f['message']}")
+        stage_seconds = evidence.get("stage_seconds") or {}
+        if stage_seconds:
+            work = ", ".join(f"{name} {_ms(v)} ms" for name, v in stage_seconds.items())
+            balanced = evidence.get("balanced_stage_seconds")
+            lines.append(f"  work per step: {work}"
+                         + (f"; balanced: {_ms(balanced)} ms each" if balanced else ""))
+        cost = _where_and_cost(evidence)
+        if cost:
+            lines.append(f"  {cost}")
+        ended = _cleared_step(report, f)
+        if ended is not None:
+            lines.append(f"  cleared at step {ended}")
+    return lines
+
+
+def _peer_group_line(report: dict[str, Any]) -> str:
+    """The peer groups each rank was compared within ("" for one group of every rank)."""
+    groups = report.get("peer_groups") or {}
+    members, names = groups.get("groups") or [], groups.get("names") or []
+    if len(members) <= 1 and len(names) <= 1:
+        return ""
+    listed = "; ".join(f"{name}: ranks {', '.join(map(str, ranks))}" if ranks else str(name)
+                       for name, ranks in zip(names, members or [[]] * len(names),
+                                              strict=False))
+    return (f"peer groups ({groups.get('source') or 'given'}; each rank is compared with its "
+            f"own group): {listed}")
 
 
 def _cleared_step(report: dict[str, Any], finding: dict[str, Any]) -> int | None:
@@ -328,13 +555,23 @@ def _rank_excess(report: dict[str, Any], rank: int | None) -> float | None:
     if rank is None or not 0 <= rank < len(ranks):
         return None
     own = ranks[rank]["compute_seconds_median"]
-    others = _median([r["compute_seconds_median"] for r in ranks if r["rank"] != rank])
+    peers = set(_peers(report, rank))
+    others = _median([r["compute_seconds_median"] for r in ranks if r["rank"] in peers])
     return None if own is None or not others else own / others - 1
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The HTML page's summary: the peer groups, what was injected and what was named."""
+    groups = _peer_group_line(report)
+    return (([groups] if groups else []) + [injected_line(report)]
+            + [cause_line(o) for o in report.get("causes") or []])
 
 
 def injected_line(report: dict[str, Any]) -> str:
     """What was injected, what was measured, and whether (and when) it was found."""
     injected = report["injected"]
+    if injected["slowdown"] <= 1.0 and report.get("injections"):
+        return "injected: no slowdown (the injected causes below)"
     if injected["slowdown"] <= 1.0:
         named = [f for f in report["findings"] if f["rank"] is not None
                  and f.get("detector", "straggler") == "straggler"]

@@ -46,6 +46,7 @@ from laggard.demo.hang import (
     parse_inject,
     write_marker,
 )
+from laggard.demo.injections import CyclicGarbage, GcInjection, TokensInjection, parse_injection
 from laggard.demo.model import BUCKET_CAP_MB, ByteBatches, ByteLM, load_stdlib_text
 from laggard.detectors.straggler import StragglerDetector
 from laggard.detectors.window import STEP_COLUMN_NAMES
@@ -85,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compression", default="none")
     p.add_argument("--inject-bitflip", default="")
     p.add_argument("--windows", default="", help="rank 0 saves every window here (JSON lines)")
-    p.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp")
+    p.add_argument("--parallel", choices=["ddp", "fsdp", "pp"], default="ddp")
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false")
     p.add_argument("--run-id", default="", help="run id (TrainingMonitor.Config.run)")
     p.add_argument("--gpu-state", action="store_true",
@@ -95,12 +96,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="hang=rank:R,step:S,kind:K (laggard.demo.hang)")
     p.add_argument("--inject-checkpoint", default="", metavar="SPEC",
                    help="checkpoint=step:S,factor:F (laggard.demo.hang)")
+    p.add_argument("--inject-cause", action="append", default=[], metavar="SPEC",
+                   help="gc=..., tokens=..., stage=... (laggard.demo.injections)")
     p.add_argument("--hang-marker", default="", help="the hanging rank writes here when it hangs")
     p.add_argument("--hang-report", default="",
                    help="rank 0 appends each hang its monitor names here (JSON lines)")
     args = p.parse_args(argv)
     args.hang = parse_inject(args.inject_hang) if args.inject_hang else None
     args.checkpoint = parse_inject(args.inject_checkpoint) if args.inject_checkpoint else None
+    args.causes = [parse_injection(spec) for spec in args.inject_cause]
     return args
 
 
@@ -190,14 +194,29 @@ class Job:
     hang_marker: str = ""
     hang_hook: HangingHook | None = None  # kinds skip and device: the DDP hook that acts
     checkpoint: Any = None  # --inject-checkpoint: CheckpointInjection
+    pipeline: Any = None  # --parallel pp: laggard.demo.pipeline.Pipeline
+    step_fn: Any = None  # one monitored step (None: train_step, or train_step_async)
+    garbage: CyclicGarbage | None = None  # --inject gc=rank:R on rank R
+    garbage_from: int = 0  # the first step it builds garbage in (--slow-from)
+    tokens: int = 0  # tokens per step (batch x sequence length)
+    note_tokens: bool = True  # monitor.note("tokens", ...) each step (tokens=...,note:off: no)
 
 
 def build_job(args: argparse.Namespace, rank: int) -> Job:
-    """The model, DDP with the timing (and optional integrity) hook or FSDP2 (``--parallel``),
-    the collective tracer, and the monitor."""
+    """The model, DDP with the timing (and optional integrity) hook, FSDP2 or the pipeline
+    (``--parallel``), the collective tracer, and the monitor."""
+    if args.parallel == "pp":
+        from laggard.demo.pipeline import build_pipeline_job
+
+        return build_pipeline_job(args, rank, Job, args.causes, detector_config())
+    tokens = next((i for i in args.causes if isinstance(i, TokensInjection)), None)
+    seq_len = max_len = 64
+    if tokens is not None:
+        max_len = tokens.seq_len(seq_len)  # every rank's model the same: room for the longest
+        seq_len = max_len if rank == tokens.rank else seq_len
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts them)
-    model = ByteLM()
-    batches = ByteBatches(load_stdlib_text(), batch_size=8, seq_len=64,
+    model = ByteLM(seq_len=max_len)
+    batches = ByteBatches(load_stdlib_text(), batch_size=8, seq_len=seq_len,
                           seed=args.seed * 1000 + rank)
     tracer = CollectiveTracer()  # after init_process_group: watches the default group
     ddp, timer, state, integrity, hang_hook = parallelize(model, args, tracer, rank)
@@ -225,10 +244,14 @@ def build_job(args: argparse.Namespace, rank: int) -> Job:
 
         mark_stalls(model, monitor.device_clock)
     optimizer = make_optimizer(state, model)
+    garbage = (CyclicGarbage() if any(isinstance(i, GcInjection) and i.rank == rank
+                                      for i in args.causes) else None)
     return Job(model=model, ddp=ddp, batches=batches, optimizer=optimizer, monitor=monitor,
                hook_state=state, integrity=integrity, tracer=tracer, per_step=[],
                device=device, rank=rank, hang=args.hang, hang_marker=args.hang_marker,
-               hang_hook=hang_hook, checkpoint=args.checkpoint)
+               hang_hook=hang_hook, checkpoint=args.checkpoint, garbage=garbage,
+               garbage_from=args.slow_from,
+               tokens=8 * seq_len, note_tokens=tokens is None or tokens.noted)
 
 
 def hang_options(args: argparse.Namespace, rank: int) -> dict[str, Any]:
@@ -291,15 +314,44 @@ def _step_comm(monitor: TrainingMonitor) -> list[float]:
             t.op_seconds("allreduce"), t.total_seconds, t.exposed_seconds, t.hidden_seconds]
 
 
+def load_batch(job: Job) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's ``data`` phase: the next batch (or the injected data hang)."""
+    with job.monitor.phase("data"):
+        _maybe_hang(job, "data")
+        return job.batches.next()
+
+
+def begin_compute(job: Job) -> None:
+    """At the start of the step's first compute phase: the injected Python hangs, and the
+    injected rank's cyclic garbage (``--inject gc``)."""
+    _maybe_hang(job, "python", "spin")
+    if job.garbage is not None and job.step_index >= job.garbage_from:
+        job.garbage.build()
+
+
+def size_garbage(job: Job, step_started: float) -> None:
+    """After a step that built garbage (``--inject gc``): size the next step's from this step's
+    thread CPU time since ``step_started`` (``time.thread_time()``)."""
+    if job.garbage is not None and job.step_index >= job.garbage_from:
+        job.garbage.end_step(time.thread_time() - step_started)
+
+
+def end_of_step(job: Job, loss: float) -> None:
+    """Inside the step, after its phases: the loss and tokens notes, the injected checkpoint."""
+    job.monitor.note("loss", loss)  # inside the step: it belongs to this step's window
+    if job.note_tokens:
+        job.monitor.note("tokens", float(job.tokens))
+    _maybe_checkpoint(job)
+
+
 def train_step(job: Job) -> float:
     """One monitored training step; returns this rank's loss."""
     monitor, throttle = job.monitor, job.model.throttle
+    started = time.thread_time()
     with monitor.step():
-        with monitor.phase("data"):
-            _maybe_hang(job, "data")
-            x, y = job.batches.next()
+        x, y = load_batch(job)
         with monitor.phase("forward"):
-            _maybe_hang(job, "python", "spin")
+            begin_compute(job)
             loss = F.cross_entropy(job.ddp(x).flatten(0, 1), y.flatten())
         with monitor.phase("backward"):
             loss.backward()
@@ -310,8 +362,8 @@ def train_step(job: Job) -> float:
             job.optimizer.zero_grad(set_to_none=True)
         throttle.optimizer_seconds = time.thread_time() - optimizer_started
         value = loss.item()
-        monitor.note("loss", value)  # inside the step: it belongs to this step's window
-        _maybe_checkpoint(job)
+        end_of_step(job, value)
+    size_garbage(job, started)
     job.per_step.append(_step_comm(monitor))
     return value
 
@@ -398,7 +450,8 @@ def run_steps(job: Job, args: argparse.Namespace, rank: int) -> tuple[dict[int, 
         if job.hang_hook is not None:
             job.hang_hook.step = step
         start = time.perf_counter()
-        loss = train_step(job) if job.device is None else train_step_async(job)
+        step_fn = job.step_fn or (train_step if job.device is None else train_step_async)
+        loss = step_fn(job)
         step_times.append(time.perf_counter() - start)
         job.step_times.append(step_times[-1])
         local_losses.append(loss)
@@ -419,24 +472,36 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if job.device is not None:
         job.device.synchronize()
     job.monitor.close()
+    if job.garbage is not None:
+        job.garbage.close()
+    if job.pipeline is not None:
+        job.pipeline.handle.undo()
     if job.hook_state is not None:
         job.hook_state.close()  # a two-stage hook's worker thread and second group
     if job.device is not None:
         job.device.close()
     injected = job.model.throttle.injected_seconds
-    injected_t = torch.tensor([float(np.median(injected)) if injected else 0.0])
+    collected = job.garbage.gc_seconds if job.garbage is not None else []
+    injected_t = torch.tensor([float(np.median(injected)) if injected else 0.0,
+                               float(np.median(collected)) if collected else 0.0])
     dist.all_reduce(injected_t, op=dist.ReduceOp.MAX)  # only the slowed rank injects
     tail = local_losses[-args.window:]
     loss = {"first": losses.get(0), "last": losses.get(args.steps - 1),
             "last_window_mean": global_mean(sum(tail) / len(tail))}
-    return result_of(job, args, world, loss, float(injected_t.item()))
+    result = result_of(job, args, world, loss, float(injected_t[0]))
+    # --inject gc: the injected rank's collector seconds per step (its own gc.callbacks)
+    result["injected_gc_seconds_per_step"] = float(injected_t[1])
+    return result
 
 
 def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, Any],
               injected_seconds: float) -> dict[str, Any]:
     """Rank 0's result document: the gathered windows, findings, losses and counters."""
     monitor, integrity = job.monitor, job.integrity
-    grad_bytes = 4 * sum(p.numel() for p in job.model.parameters())
+    # a pipeline stage all-reduces its own stage's gradients, over its data-parallel group
+    params = job.ddp.parameters() if job.pipeline is not None else job.model.parameters()
+    grad_bytes = 4 * sum(p.numel() for p in params)
+    dp_world = job.pipeline.dp_size if job.pipeline is not None else world
     names = list(monitor.windows[0].columns) if monitor.windows else list(STEP_COLUMN_NAMES)
     return {
         "rank": dist.get_rank(),
@@ -446,7 +511,7 @@ def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, An
         "injected_extra_seconds_per_step": injected_seconds,
         "loss": loss,
         # what an fp32 ring all-reduce of the gradients sends per rank per step
-        "fp32_allreduce_bytes": ring_allreduce_bytes(grad_bytes, world),
+        "fp32_allreduce_bytes": ring_allreduce_bytes(grad_bytes, dp_world),
         "stat_names": names,
         "windows": [{"step": w.step, "medians": _json_floats(w.table(names).tolist())}
                     for w in monitor.windows],
@@ -457,6 +522,8 @@ def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, An
            if f not in monitor.findings],
         "cleared": [f.to_dict() for f in monitor.cleared],
         "parallel": args.parallel, "prefetch": args.prefetch,
+        "peer_groups": peer_groups_doc(job),
+        "injections": [i.spec() for i in args.causes],
         "device": args.device,
         "phase_clock": monitor.phase_clock,
         "device_clock": (job.device.default_stream().clock if job.device is not None
@@ -476,6 +543,13 @@ def result_of(job: Job, args: argparse.Namespace, world: int, loss: dict[str, An
             "save_error": monitor.save_error,
         },
     }
+
+
+def peer_groups_doc(job: Job) -> dict[str, Any]:
+    """The monitor's peer groups: ``groups``, ``names``, ``stages``, ``source``."""
+    groups = job.monitor.peer_groups
+    return {"groups": [list(g) for g in groups.groups], "names": list(groups.names),
+            "stages": list(groups.stages), "source": groups.source}
 
 
 def _json_floats(rows: list[list[float]]) -> list[list[float | None]]:

@@ -114,6 +114,9 @@ STEP_COLUMNS: tuple[WindowColumn, ...] = (
     WindowColumn("samples", "count", "median",
                  "samples per step: the sum of a step's monitor.note('samples', n); NaN when not "
                  "noted"),
+    # Pipeline parallelism (laggard.integrations.trace_sources.instrument_pipeline); 0 without.
+    WindowColumn("p2p_wait_seconds", "seconds", "median",
+                 "exposed P2P wait: the training thread blocked in pipeline send/recv waits"),
 )
 #: The step columns the device clock fills, one window late (the rest stay the CPU's).
 DEVICE_CLOCK_COLUMNS: tuple[str, ...] = (

@@ -18,6 +18,7 @@ _EXPORTS = {
     "allreduce_timing_hook": "laggard.integrations.comm_timing",
     "CollectiveTracer": "laggard.integrations.tracer",
     "instrument_fsdp": "laggard.integrations.trace_sources",
+    "instrument_pipeline": "laggard.integrations.trace_sources",
     "attach": "laggard.integrations.trace_sources",
     # laggard.compression's, through the old path's re-export (the one way integrations reach it)
     "make_hook": "laggard.integrations.compression",

@@ -676,7 +676,9 @@ class TrainingMonitor:
                 collected.cpu_by_phase if self.phase_clock == "thread_cpu"
                 else collected.wall_by_phase),
             # the device clock's phases are device time: the pause is only reported there
-            move_gc=self.device_clock is None)
+            move_gc=self.device_clock is None,
+            p2p_wait_seconds=getattr(self._trace and self._trace.last_step,
+                                     "p2p_wait_seconds", 0.0))
         for name, value in times.columns().items():
             self._steps[_STEP_ROWS[name], column] = value
         self._record_gc_and_work(column, collected)

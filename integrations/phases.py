@@ -22,6 +22,10 @@ so the rules are tested with plain numbers:
   still a compute straggler, and :mod:`laggard.detectors.causes` names the cause. A collection
   in the loop's ``data`` phase thus moves from data to compute. Collections between two timed
   phases were in no phase and stay out of every one.
+* **exposed P2P wait** (pipeline parallelism: the training thread blocked in the schedule's
+  waits for sends and receives, :func:`~laggard.integrations.trace_sources.instrument_pipeline`)
+  sat inside the wall-clock phase that ran the schedule: it comes off compute on the wall clock,
+  and travels as ``p2p_wait_seconds``, never as collective wait.
 
 On the device clock (:func:`device_step_times`) a step also has *device marks*: timing events
 recorded on the stream at each phase's start and end, at the last gradient bucket's readiness
@@ -94,6 +98,7 @@ class StepTimes:
         gc_seconds: the training thread's garbage collection inside the compute this step
             reports: the ``gc`` phase when phases were timed, every collection of the step when
             none was (compute is then the whole step); NaN when not measured.
+        p2p_wait_seconds: exposed P2P wait (pipeline send / receive waits).
     """
 
     phases: dict[str, float]
@@ -104,6 +109,7 @@ class StepTimes:
     comm_bytes: float
     step_seconds: float
     gc_seconds: float = math.nan
+    p2p_wait_seconds: float = 0.0
 
     def columns(self) -> dict[str, float]:
         """The window record's step columns (``laggard.detectors.window.STEP_COLUMNS``) this
@@ -117,6 +123,7 @@ class StepTimes:
             "collective_seconds": self.collective_seconds,
             "comm_bytes": self.comm_bytes,
             "gc_seconds": self.gc_seconds,
+            "p2p_wait_seconds": self.p2p_wait_seconds,
         }
 
 
@@ -130,6 +137,7 @@ def step_times(
     blocking_collectives: bool = False,
     gc_by_phase: Mapping[str, float] | None = None,
     move_gc: bool = True,
+    p2p_wait_seconds: float = 0.0,
 ) -> StepTimes:
     """Split one step's time into compute, data and collective wait (module docstring).
 
@@ -150,6 +158,8 @@ def step_times(
         move_gc: move each phase's collections into the ``gc`` phase (a phase never loses
             more than it had); False (the device clock, whose phases are device time) only
             reports ``gc_seconds``, every collection of the step.
+        p2p_wait_seconds: the step's exposed P2P wait (the tracer's); off compute on the wall
+            clock.
 
     Returns:
         :class:`StepTimes`; every duration >= 0.
@@ -177,6 +187,9 @@ def step_times(
         compute = max(0.0, step_seconds - wait)
     if collectives is not None and blocking_collectives and wall_clock and exposed is None:
         compute = max(0.0, compute - wait)
+    p2p_wait = max(0.0, p2p_wait_seconds) if math.isfinite(p2p_wait_seconds) else 0.0
+    if wall_clock or not phases:
+        compute = max(0.0, compute - p2p_wait)
     return StepTimes(
         phases=phases,
         compute_seconds=compute,
@@ -186,6 +199,7 @@ def step_times(
         comm_bytes=float(collectives.bytes) if collectives is not None else 0.0,
         step_seconds=step_seconds,
         gc_seconds=gc_seconds,
+        p2p_wait_seconds=p2p_wait,
     )
 
 

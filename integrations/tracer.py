@@ -40,6 +40,14 @@ Usage (FSDP2 on any backend)::
     trace_sources.instrument_fsdp(model, tracer)
     monitor = TrainingMonitor(config, tracer=tracer)
 
+**Point-to-point** (pipeline parallelism): ``send`` / ``recv`` are timed per peer and kept apart
+from the collectives (a receive's time includes its sender's lateness, so the arrived-last rule
+does not hold for them). ``trace_sources.instrument_pipeline(tracer)`` tracks every send and
+receive of ``torch.distributed.pipelining``'s schedules and times the training thread's block in
+their waits as *exposed P2P wait* per peer (:attr:`TraceStep.p2p_wait_seconds`, the window's
+``p2p_wait_seconds``, taken out of compute on the wall clock); plain ``isend`` / ``irecv`` go
+through :meth:`CollectiveTracer.track` with ``peer=`` and :meth:`CollectiveTracer.wait`.
+
 **Progress per group** (for the heartbeat, :mod:`laggard.integrations.heartbeat`): per watched
 group a sequence number of the collectives this rank issued, the completed count in issue order
 (the highest ``n`` such that ``1..n`` completed), the last op, and the monotonic
@@ -210,8 +218,9 @@ class GroupStep:
     """One group's collectives in one step on this rank.
 
     Attributes:
-        count: collectives completed.
-        seconds: sum of their issue-to-completion seconds.
+        count: collectives completed (P2P ``send`` / ``recv`` included).
+        seconds: sum of their issue-to-completion seconds, P2P ops left out
+            (:attr:`TraceStep.p2p_seconds` says why; their seconds are in ``by_op``).
         bytes: bytes this rank put on the wire for them (bandwidth-optimal algorithm).
         by_op: op -> [count, seconds, bytes].
     """
@@ -233,6 +242,16 @@ class TraceStep:
             calls (union; FSDP2 on gloo issues its all-gathers synchronously).
         bytes: bytes on the wire, all groups.
         collectives: per op, count merged: op, seconds, bytes.
+        p2p_seconds: wall time during which a point-to-point ``send`` / ``recv`` was in flight
+            (union). P2P ops are kept out of ``total_seconds`` and of each group's
+            ``seconds`` (:class:`GroupStep`): a receive's issue-to-completion time includes
+            the sender's lateness, so the arrived-last rule of synchronous collectives does
+            not hold for it; they stay in ``by_op``, ``bytes`` and ``collectives``.
+        p2p_wait_seconds: exposed P2P wait: wall time the training thread was blocked waiting
+            for sends and receives (:meth:`CollectiveTracer.p2p_wait`; the pipeline schedules'
+            ``_wait_batch_p2p`` through :func:`~laggard.integrations.trace_sources.
+            instrument_pipeline`).
+        p2p_wait_by_peer: that wait per peer (global rank; None: a work of unknown peer).
     """
 
     groups: dict[int, GroupStep] = field(default_factory=dict)
@@ -240,6 +259,9 @@ class TraceStep:
     exposed_seconds: float = 0.0
     bytes: int = 0
     collectives: list[CollectiveTiming] = field(default_factory=list)
+    p2p_seconds: float = 0.0
+    p2p_wait_seconds: float = 0.0
+    p2p_wait_by_peer: dict[int | None, float] = field(default_factory=dict)
 
     @property
     def hidden_seconds(self) -> float:
@@ -247,7 +269,8 @@ class TraceStep:
         return max(0.0, self.total_seconds - self.exposed_seconds)
 
     def op_seconds(self, op: str) -> float:
-        """Summed seconds of one op over every group (``allgather``, ``reduce_scatter``...)."""
+        """Summed seconds of one op over every group (``allgather``, ``reduce_scatter``,
+        ``send``, ``recv``...)."""
         return sum(g.by_op.get(op, [0, 0.0, 0])[1] for g in self.groups.values())
 
     def summary(self) -> dict[str, float]:
@@ -283,7 +306,10 @@ class CollectiveTracer:
             a start time), ``unsampled`` (device collectives not sampled), ``device_unread``
             (device intervals dropped unread: events still pending behind
             ``device_events // 2 - 2`` newer ones, or unreadable), ``p2p_pairs_dropped``
-            (P2P ops of a pair beyond :data:`MAX_P2P_PAIRS`, not counted in the progress).
+            (P2P ops of a pair beyond :data:`MAX_P2P_PAIRS`, not counted in the progress),
+            ``futureless`` (P2P works without a future, gloo's: completed when waited for or
+            seen completed at a later :meth:`take_step`), ``p2p_unmapped`` (pipeline P2P ops
+            whose kind or works the pipeline source could not read: issued, not traced).
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -331,7 +357,7 @@ class CollectiveTracer:
         self.stats: dict[str, int] = dict.fromkeys(
             ("recorded", "dropped", "never_completed", "unknown_group", "not_member",
              "unknown_backend", "errors", "untimed", "unsampled", "device_unread",
-             "p2p_pairs_dropped"), 0)
+             "p2p_pairs_dropped", "futureless", "p2p_unmapped"), 0)
         self.device = device
         self._device_off = False
         self._pending: Any = None  # PendingIntervals, made at the first device-timed collective
@@ -348,6 +374,13 @@ class CollectiveTracer:
         self._progress: dict[tuple[int, int | None], tuple[GroupInfo, _Counter]] = {}
         self._issue_sourced: set[int] = set()  # groups counted at issue, not by record()
         self._done: collections.deque[_Done] = collections.deque()
+        # P2P works without a future (gloo's send / recv): id(work) -> (work, token, group
+        # index, peer), completed by p2p_wait() or by a take_step() that sees them completed;
+        # the work is kept so its id stays its own. Bounded by max_in_flight.
+        self._futureless: collections.OrderedDict[int, tuple[Any, int, int, int | None]] = (
+            collections.OrderedDict())
+        # exposed P2P wait of the current step: (group index, peer) -> seconds
+        self._p2p_wait: dict[tuple[int | None, int | None], float] = {}
         self._by_id: dict[int, GroupInfo] = {}
         self._keep: list[Any] = []  # the group objects: their ids stay theirs
         self.groups: list[GroupInfo] = []
@@ -512,7 +545,10 @@ class CollectiveTracer:
         """The collective of ``token`` completed now (unknown or expired tokens are ignored)."""
         if token is None:
             return
-        now = time.perf_counter()
+        self._end_at(token, time.perf_counter())
+
+    def _end_at(self, token: int, now: float) -> None:
+        """The collective of ``token`` completed at ``now`` (``perf_counter`` seconds)."""
         with self._lock:
             entry = self._in_flight.pop(token, None)
             if entry is not None:
@@ -611,9 +647,21 @@ class CollectiveTracer:
         with a current stream that has been made to wait for the collective's stream; both are
         read without blocking at a later :meth:`take_step`. Every
         ``Config.device_sample_every``-th collective of a group is timed so. A work without a
-        future is not timed (counted in ``errors``, logged once). Pipeline P2P: ``track(
-        dist.isend(t, dst, group=pg), "send", pg, t.nbytes, peer=dst)`` (``recv`` with
-        ``peer=src``) counts the pair's progress (:meth:`progress`).
+        future is not timed (counted in ``errors``, logged once).
+
+        Point-to-point (pipeline parallelism, plain ``isend`` / ``irecv``)::
+
+            work = tracer.track(dist.isend(t, dst, group=pg), "send", pg, t.nbytes, peer=dst)
+            ...
+            tracer.wait(work)        # instead of work.wait(): the block is exposed P2P wait
+
+        (``recv`` with ``peer=src``; ``peer`` is the global rank) counts the pair's progress
+        (:meth:`progress`) and times the op. gloo's send / recv ``Work`` has no future
+        ("Work::getFuture not implemented"): such a work completes when :meth:`wait` (or
+        :meth:`p2p_wait`) returns, or at the first :meth:`take_step` that finds it completed
+        (``is_completed()``), counted in ``stats["futureless"]``. The pipeline schedules'
+        sends and receives are tracked so by
+        :func:`~laggard.integrations.trace_sources.instrument_pipeline`.
 
         Args:
             work: the ``Work`` an ``async_op=True`` call returned (None: nothing to time).
@@ -633,11 +681,100 @@ class CollectiveTracer:
             return work
         token = self._begin(info, op, nbytes, False, peer)
         try:
-            work.get_future().add_done_callback(lambda _fut: self.end(token))
+            future = work.get_future()
+        except Exception as exc:  # noqa: BLE001 - gloo's P2P works have no future
+            if op in P2P_OPS:
+                self._keep_futureless(work, token, info.index, peer)
+                return work
+            self._drop(token)
+            self._count("errors", "track", "laggard: cannot time an async collective (%r)", exc)
+            return work
+        try:
+            future.add_done_callback(lambda _fut: self.end(token))
         except Exception as exc:  # noqa: BLE001
             self._drop(token)
             self._count("errors", "track", "laggard: cannot time an async collective (%r)", exc)
         return work
+
+    # ------------------------------------------------------------- point-to-point waits
+    def _keep_futureless(self, work: Any, token: int, index: int, peer: int | None) -> None:
+        """Remember a P2P work without a future until it is waited for or seen completed."""
+        with self._lock:
+            self.stats["futureless"] += 1
+            self._futureless[id(work)] = (work, token, index, peer)
+            while len(self._futureless) > self.config.max_in_flight:
+                self._futureless.popitem(last=False)  # its token expires with stall_seconds
+
+    def wait(self, work: Any, *, peer: int | None = None) -> Any:
+        """``work.wait()`` on the training thread, the time blocked recorded as exposed P2P
+        wait for the work's peer (:meth:`p2p_wait`); returns what ``wait()`` returned. An
+        exception of ``wait()`` passes through (it is the job's); the wait is still recorded.
+
+        Args:
+            work: a ``Work`` of ``isend`` / ``irecv`` (tracked with :meth:`track` or not).
+            peer: its peer, global rank, for a work not tracked (a tracked one knows its own).
+        """
+        with self.p2p_wait([work], peer=peer):
+            return work.wait()
+
+    @contextmanager
+    def p2p_wait(self, works: Any, *, peer: int | None = None) -> Iterator[None]:
+        """Time the block around waiting for ``works`` as exposed P2P wait.
+
+        The wall time inside the ``with`` goes to this step's
+        :attr:`TraceStep.p2p_wait_seconds`, under the peer of the first tracked work (the
+        pipeline schedules wait for one peer's works at a time), else under ``peer``; the
+        tracked works without a future complete when it ends. Never raises of its own.
+
+        Args:
+            works: the ``Work`` objects waited for (an iterable).
+            peer: the peer (global rank) when no work of ``works`` was tracked.
+        """
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._waited(works, peer, start, time.perf_counter())
+
+    def _waited(self, works: Any, peer: int | None, start: float, end: float) -> None:
+        """Record one exposed P2P wait and complete the futureless works waited for (a wait
+        for no work at all, as the schedules make for an empty batch, is not one)."""
+        try:
+            index: int | None = None
+            with self._lock:
+                entries = [self._futureless.pop(id(w), None) for w in works]
+            if not entries:
+                return
+            for entry in entries:
+                if entry is None:
+                    continue
+                _, token, group_index, work_peer = entry
+                if index is None:
+                    index, peer = group_index, work_peer
+                self._end_at(token, end)
+            with self._lock:
+                key = (index, peer)
+                self._p2p_wait[key] = self._p2p_wait.get(key, 0.0) + max(0.0, end - start)
+        except Exception as exc:  # noqa: BLE001 - timing a wait never fails the job's wait
+            self._count("errors", "p2p_wait", "laggard: cannot record a P2P wait (%r)", exc)
+
+    def _poll_futureless(self) -> None:
+        """Complete the futureless works that are completed now, forget the expired ones
+        (``take_step``; ``is_completed()`` never blocks)."""
+        with self._lock:
+            items = list(self._futureless.items())
+        now = time.perf_counter()
+        for key, (work, token, _, _) in items:
+            try:
+                done = bool(work.is_completed())
+            except Exception:  # noqa: BLE001 - an unknown work: left to stall_seconds
+                done = False
+            with self._lock:
+                expired = token not in self._in_flight
+                if done or expired:
+                    self._futureless.pop(key, None)
+            if done and not expired:
+                self._end_at(token, now)
 
     # ------------------------------------------------------------------ on a device
     def _device_module(self, info: GroupInfo, tensor: Any, device: Any) -> Any:
@@ -785,10 +922,13 @@ class CollectiveTracer:
         collectives in flight for longer than ``Config.stall_seconds``.
         """
         self.harvest()
+        if self._futureless:
+            self._poll_futureless()
         now = time.perf_counter()
         with self._lock:
             done = list(self._done)
             self._done.clear()
+            waits, self._p2p_wait = self._p2p_wait, {}
             current = self._steps
             self._steps += 1
             if self._device_done:
@@ -806,6 +946,9 @@ class CollectiveTracer:
             self.stats["never_completed"] += len(stale)
             self.stats["recorded"] += len(done)
         step = TraceStep()
+        for (_, peer), seconds in waits.items():
+            step.p2p_wait_seconds += seconds
+            step.p2p_wait_by_peer[peer] = step.p2p_wait_by_peer.get(peer, 0.0) + seconds
         if not done:
             return step
         per_op: dict[str, CollectiveTiming] = {}
@@ -813,7 +956,8 @@ class CollectiveTracer:
             g = step.groups.setdefault(index, GroupStep())
             seconds = max(0.0, end - start)
             g.count += 1
-            g.seconds += seconds
+            if op not in P2P_OPS:
+                g.seconds += seconds
             g.bytes += nbytes
             entry = g.by_op.setdefault(op, [0, 0.0, 0])
             entry[0] += 1
@@ -824,8 +968,10 @@ class CollectiveTracer:
             merged.bytes += nbytes
         step.collectives = list(per_op.values())
         step.bytes = sum(d[4] for d in done)
-        step.total_seconds = union_seconds([(d[2], d[3]) for d in done])
-        step.exposed_seconds = union_seconds([(d[2], d[3]) for d in done if d[5]])
+        step.total_seconds = union_seconds([(d[2], d[3]) for d in done if d[1] not in P2P_OPS])
+        step.exposed_seconds = union_seconds([(d[2], d[3]) for d in done
+                                              if d[5] and d[1] not in P2P_OPS])
+        step.p2p_seconds = union_seconds([(d[2], d[3]) for d in done if d[1] in P2P_OPS])
         return step
 
     @property

@@ -75,7 +75,7 @@ def test_a_bad_spec_is_refused_in_one_line(spec: str, message: str) -> None:
     (["--inject", "hang=rank:1,step:5,kind:skip", "--parallel", "fsdp"],
      "kind skip acts in the DDP communication hook: use --parallel ddp"),
     (["--inject", "hang=rank:1,step:5,kind:data", "--inject", "hang=rank:2,step:5,kind:data"],
-     "--inject: one hang and one checkpoint at most"),
+     "--inject: one injection of each kind at most"),
     (["--inject", "hang=rank:1,step:5,kind:data", "--hang-bound", "0"],
      "--hang-bound must be a positive number of seconds"),
     (["--inject", "hang=rank:1,step:5,kind:nap"], "--inject: unknown hang kind 'nap'"),

@@ -249,7 +249,8 @@ def _window(rng: np.random.Generator, step: int, slow_rank: int | None,
                "device_pending_count": np.zeros(ranks),
                # no collection, no work noted
                "gc_seconds": np.zeros(ranks), "gc_generation": np.full(ranks, -1.0),
-               "tokens": np.full(ranks, np.nan), "samples": np.full(ranks, np.nan)}
+               "tokens": np.full(ranks, np.nan), "samples": np.full(ranks, np.nan),
+               "p2p_wait_seconds": np.zeros(ranks)}
     return WindowRecord(step=step, columns=columns, ranks=np.arange(ranks), world_size=ranks,
                         nodes=["node07"] * ranks)
 

@@ -66,7 +66,7 @@ def test_no_phase_timed_makes_the_step_minus_the_wait_compute():
     assert list(times.columns()) == ["compute_seconds", "data_seconds",
                                      "collective_wait_seconds", "transfer_seconds",
                                      "step_seconds", "collective_seconds", "comm_bytes",
-                                     "gc_seconds"]
+                                     "gc_seconds", "p2p_wait_seconds"]
 
 
 def test_garbage_collection_leaves_the_phase_it_fell_in_for_a_gc_phase():
