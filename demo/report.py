@@ -540,8 +540,8 @@ def _slowdown_figures(report: dict[str, Any], finding: dict[str, Any]) -> str:
             or own is None:
         return ""
     text = (f"{100 * own:.0f}% when raised (the finding's figure: the median of its last "
-            f"{evidence.get('windows') or 'few'} windows up to step {finding['step']}, the onset's "
-            "partly slowed windows among them)")
+            f"{evidence.get('windows') or 'few'} windows up to step {finding['step']}, those whose "
+            "evidence raised it)")
     table = _rank_excess(report, finding["rank"])
     if table is not None:
         text += (f"; {100 * table:+.1f}% from step {report['table_from_step']} on (the table's "

@@ -298,7 +298,7 @@ def test_each_slowdown_figure_is_said_for_what_it_is():
     table = next(line for line in lines if line.startswith("   2 "))
     assert "+23.2%" in table
     assert ("  slowdown: 18% when raised (the finding's figure: the median of its last 5 windows "
-            "up to step 279, the onset's partly slowed windows among them); +23.2% from step "
+            "up to step 279, those whose evidence raised it); +23.2% from step "
             "200 on (the table's 'vs others', the last line's 'measured')") in lines
     assert lines[-1] == ("injected: rank 2 25% slower compute from step 200; measured 23.2% from "
                          "step 200 on (the table); found at step 279, after 80 slowed steps, at "
