@@ -5,12 +5,10 @@ group is a stage imbalance. The same job builds a DeviceMesh and maps it to grou
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import torchrun
 
 pytest.importorskip("torch")
 
@@ -20,11 +18,7 @@ HERE = Path(__file__).parent
 @pytest.fixture(scope="module")
 def peer_job(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("peer_groups")
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
-         str(HERE / "peer_groups_worker.py"), str(out)],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    proc = torchrun(HERE / "peer_groups_worker.py", 4, str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
 
