@@ -467,7 +467,7 @@ def _where_and_cost(evidence: dict[str, Any]) -> str:
                           evidence.get("lost_seconds_per_hour"))
     if per_step is not None:
         parts.append(f"costs the job {1e3 * per_step:.1f} ms per step"
-                     + (f" ({per_hour:.0f} s per hour)" if per_hour is not None else ""))
+                     + (f" ({per_hour / 60:.1f} min per hour)" if per_hour is not None else ""))
     return "; ".join(parts)
 
 

@@ -8,8 +8,8 @@ unbalanced pipeline stages. Sending an operator to swap a healthy GPU for either
 is the costly mistake this module prevents.
 
 For a raised finding of kind ``"compute"`` on rank r, compared with its peers P (the ranks
-doing the same work, r among them), r's excess compute per step over the median of P is split
-into three parts, in seconds per step:
+doing the same work, r among them), r's excess compute per step over the median of the
+others of P (P itself when r is alone) is split into three parts, in seconds per step:
 
 * **GC**: r's ``gc_seconds`` (the training thread's garbage collection inside its compute,
   :mod:`laggard.integrations.gc_timing`) minus the median of P's;
@@ -330,6 +330,13 @@ def _window_parts(window: _Window, rank: int, peers: Sequence[int]) -> dict[str,
     mine = float(compute[me])
     if usable.size == 0 or not (math.isfinite(mine) and mine >= 0):
         return None
+    # The reference is the *other* ranks of P: in a 2-rank peer group (a pipeline stage of 2
+    # data-parallel ranks) a median with the rank in it is the pair's mean, which halves the
+    # excess and gives a healthy peer half the rank's GC (a new user's pp demo read "its
+    # peers' median 9.9 ms" of GC beside a 24 ms cost).
+    others = usable[usable != me]
+    if others.size:
+        usable = others
     median = float(np.median(compute[usable]))
     rank_gc, peer_gc = float(window.gc[me]), _nanmedian(window.gc[usable])
     gc_part = rank_gc - peer_gc if math.isfinite(rank_gc) and math.isfinite(peer_gc) else 0.0

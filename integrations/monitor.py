@@ -844,7 +844,7 @@ class TrainingMonitor:
                 log.warning("laggard: %s (step %s)", finding.message, finding.step)
                 self.cleared.append(finding)
             else:
-                log.warning("laggard: %s: %s (step %s; %s)", finding.detector,
+                log.warning("laggard: %s: %s (step %s; %s)", _log_label(finding),
                             finding.message, finding.step, _evidence_text(finding.evidence))
                 self.findings.append(finding)
         del self.findings[:-256], self.cleared[:-256]
@@ -925,6 +925,12 @@ def _gc_timer(monitor: TrainingMonitor, thread_cpu: bool) -> GcTimer:
     timer = GcTimer(phase_of=phase_of, thread_cpu=thread_cpu).install()
     weakref.finalize(monitor, timer.remove)
     return timer
+
+
+def _log_label(finding: Finding) -> str:
+    """The word before a raised finding in rank 0's log: its detector, but ``stage imbalance``
+    for a stage imbalance (the straggler detector's, and no rank is a straggler)."""
+    return "stage imbalance" if finding.kind == "stage_imbalance" else finding.detector
 
 
 def _evidence_text(evidence: dict[str, Any]) -> str:

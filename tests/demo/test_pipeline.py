@@ -157,7 +157,7 @@ def test_the_report_names_the_stage_and_the_cause_and_counts_wrong_ranks() -> No
         in text
     assert "work per step: pp=0 30.0 ms, pp=1 45.0 ms; balanced: 37.5 ms each" in text
     assert "peer group pp=0 (compared within peer group); costs the job 10.0 ms per step " \
-           "(360 s per hour)" in text
+           "(6.0 min per hour)" in text
     assert "straggler: rank 1 (gc), first flagged at step 29" in text
     # 'vs others' within the peer group: rank 1 over rank 0
     assert report["ranks"][1]["peer_group"] == "pp=0"
