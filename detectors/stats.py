@@ -1,0 +1,114 @@
+"""The statistics the detectors share, written once: the median of the finite values, its
+row-wise form, the robust noise estimate, and evidence rounding.
+
+Every function ignores NaN (and, where said, infinities): a rank that did not report a value
+in a window carries NaN in the gathered record, and must neither count as 0 nor poison a median.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+__all__ = ["MAD_TO_SIGMA", "evidence_round", "mad", "nanmedian", "nanmedian_rows",
+           "robust_sigma"]
+
+#: Consistency constant of the MAD for the normal distribution: 1 / Phi^-1(3/4)
+#: (Rousseeuw & Croux 1993, "Alternatives to the median absolute deviation", JASA 88).
+MAD_TO_SIGMA = 1.4826
+
+#: Small-sample correction factors b_n of the MAD for n = 2..9 (Croux & Rousseeuw 1992,
+#: "Time-efficient algorithms for two highly robust estimators of scale", Table 1); for larger n
+#: the factor is n / (n - 0.8).
+_MAD_SMALL_SAMPLE = {2: 1.196, 3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 8: 1.129,
+                     9: 1.107}
+
+
+def nanmedian(values: np.ndarray | Iterable[float | None]) -> float:
+    """The median of the finite values (NaN, +-inf and None left out).
+
+    Args:
+        values: any shape of float64 (flattened), or an iterable of floats / None.
+
+    Returns:
+        The median as a float (the mean of the two middle values for an even count, as
+        ``numpy.median``); NaN when no value is finite.
+    """
+    if isinstance(values, np.ndarray):
+        array = values.astype(np.float64, copy=False).ravel()
+    else:
+        array = np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
+    finite = array[np.isfinite(array)]
+    return float(np.median(finite)) if finite.size else math.nan
+
+
+def nanmedian_rows(matrix: np.ndarray) -> np.ndarray:
+    """The median of each column over the rows where it is finite.
+
+    Args:
+        matrix: (N, C) float64.
+
+    Returns:
+        (C,) float64; NaN for a column with no finite value.
+    """
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.ndim != 2:
+        raise ValueError(f"nanmedian_rows takes an (N, C) matrix, got shape {matrix.shape}")
+    masked = np.where(np.isfinite(matrix), matrix, np.nan)
+    out = np.full(matrix.shape[1], math.nan)
+    present = np.isfinite(masked).any(axis=0)
+    if present.any():
+        out[present] = np.nanmedian(masked[:, present], axis=0)
+    return out
+
+
+def mad(values: np.ndarray) -> float:
+    """The median absolute deviation from the median of the finite values.
+
+    Args:
+        values: (n,) float64.
+
+    Returns:
+        The MAD in the values' unit; NaN when no value is finite.
+    """
+    array = np.asarray(values, dtype=np.float64)
+    finite = array[np.isfinite(array)]
+    if not finite.size:
+        return math.nan
+    return float(np.median(np.abs(finite - np.median(finite))))
+
+
+def robust_sigma(values: np.ndarray) -> float:
+    """The standard deviation of the finite values, estimated from their MAD with the
+    small-sample factor (robust to a minority of outliers, such as a straggler's own excess).
+
+    Args:
+        values: (n,) float64; NaN and infinities ignored.
+
+    Returns:
+        ``MAD_TO_SIGMA * b_n * MAD``; NaN when fewer than 2 values are finite.
+    """
+    array = np.asarray(values, dtype=np.float64)
+    finite = array[np.isfinite(array)]
+    n = finite.size
+    if n < 2:
+        return math.nan
+    factor = _MAD_SMALL_SAMPLE.get(n, n / (n - 0.8))
+    return MAD_TO_SIGMA * factor * mad(finite)
+
+
+def evidence_round(value: float | None, digits: int = 6) -> float | None:
+    """A figure for a finding's evidence: ``digits`` significant digits, None for None, NaN or
+    an infinity (JSON has neither).
+
+    Args:
+        value: the figure, or None.
+        digits: significant digits kept (>= 1).
+
+    Returns:
+        The rounded float, or None.
+    """
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.{digits}g}")
