@@ -45,7 +45,7 @@ lint: venv
 	$(VENV)/bin/ruff check laggard_pkg agent collectors parsers detectors analyze dashboards nvml \
 		integrations compression demo tests benchmarks scripts
 	$(VENV)/bin/mypy laggard_pkg agent collectors parsers detectors compression nvml \
-		integrations/collective_bytes.py integrations/compression
+		integrations/collective_bytes.py
 	scripts/lint-imports.sh
 
 clean:

@@ -1,17 +1,22 @@
-"""AgentConfig: everything the node agent is told on its command line."""
+"""AgentConfig: everything the node agent is told on its command line.
+
+The agent's own settings (the HTTP address, the intake, the sampling interval, the filesystem
+roots) are fields here; each collector's flags are declared in its own module
+(``laggard.collectors.NAME``) and their values kept in :attr:`AgentConfig.collector_flags`.
+"""
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from laggard.collectors.netdev import DEFAULT_MAX_DEVICES as DEFAULT_NETDEV_MAX_DEVICES
-from laggard.collectors.netdev import DeviceFilter
+from laggard.collectors.base import Flag
 from laggard.wire import DEFAULT_INTAKE_ADDRESS, DEFAULT_INTAKE_SOCKET, parse_address
 
 __all__ = ["AgentConfig", "DEFAULT_LISTEN_ADDRESS", "DEFAULT_INTAKE_ADDRESS",
-           "DEFAULT_INTAKE_SOCKET", "DEFAULT_NETDEV_MAX_DEVICES", "DEFAULT_SOCKET_MODE",
-           "is_loopback_host", "parse_address"]
+           "DEFAULT_INTAKE_SOCKET", "DEFAULT_SOCKET_MODE", "is_loopback_host", "parse_address"]
 
 #: 9400 is dcgm-exporter's and 9100 node_exporter's; laggard takes the next free pair.
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1:9477"
@@ -88,10 +93,16 @@ class AgentConfig:
     """Gids (the sender's primary group, from the kernel) allowed to send on the socket."""
 
     collect_interval: float = 1.0
-    """Seconds between two sampling rounds (0.1 to 3600)."""
+    """Seconds between two sampling rounds of each collector (``--collector.interval``, 0.1 to
+    3600)."""
 
     collectors: set[str] = field(default_factory=set)
     """Names of the collectors to run."""
+
+    collector_flags: Mapping[str, Any] = field(default_factory=dict)
+    """Values of the collectors' own flags, by flag name (``"collector.netdev.max-devices"``:
+    ``laggard.collectors.base.Flag.name``); a flag not in it has its default. Read them with
+    :meth:`flag`."""
 
     node: str = ""
     """Value of the ``node`` label where one is needed; defaults to the host name."""
@@ -102,40 +113,9 @@ class AgentConfig:
     sysfs_root: str = "/sys"
     """Root of sysfs (tests point it at a fixture tree)."""
 
-    kmsg_path: str = "/dev/kmsg"
-    """Kernel log source for the XID collector: ``/dev/kmsg`` or a syslog/journal file."""
-
-    nccl_inspector_dir: str = ""
-    """``NCCL_INSPECTOR_DUMP_DIR`` of the jobs on this node, tailed by the ``nccl_inspector``
-    collector; empty: that collector reports no data."""
-
-    flight_recorder_path: str = ""
-    """Where PyTorch writes flight-recorder dumps on this node: a directory, or the
-    ``TORCH_FR_DUMP_TEMP_FILE`` prefix (``/tmp/nccl_trace_rank_``); read by the
-    ``flight_recorder`` collector."""
-
-    netdev_device_include: str = ""
-    """``--collector.netdev.device-include``: a regular expression; only the interfaces whose
-    whole name matches are exported. Empty: not given (the default rule,
-    ``laggard.collectors.netdev.DEFAULT_RULE``)."""
-
-    netdev_device_exclude: str = ""
-    """``--collector.netdev.device-exclude``: every interface is exported except those whose
-    whole name matches. At most one of the two is given."""
-
-    netdev_max_devices: int = DEFAULT_NETDEV_MAX_DEVICES
-    """Most interfaces the netdev collector exports; the rest are counted
-    (``laggard_network_devices_not_exported{reason="limit"}``)."""
-
-    fake_gpus: int = 0
-    """When > 0, use a fake NVML module with this many GPUs instead of the real library."""
-
-    fake_gpus_scenario: str = "default"
-    """What the fake GPUs play (``laggard.nvml.fake.parse_scenario``): ``default``, ``steady``
-    or ``throttle:G[:REASON]``."""
-
     max_ranks: int = 4096
-    """Most ranks the intake tracks; records of further ranks are rejected and counted."""
+    """Most ranks the intake tracks (``--intake.max-ranks``); records of further ranks are
+    rejected and counted."""
 
     max_series: int = DEFAULT_MAX_SERIES
     """Most exposition samples the intake's per-rank families may hold (the series budget)."""
@@ -171,15 +151,14 @@ class AgentConfig:
             raise ValueError(f"stall seconds {self.stall_seconds} outside [0.5, 86400]")
         if not 1 <= self.stall_step_factor <= 1000:
             raise ValueError(f"stall step factor {self.stall_step_factor} outside [1, 1000]")
-        DeviceFilter.from_flags(self.netdev_device_include, self.netdev_device_exclude,
-                                self.netdev_max_devices)  # raises ValueError naming the flag
-        if self.fake_gpus < 0:
-            raise ValueError("fake GPUs must be >= 0")
-        from laggard.nvml.fake import parse_scenario
+        # Imported here: the registry imports every collector module, which the intake (it
+        # reads this module's constants) does not need.
+        from laggard.agent import registry
 
-        scenario = parse_scenario(self.fake_gpus_scenario)
-        if self.fake_gpus and scenario.gpu is not None and scenario.gpu >= self.fake_gpus:
-            raise ValueError(f"fake GPU scenario {scenario}: only {self.fake_gpus} fake GPUs")
+        unknown = set(self.collector_flags) - set(registry.flags())
+        if unknown:
+            raise ValueError(f"no collector has the flag(s) {', '.join(sorted(unknown))}")
+        registry.check(self)  # raises ValueError naming the flag
         for address in (self.listen_address, self.intake_address):
             if address:
                 parse_address(address)
@@ -192,3 +171,7 @@ class AgentConfig:
                     "accept that, or use the Unix socket intake)")
         if not 0 <= self.intake_socket_mode <= 0o777:
             raise ValueError(f"intake socket mode {self.intake_socket_mode:o} is not in 0..777")
+
+    def flag(self, flag: Flag) -> Any:
+        """The value of a collector's flag: the one given, else the flag's default."""
+        return self.collector_flags.get(flag.name, flag.default)

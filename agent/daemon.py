@@ -24,7 +24,6 @@ from laggard.agent.config import (
     DEFAULT_LISTEN_ADDRESS,
     DEFAULT_MAX_RUNS,
     DEFAULT_MAX_SERIES,
-    DEFAULT_NETDEV_MAX_DEVICES,
     DEFAULT_RANK_TTL_SECONDS,
     DEFAULT_SOCKET_MODE,
     DEFAULT_STALL_SECONDS,
@@ -42,17 +41,20 @@ from laggard.agent.supervisor import RestartableThread, Supervisor
 from laggard.agent.unix_intake import UnixIntake, parse_id_list, queue_limit
 from laggard.agent.web import make_app, make_http_server
 from laggard.agent.workload import WorkloadLabels
-from laggard.collectors import netdev as netdev_collector
-from laggard.nvml.library import shared_library
+from laggard.collectors import nvml as nvml_collector
 
 log = logging.getLogger("laggard.agent")
 
 
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``laggard agent`` (node_exporter's style: ``--collector.NAME``)."""
+    """Flags of ``laggard agent``, in node_exporter's and Prometheus' style: dotted namespaces
+    (``--web.*``, ``--intake.*``, ``--path.*``, ``--log.*``, ``--collector.NAME[.*]``).
+
+    The agent's own flags are here; each collector's come from its module
+    (``COLLECTOR.flags``, through :mod:`laggard.agent.registry`).
+    """
     parser.add_argument("--web.listen-address", dest="listen_address",
-                        default=DEFAULT_LISTEN_ADDRESS,
+                        default=DEFAULT_LISTEN_ADDRESS, metavar="HOST:PORT",
                         help="host:port for /metrics, [v6]:port for IPv6 (default "
                              "%(default)s; 9400 is dcgm-exporter's, 9100 node_exporter's)")
     parser.add_argument("--intake.socket", dest="intake_socket", default=None, metavar="PATH",
@@ -74,62 +76,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intake.allow-gids", dest="intake_allow_gids", type=parse_id_list,
                         default=frozenset(), metavar="GID,...",
                         help="only these primary gids (or the uids above) may send")
-    parser.add_argument("--intake-address", default="",
+    parser.add_argument("--intake.address", dest="intake_address", default="",
+                        metavar="HOST:PORT",
                         help="host:port of a UDP intake as well (no sender identity: any local "
                              "process can send); loopback only unless --intake.udp-allow-remote "
                              "(default: off)")
     parser.add_argument("--intake.udp-allow-remote", dest="intake_udp_remote",
                         action="store_true",
-                        help="allow --intake-address on a non-loopback address (any host or pod "
+                        help="allow --intake.address on a non-loopback address (any host or pod "
                              "that reaches it can send records; logged as a warning)")
-    parser.add_argument("--collect-interval", type=float, default=1.0, metavar="SECONDS",
-                        help="seconds between sampling rounds, 0.1 to 3600 (default 1)")
-    parser.epilog = ("Every --collector.NAME has a --no-collector.NAME that turns it off, "
-                     "as in node_exporter.")
-    for name, spec in registry.COLLECTORS.items():
-        group = parser.add_mutually_exclusive_group()
-        state = "on" if spec.default else "off"
-        group.add_argument(f"--collector.{name}", dest=f"collector_{name}", action="store_true",
-                           default=None, help=f"{spec.help} (default {state})")
-        group.add_argument(f"--no-collector.{name}", dest=f"collector_{name}",
-                           action="store_false", help=argparse.SUPPRESS)
-    parser.add_argument("--path.procfs", dest="proc_root", default="/proc",
-                        help="procfs mount point (default %(default)s)")
-    parser.add_argument("--path.sysfs", dest="sysfs_root", default="/sys",
-                        help="sysfs mount point (default %(default)s)")
-    parser.add_argument("--path.kmsg", dest="kmsg_path", default="/dev/kmsg",
-                        help="kernel log to read XIDs from: /dev/kmsg, or a syslog or journal "
-                             "file (default %(default)s)")
-    parser.add_argument("--collector.nccl_inspector.dir", dest="nccl_inspector_dir", default="",
-                        metavar="DIR", help="NCCL Inspector output directory (JSON lines) that "
-                        "the nccl_inspector collector tails")
-    parser.add_argument("--collector.flight_recorder.path", dest="flight_recorder_path",
-                        default="", metavar="PATH", help="directory or TORCH_FR_DUMP_TEMP_FILE "
-                        "prefix of PyTorch flight-recorder dumps for the flight_recorder collector")
-    netdev = parser.add_mutually_exclusive_group()
-    netdev.add_argument("--collector.netdev.device-include", dest="netdev_device_include",
-                        default="", metavar="REGEX",
-                        help="export only the network interfaces whose whole name matches "
-                             "(node_exporter's flag; anchored: 'eth0|ib.*'). Default: "
-                             f"{netdev_collector.DEFAULT_RULE}")
-    netdev.add_argument("--collector.netdev.device-exclude", dest="netdev_device_exclude",
-                        default="", metavar="REGEX",
-                        help="export every network interface except those whose whole name "
-                             "matches (instead of the default rule; not with -include)")
-    parser.add_argument("--collector.netdev.max-devices", dest="netdev_max_devices", type=int,
-                        default=DEFAULT_NETDEV_MAX_DEVICES, metavar="N",
-                        help="most network interfaces exported whatever /proc holds; the rest "
-                             "are counted in laggard_network_devices_not_exported "
-                             "(default %(default)s)")
-    parser.add_argument("--fake-gpus", type=int, default=0, metavar="N",
-                        help="serve N fake GPUs playing a scenario instead of real NVML")
-    parser.add_argument("--fake-gpus-scenario", default="default", metavar="SCENARIO",
-                        help="what the fake GPUs play: default (a short story of throttles, "
-                        "XIDs and a lost GPU), steady (nothing happens) or throttle:G[:REASON] "
-                        "(GPU G held at 1.41 GHz by REASON, default sw_thermal)")
-    parser.add_argument("--node", default="", help="node label (default: the host name)")
-    parser.add_argument("--max-ranks", type=int, default=4096,
-                        help="most training ranks tracked (default %(default)s)")
+    parser.add_argument("--intake.max-ranks", dest="max_ranks", type=int, default=4096,
+                        metavar="N", help="most training ranks tracked (default %(default)s)")
     parser.add_argument("--intake.max-series", dest="max_series", type=int,
                         default=DEFAULT_MAX_SERIES, metavar="N",
                         help="most exposition samples the intake's per-rank series may hold; "
@@ -155,8 +112,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most training runs tracked at once, each with its share of "
                              "--intake.max-series; records of further runs are rejected and "
                              "counted until one expires (default %(default)s)")
-    parser.add_argument("--log-level", default="info",
-                        choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--path.procfs", dest="proc_root", default="/proc", metavar="PATH",
+                        help="procfs mount point (default %(default)s)")
+    parser.add_argument("--path.sysfs", dest="sysfs_root", default="/sys", metavar="PATH",
+                        help="sysfs mount point (default %(default)s)")
+    parser.add_argument("--node.name", dest="node", default="", metavar="NAME",
+                        help="the node label (default: the host name)")
+    parser.add_argument("--log.level", dest="log_level", default="info",
+                        choices=["debug", "info", "warning", "error"],
+                        help="least severity logged (default %(default)s)")
+    parser.add_argument("--collector.interval", dest="collect_interval", type=float,
+                        default=1.0, metavar="SECONDS",
+                        help="seconds between sampling rounds, 0.1 to 3600 (default 1)")
+    parser.epilog = ("Every --collector.NAME has a --no-collector.NAME that turns it off, "
+                     "as in node_exporter.")
+    _add_collector_flags(parser)
+
+
+def _add_collector_flags(parser: argparse.ArgumentParser) -> None:
+    """``--collector.NAME`` / ``--no-collector.NAME`` and each collector's own flags, from the
+    collector modules' ``COLLECTOR`` specs."""
+    for name, spec in registry.collectors().items():
+        toggle = parser.add_mutually_exclusive_group()
+        state = "on" if spec.default else "off"
+        toggle.add_argument(f"--collector.{name}", dest=f"collector_{name}", action="store_true",
+                            default=None, help=f"{spec.help} (default {state})")
+        toggle.add_argument(f"--no-collector.{name}", dest=f"collector_{name}",
+                            action="store_false", help=argparse.SUPPRESS)
+        groups: dict[str, Any] = {}
+        for flag in spec.flags:
+            target: Any = parser
+            if flag.exclusive:
+                if flag.exclusive not in groups:
+                    groups[flag.exclusive] = parser.add_mutually_exclusive_group()
+                target = groups[flag.exclusive]
+            target.add_argument(flag.option, dest=flag.name, type=flag.type,
+                                default=flag.default, metavar=flag.metavar, help=flag.help)
 
 
 def _octal(text: str) -> int:
@@ -183,17 +174,15 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     """Turn parsed flags into an :class:`AgentConfig`.
 
     Raises:
-        ValueError: a flag value out of range.
+        ValueError: a flag value out of range (the message names the flag).
     """
+    specs = registry.collectors()
     enabled = set()
-    for name, spec in registry.COLLECTORS.items():
+    for name, spec in specs.items():
         flag = getattr(args, f"collector_{name}", None)
-        if flag or (flag is None and spec.default):
-            enabled.add(name)
-    # Naming a collector's input enables it, unless --no-collector.NAME says otherwise.
-    for name, path in (("nccl_inspector", args.nccl_inspector_dir),
-                       ("flight_recorder", args.flight_recorder_path)):
-        if path and getattr(args, f"collector_{name}", None) is not False:
+        # Naming a collector's input enables it, unless --no-collector.NAME says otherwise.
+        given = spec.enabled_by is not None and getattr(args, spec.enabled_by.name, None)
+        if flag or (flag is None and (spec.default or given)):
             enabled.add(name)
     return AgentConfig(
         listen_address=args.listen_address,
@@ -207,32 +196,27 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         intake_allow_gids=args.intake_allow_gids,
         collect_interval=args.collect_interval,
         collectors=enabled,
+        collector_flags={name: getattr(args, name) for name in registry.flags()
+                         if hasattr(args, name)},
         node=args.node or socket.gethostname(),
         proc_root=args.proc_root,
         sysfs_root=args.sysfs_root,
-        kmsg_path=args.kmsg_path,
-        fake_gpus=args.fake_gpus,
-        fake_gpus_scenario=args.fake_gpus_scenario,
         max_ranks=args.max_ranks,
         max_series=args.max_series,
         rank_ttl_seconds=args.rank_ttl,
         max_runs=args.max_runs,
         stall_seconds=args.stall_seconds,
         stall_step_factor=args.stall_step_factor,
-        nccl_inspector_dir=args.nccl_inspector_dir,
-        netdev_device_include=args.netdev_device_include,
-        netdev_device_exclude=args.netdev_device_exclude,
-        netdev_max_devices=args.netdev_max_devices,
-        flight_recorder_path=args.flight_recorder_path,
     )
 
 
 def _gpu_resolver(config: AgentConfig) -> GpuIndex | None:
     """Ranks' devices -> GPU index through the GPU collector's NVML (fake NVML with
-    ``--fake-gpus``); None without the nvml collector: ``gpu`` stays empty, uncounted."""
+    ``--collector.nvml.fake-gpus``); None without the nvml collector: ``gpu`` stays empty,
+    uncounted."""
     if "nvml" not in config.collectors:
         return None
-    return GpuIndex(shared_library(config.fake_gpus, config.fake_gpus_scenario))
+    return GpuIndex(nvml_collector.library(config))
 
 
 class _UnbuildableCollector:

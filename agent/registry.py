@@ -1,65 +1,74 @@
-"""Which collectors exist, which run by default, and how each is built from the config.
+"""Which collectors exist: every module of :mod:`laggard.collectors` that ends with
+``COLLECTOR = CollectorSpec(...)``.
 
 One name in four places, as node_exporter does: the file ``collectors/NAME.py``, the flag
-``--collector.NAME``, the ``collector`` label, and the key here.
+``--collector.NAME``, the ``collector`` label, and ``CollectorSpec.name``. A collector's flags,
+defaults, help and factory sit in its own file (node_exporter's ``init()`` registration); this
+module only finds them, so adding a collector is adding a file.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+import pkgutil
+from collections.abc import Mapping
+from typing import Any
 
-from laggard.agent.config import AgentConfig
-from laggard.collectors.base import Collector
+import laggard.collectors
+from laggard.collectors.base import AgentSettings, Collector, CollectorSpec, Flag
+
+__all__ = ["build", "check", "collectors", "flags"]
 
 
-@dataclass(frozen=True, slots=True)
-class CollectorSpec:
-    """How to build one collector.
+@functools.cache
+def collectors() -> Mapping[str, CollectorSpec]:
+    """Every collector, by name, in name order (imports each collector module once).
 
-    Attributes:
-        module: module holding the factory.
-        factory: name of a callable ``(AgentConfig, AgentContext) -> Collector`` in ``module``.
-        default: whether it runs unless ``--no-collector.NAME`` is given.
-        help: one line for ``--help``.
+    Raises:
+        ValueError: two modules register the same collector or flag name, or a spec's name is
+            not its module's.
     """
-
-    module: str
-    factory: str
-    default: bool
-    help: str
-
-
-COLLECTORS: dict[str, CollectorSpec] = {
-    "host": CollectorSpec("laggard.collectors.host", "from_config", True,
-                          "CPU, memory and load of this host (psutil)"),
-    "netdev": CollectorSpec("laggard.collectors.netdev", "from_config", True,
-                            "per-interface counters from /proc/net/dev, physical and RDMA "
-                            "interfaces unless --collector.netdev.device-include/-exclude"),
-    "nvml": CollectorSpec("laggard.collectors.nvml", "from_config", True,
-                          "GPU clocks, clock-event reasons, temperature, power, ECC via NVML"),
-    "xid": CollectorSpec("laggard.collectors.xid", "from_config", True,
-                         "every GPU Xid and NVSwitch SXid, from NVML events and the kernel log"),
-    "infiniband": CollectorSpec("laggard.collectors.infiniband", "from_config", True,
-                                "InfiniBand/RoCE port counters from /sys/class/infiniband"),
-    "nccl_inspector": CollectorSpec("laggard.collectors.nccl_inspector", "from_config", False,
-                                    "NCCL collective timings tailed from NCCL Inspector's "
-                                    "JSONL directory (--collector.nccl_inspector.dir)"),
-    "flight_recorder": CollectorSpec("laggard.collectors.flight_recorder", "from_config", False,
-                                     "ranks behind in PyTorch flight-recorder dumps "
-                                     "(--collector.flight_recorder.path)"),
-}
+    found: dict[str, CollectorSpec] = {}
+    seen_flags: set[str] = set()
+    for module in sorted(pkgutil.iter_modules(laggard.collectors.__path__), key=lambda m: m.name):
+        spec = getattr(importlib.import_module(f"laggard.collectors.{module.name}"),
+                       "COLLECTOR", None)
+        if not isinstance(spec, CollectorSpec):
+            continue  # a helper module (base, tailer, histogram)
+        if spec.name != module.name:
+            raise ValueError(f"collectors/{module.name}.py registers {spec.name!r}: one name for "
+                             "the file, the flag and the label")
+        for flag in spec.flags:
+            if flag.name in seen_flags:
+                raise ValueError(f"flag --{flag.name} declared twice")
+            seen_flags.add(flag.name)
+        found[spec.name] = spec
+    return found
 
 
-def build(name: str, config: AgentConfig, context: object) -> Collector:
-    """Import and build collector ``name``.
+def flags() -> dict[str, Flag]:
+    """Every collector flag, by its name (``"collector.netdev.max-devices"``)."""
+    return {flag.name: flag for spec in collectors().values() for flag in spec.flags}
+
+
+def check(settings: AgentSettings) -> None:
+    """Run each collector's ``check`` on the flags' values.
+
+    Raises:
+        ValueError: a collector flag out of range or flags that do not go together; the
+            message names the flag.
+    """
+    for spec in collectors().values():
+        if spec.check is not None:
+            spec.check(settings)
+
+
+def build(name: str, settings: AgentSettings, context: Any) -> Collector:
+    """Build collector ``name`` from the agent's settings and context.
 
     Raises:
         KeyError: unknown collector name.
+        Exception: whatever the collector's factory raises (the agent reports it as failing).
     """
-    spec = COLLECTORS[name]
-    factory: Callable[[AgentConfig, object], Collector] = getattr(
-        importlib.import_module(spec.module), spec.factory
-    )
-    return factory(config, context)
+    return collectors()[name].build(settings, context)

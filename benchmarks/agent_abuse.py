@@ -219,8 +219,8 @@ def main() -> int:
     proc = subprocess.Popen(
         [sys.executable, "-m", "laggard.cli", "agent",
          "--web.listen-address", f"127.0.0.1:{port}",
-         "--intake-address", f"127.0.0.1:{intake_port}", "--intake.rank-ttl", str(args.rank_ttl),
-         "--log-level", "warning"],
+         "--intake.address", f"127.0.0.1:{intake_port}", "--intake.rank-ttl", str(args.rank_ttl),
+         "--log.level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     try:

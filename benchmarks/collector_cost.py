@@ -11,9 +11,10 @@ Targets (issue 3): under 1% of one core at a 1 s interval and under 10% at 0.1 s
 10 ms of CPU per round; a scrape under 10 ms.
 
 Scrape cost. In-process, the CPU time the agent's exporter takes to render ``/metrics`` after a
-round of 8 fake GPUs (load-independent). Then a real ``laggard agent --fake-gpus 8`` is started and
-``/metrics`` fetched over HTTP (wall time: includes waiting for a CPU on a loaded machine); the
-baseline, in the same run, is the same agent with the GPU collectors switched off.
+round of 8 fake GPUs (load-independent). Then a real
+``laggard agent --collector.nvml.fake-gpus 8`` is started and ``/metrics`` fetched over HTTP
+(wall time: includes waiting for a CPU on a loaded machine); the baseline, in the same run, is
+the same agent with the GPU collectors switched off.
 
 Usage: ``python benchmarks/collector_cost.py [--rounds 300] [--scrapes 200]``
 """
@@ -131,7 +132,7 @@ def scrape_cost(scrapes: int, *flags: str) -> tuple[float, int]:
     """Median wall seconds of one GET /metrics from a real agent, and the body size."""
     port = free_port()
     cmd = [sys.executable, "-m", "laggard.cli", "agent", "--web.listen-address",
-           f"127.0.0.1:{port}", "--intake-address", "", "--collect-interval", "1", *flags]
+           f"127.0.0.1:{port}", "--intake.address", "", "--collector.interval", "1", *flags]
     agent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}/metrics"
@@ -142,7 +143,8 @@ def scrape_cost(scrapes: int, *flags: str) -> tuple[float, int]:
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
                     body = response.read()
-                if flags and b"laggard_gpu_info" not in body and "--fake-gpus" in flags:
+                if (flags and b"laggard_gpu_info" not in body
+                        and "--collector.nvml.fake-gpus" in flags):
                     raise OSError("first GPU round not in yet")
                 break
             except OSError:
@@ -181,7 +183,7 @@ def main() -> int:
     print(f"render /metrics in-process, {GPUS} fake GPUs: {render * 1e3:.3f} ms CPU "
           f"(target < 10 ms: ratio {render / 0.010:.3f}); without GPUs (baseline): "
           f"{render_base * 1e3:.3f} ms")
-    gpu_scrape, gpu_bytes = scrape_cost(args.scrapes, "--fake-gpus", str(GPUS))
+    gpu_scrape, gpu_bytes = scrape_cost(args.scrapes, "--collector.nvml.fake-gpus", str(GPUS))
     base_scrape, base_bytes = scrape_cost(args.scrapes, "--no-collector.nvml",
                                           "--no-collector.xid", "--no-collector.infiniband")
     print(f"scrape, agent with {GPUS} fake GPUs: {gpu_scrape * 1e3:.3f} ms median, "

@@ -127,7 +127,7 @@ def two_job_runs(runs: int, steps: int, tmp: Path, timeout: float) -> tuple[int,
         intake = f"127.0.0.1:{free_port(socket.SOCK_DGRAM)}"
         agent = subprocess.Popen(
             [sys.executable, "-m", "laggard.cli", "agent", "--web.listen-address", metrics,
-             "--intake-address", intake, "--collect-interval", "0.5"],
+             "--intake.address", intake, "--collector.interval", "0.5"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_until_ready(f"http://{metrics}/metrics", timeout=15, what="agent",

@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from laggard.collectors.base import NoDataError
+from laggard.collectors.base import AgentSettings, CollectorSpec, Flag, NoDataError
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.flight_recorder import FrAnalysis, analyze_dumps
 from laggard.parsers.flight_recorder import DumpError, FlightRecorderDump, load_dump
@@ -21,6 +21,11 @@ from laggard.parsers.flight_recorder import DumpError, FlightRecorderDump, load_
 MAX_DUMP_FILES = 64
 #: Findings already raised that are remembered, so a dump set is reported once.
 MAX_REPORTED = 4096
+
+#: The collector's one flag; giving it turns the collector on (unless --no-collector.NAME).
+PATH = Flag("collector.flight_recorder.path", "", metavar="PATH",
+            help="directory or TORCH_FR_DUMP_TEMP_FILE prefix of PyTorch flight-recorder dumps "
+                 "for the flight_recorder collector")
 
 
 class FlightRecorderCollector:
@@ -133,8 +138,13 @@ class FlightRecorderCollector:
                           "likely_stragglers": list(self._analysis.stragglers)}))
 
 
-def from_config(config: Any, context: Any) -> FlightRecorderCollector:
-    """Build from ``AgentConfig.flight_recorder_path``."""
-    return FlightRecorderCollector(getattr(config, "flight_recorder_path", "") or "",
+def from_config(settings: AgentSettings, context: Any) -> FlightRecorderCollector:
+    """Registry factory: the dumps at ``--collector.flight_recorder.path``."""
+    return FlightRecorderCollector(settings.flag(PATH) or "",
                                    getattr(context, "findings", None),
                                    getattr(context, "node", None))
+
+
+COLLECTOR = CollectorSpec(
+    name="flight_recorder", build=from_config, default=False, flags=(PATH,), enabled_by=PATH,
+    help="ranks behind in PyTorch flight-recorder dumps (--collector.flight_recorder.path)")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+
+from laggard.collectors.base import AgentSettings, CollectorSpec
 
 
 class HostCollector:
@@ -50,6 +51,10 @@ class HostCollector:
                                 value=memory.available)
 
 
-def from_config(config: Any, context: object) -> HostCollector:
+def from_config(settings: AgentSettings, context: object) -> HostCollector:
     """Registry factory."""
     return HostCollector()
+
+
+COLLECTOR = CollectorSpec(name="host", build=from_config, default=True,
+                          help="CPU, memory and load of this host (psutil)")

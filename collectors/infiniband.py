@@ -25,12 +25,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from laggard.collectors.base import NoDataError
+from laggard.collectors.base import AgentSettings, CollectorSpec, NoDataError
 
 #: ``counters/<file>`` -> (metric name without ``_total``, help, multiplier)
 PORT_COUNTERS: dict[str, tuple[str, str, int]] = {
@@ -187,6 +186,10 @@ def _port_order(name: str) -> tuple[int, str]:
     return (int(name), "") if name.isdigit() else (1 << 30, name)
 
 
-def from_config(config: Any, context: Any) -> InfinibandCollector:
+def from_config(settings: AgentSettings, context: object) -> InfinibandCollector:
     """Registry factory."""
-    return InfinibandCollector(config.sysfs_root)
+    return InfinibandCollector(settings.sysfs_root)
+
+
+COLLECTOR = CollectorSpec(name="infiniband", build=from_config, default=True,
+                          help="InfiniBand/RoCE port counters from /sys/class/infiniband")

@@ -21,7 +21,6 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -30,7 +29,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.metrics_core import Metric
 
-from laggard.collectors.base import NoDataError
+from laggard.collectors.base import AgentSettings, CollectorSpec, Flag, NoDataError
 from laggard.collectors.histogram import Histogram
 from laggard.collectors.tailer import FileTailer
 from laggard.parsers.nccl_inspector import (
@@ -39,7 +38,8 @@ from laggard.parsers.nccl_inspector import (
     InspectorStream,
 )
 
-__all__ = ["NcclInspectorCollector", "from_config", "COLLECTIVE_BUCKETS_SECONDS"]
+__all__ = ["COLLECTIVE_BUCKETS_SECONDS", "COLLECTOR", "DUMP_DIR", "NcclInspectorCollector",
+           "from_config"]
 
 #: Histogram bounds (s): 10 µs (a small all-reduce inside a node) to 60 s (a stalled collective).
 COLLECTIVE_BUCKETS_SECONDS: tuple[float, ...] = (
@@ -52,6 +52,12 @@ MAX_READ_BYTES_PER_ROUND = 64 * 1024 * 1024
 MAX_OPS = 64
 #: Most files tracked at once in the dump directory (one per process).
 MAX_FILES = 4096
+
+#: The collector's one flag (``NCCL_INSPECTOR_DUMP_DIR`` of the jobs on this node); giving it
+#: turns the collector on (unless --no-collector.nccl_inspector).
+DUMP_DIR = Flag("collector.nccl_inspector.dir", "", metavar="DIR",
+                help="NCCL Inspector output directory (JSON lines) that the nccl_inspector "
+                     "collector tails")
 
 
 @dataclass(slots=True)
@@ -173,6 +179,13 @@ class NcclInspectorCollector:
             value=self._malformed)
 
 
-def from_config(config: Any, context: Any) -> NcclInspectorCollector:
-    """Build from ``AgentConfig.nccl_inspector_dir``."""
-    return NcclInspectorCollector(getattr(config, "nccl_inspector_dir", "") or "")
+def from_config(settings: AgentSettings, context: object) -> NcclInspectorCollector:
+    """Registry factory: tails ``--collector.nccl_inspector.dir``."""
+    return NcclInspectorCollector(settings.flag(DUMP_DIR) or "")
+
+
+COLLECTOR = CollectorSpec(
+    name="nccl_inspector", build=from_config, default=False, flags=(DUMP_DIR,),
+    enabled_by=DUMP_DIR,
+    help="NCCL collective timings tailed from NCCL Inspector's JSONL directory "
+         "(--collector.nccl_inspector.dir)")

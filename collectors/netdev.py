@@ -21,12 +21,11 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from laggard.collectors.base import NoDataError
+from laggard.collectors.base import AgentSettings, CollectorSpec, Flag, NoDataError
 from laggard.parsers.proc_net_dev import parse_proc_net_dev
 
 log = logging.getLogger(__name__)
@@ -51,6 +50,20 @@ DEFAULT_RULE = ("interfaces backed by a device (/sys/class/net/IF/device exists:
                 "/sys/class/infiniband/*/device/net/); virtual ones (lo, veth, bridges, "
                 "docker0, CNI and overlay devices, tunnels, bonds, VLANs) are dropped, judged "
                 "by name where sysfs does not show the interface")
+
+# The collector's flags (node_exporter's names); the agent reads them from COLLECTOR below.
+DEVICE_INCLUDE = Flag(
+    "collector.netdev.device-include", "", metavar="REGEX", exclusive="devices",
+    help="export only the network interfaces whose whole name matches (node_exporter's flag; "
+         f"anchored: 'eth0|ib.*'). Default: {DEFAULT_RULE}")
+DEVICE_EXCLUDE = Flag(
+    "collector.netdev.device-exclude", "", metavar="REGEX", exclusive="devices",
+    help="export every network interface except those whose whole name matches (instead of "
+         "the default rule; not with -include)")
+MAX_DEVICES = Flag(
+    "collector.netdev.max-devices", DEFAULT_MAX_DEVICES, type=int, metavar="N",
+    help="most network interfaces exported whatever /proc holds; the rest are counted in "
+         "laggard_network_devices_not_exported (default %(default)s)")
 
 #: HELP of the /proc/net/dev columns, from what the kernel sums into each
 #: (``net/core/net-procfs.c``, ``dev_seq_printf_stats``).
@@ -292,14 +305,28 @@ def _read_sysfs(path: str) -> str | None:
         return None
 
 
-def from_config(config: Any, context: object) -> NetdevCollector:
+def device_filter(settings: AgentSettings) -> DeviceFilter:
+    """The :class:`DeviceFilter` the netdev flags ask for.
+
+    Raises:
+        ValueError: the device flags are invalid (see :meth:`DeviceFilter.from_flags`).
+    """
+    return DeviceFilter.from_flags(settings.flag(DEVICE_INCLUDE), settings.flag(DEVICE_EXCLUDE),
+                                   settings.flag(MAX_DEVICES))
+
+
+def from_config(settings: AgentSettings, context: object) -> NetdevCollector:
     """Registry factory.
 
     Raises:
         ValueError: the device flags are invalid (see :meth:`DeviceFilter.from_flags`).
     """
-    device_filter = DeviceFilter.from_flags(
-        getattr(config, "netdev_device_include", ""), getattr(config, "netdev_device_exclude", ""),
-        getattr(config, "netdev_max_devices", DEFAULT_MAX_DEVICES))
-    return NetdevCollector(proc_root=config.proc_root, sysfs_root=config.sysfs_root,
-                           device_filter=device_filter)
+    return NetdevCollector(proc_root=settings.proc_root, sysfs_root=settings.sysfs_root,
+                           device_filter=device_filter(settings))
+
+
+COLLECTOR = CollectorSpec(
+    name="netdev", build=from_config, default=True,
+    help="per-interface counters from /proc/net/dev, physical and RDMA interfaces unless "
+         "--collector.netdev.device-include/-exclude",
+    flags=(DEVICE_INCLUDE, DEVICE_EXCLUDE, MAX_DEVICES), check=device_filter)

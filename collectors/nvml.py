@@ -45,6 +45,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from laggard.collectors.base import AgentSettings, CollectorSpec, Flag
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.throttle import ClockSample, ThrottleDetector
 from laggard.nvml.library import (
@@ -57,6 +58,17 @@ from laggard.nvml.library import (
 )
 
 log = logging.getLogger(__name__)
+
+# The collector's flags. The fake GPUs stand in for NVML everywhere the agent uses it (this
+# collector, the xid collector's events, the intake's rank-to-GPU index): see library().
+FAKE_GPUS = Flag("collector.nvml.fake-gpus", 0, type=int, metavar="N",
+                 help="serve N fake GPUs playing a scenario instead of real NVML (default "
+                      "%(default)s: the real NVML)")
+FAKE_GPUS_SCENARIO = Flag(
+    "collector.nvml.fake-gpus-scenario", "default", metavar="SCENARIO",
+    help="what the fake GPUs play: default (a short story of throttles, XIDs and a lost GPU), "
+         "steady (nothing happens) or throttle:G[:REASON] (GPU G held at 1.41 GHz by REASON, "
+         "default sw_thermal)")
 
 
 #: label value -> NVML perf policy constant of nvmlDeviceGetViolationStatus.
@@ -340,8 +352,38 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def from_config(config: Any, context: Any) -> NvmlCollector:
-    """Registry factory: the real NVML, or the fake one when ``config.fake_gpus > 0``."""
-    scenario = getattr(config, "fake_gpus_scenario", "default")
-    return NvmlCollector(shared_library(config.fake_gpus, scenario), findings=context.findings,
-                         node=context.node)
+def library(settings: AgentSettings) -> NvmlLibrary:
+    """The process-wide NVML the flags ask for: the real one, or fake GPUs with
+    ``--collector.nvml.fake-gpus``. The xid collector and the agent's rank-to-GPU index share it.
+
+    Raises:
+        ValueError: an unknown fake scenario.
+    """
+    return shared_library(settings.flag(FAKE_GPUS), settings.flag(FAKE_GPUS_SCENARIO))
+
+
+def check_flags(settings: AgentSettings) -> None:
+    """Check the fake-GPU flags together.
+
+    Raises:
+        ValueError: a negative count, an unknown scenario, or a scenario's GPU past the count.
+    """
+    fake_gpus = settings.flag(FAKE_GPUS)
+    if fake_gpus < 0:
+        raise ValueError(f"--{FAKE_GPUS.name} {fake_gpus}: must be >= 0")
+    from laggard.nvml.fake import parse_scenario  # the fake is not loaded unless asked for
+
+    scenario = parse_scenario(settings.flag(FAKE_GPUS_SCENARIO))
+    if fake_gpus and scenario.gpu is not None and scenario.gpu >= fake_gpus:
+        raise ValueError(f"--{FAKE_GPUS_SCENARIO.name} {scenario}: only {fake_gpus} fake GPUs")
+
+
+def from_config(settings: AgentSettings, context: Any) -> NvmlCollector:
+    """Registry factory: the real NVML, or the fake one with ``--collector.nvml.fake-gpus``."""
+    return NvmlCollector(library(settings), findings=context.findings, node=context.node)
+
+
+COLLECTOR = CollectorSpec(
+    name="nvml", build=from_config, default=True, flags=(FAKE_GPUS, FAKE_GPUS_SCENARIO),
+    check=check_flags,
+    help="GPU clocks, clock-event reasons, temperature, power, ECC via NVML")

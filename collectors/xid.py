@@ -54,11 +54,12 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from laggard.collectors.base import NoDataError
+from laggard.collectors.base import AgentSettings, CollectorSpec, Flag, NoDataError
+from laggard.collectors.nvml import library as nvml_library
 from laggard.collectors.tailer import FileTailer
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.xid_catalog import sxid_finding, xid_finding
-from laggard.nvml.library import NvmlLibrary, shared_library
+from laggard.nvml.library import NvmlLibrary
 from laggard.parsers.kernel_log import FALLEN_OFF_BUS_XID, KernelLogParser, SXidEvent, XidEvent
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,12 @@ MAX_PARTIAL_LINE = 64 << 10
 MAX_SERIES = 1024
 #: NVML events waiting for the next round; more are dropped and counted.
 MAX_QUEUED_EVENTS = 10_000
+
+#: The collector's flag: where the kernel log is read. A path, as node_exporter's collector-owned
+#: ``--path.udev.data``; empty: NVML events only.
+KERNEL_LOG = Flag("path.kmsg", "/dev/kmsg", metavar="PATH",
+                  help="kernel log to read XIDs from: /dev/kmsg, or a syslog or journal file "
+                       "(default %(default)s; empty: NVML events only)")
 
 
 #: kmsg records read in one round at most; a longer ring buffer is read over several rounds.
@@ -553,12 +560,15 @@ def _utc(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
-def from_config(config: Any, context: Any) -> XidCollector:
-    """Registry factory: kernel log at ``config.kmsg_path`` plus NVML events (real or fake)."""
-    return XidCollector(kernel_log=KernelLogSource(config.kmsg_path) if config.kmsg_path else None,
-                        library=shared_library(config.fake_gpus, _scenario(config)),
-                        findings=context.findings, node=context.node)
+def from_config(settings: AgentSettings, context: Any) -> XidCollector:
+    """Registry factory: the kernel log at ``--path.kmsg`` plus the NVML events of the nvml
+    collector's library (real or fake: ``--collector.nvml.fake-gpus``)."""
+    path = settings.flag(KERNEL_LOG)
+    return XidCollector(kernel_log=KernelLogSource(path) if path else None,
+                        library=nvml_library(settings), findings=context.findings,
+                        node=context.node)
 
 
-def _scenario(config: Any) -> str:
-    return getattr(config, "fake_gpus_scenario", "default")
+COLLECTOR = CollectorSpec(
+    name="xid", build=from_config, default=True, flags=(KERNEL_LOG,),
+    help="every GPU Xid and NVSwitch SXid, from NVML events and the kernel log")

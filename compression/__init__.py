@@ -30,10 +30,10 @@ times each collective and counts the bytes it sends through a
 parameter, so they survive DDP's bucket rebuild after the first iteration and a ``state_dict`` /
 ``load_state_dict`` round trip.
 
-This package was ``laggard.integrations.compression``, which still re-exports it (the same
-objects). It builds on the training side (the timer of :mod:`laggard.integrations.comm_timing`,
-the byte accounting of :mod:`laggard.integrations.collective_bytes`); nothing in
-``laggard.integrations`` imports it back (``.importlinter``).
+This package was ``laggard.integrations.compression`` (that path is gone). It builds on the
+training side (the timer of :mod:`laggard.integrations.comm_timing`, the byte accounting of
+:mod:`laggard.integrations.collective_bytes`); nothing in ``laggard.integrations`` imports it
+back (``.importlinter``).
 """
 
 from __future__ import annotations

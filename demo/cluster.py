@@ -509,18 +509,19 @@ def _start_agents(cluster: EmulatedCluster, workdir: Path, deadline: float) -> N
     """One ``laggard agent`` per node (the cluster stops them); waits until each serves."""
     from laggard.agent import registry
 
-    off = [f"--no-collector.{name}" for name in registry.COLLECTORS if name not in NODE_COLLECTORS]
+    off = [f"--no-collector.{name}" for name in registry.collectors()
+           if name not in NODE_COLLECTORS]
     agents = []
     for node in cluster.nodes:
         log = open(workdir / f"agent-{node.name}.log", "w")  # noqa: SIM115 - process lifetime
         agents.append(cluster.popen(node, [
             sys.executable, "-m", "laggard.cli", "agent",
             "--web.listen-address", f"{node.address}:{AGENT_PORT}",
-            "--intake-address", f"127.0.0.1:{INTAKE_PORT}",
+            "--intake.address", f"127.0.0.1:{INTAKE_PORT}",
             # the nodes share one file system: each takes its job's records over its own
             # loopback UDP, none the host's default socket; each node's link is a veth (eth0)
             "--intake.socket", "", "--collector.netdev.device-include", "eth0",
-            "--node", node.name, "--collect-interval", "0.5", *off],
+            "--node.name", node.name, "--collector.interval", "0.5", *off],
             stdout=log, stderr=subprocess.STDOUT))
     for node, agent in zip(cluster.nodes, agents, strict=True):
         try:

@@ -103,9 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "HOST:PORT (give its --intake-address too) instead of starting "
                              "one: two demos at once on one agent")
     parser.add_argument("--fake-gpus", action="store_true",
-                        help="give every rank a fake GPU (the agent runs --fake-gpus W, the "
-                             "ranks read the same fake NVML through LAGGARD_FAKE_NVML) whose "
-                             "state the straggler finding reports: here, no clock event")
+                        help="give every rank a fake GPU (the agent runs "
+                             "--collector.nvml.fake-gpus W, the ranks read the same fake NVML "
+                             "through LAGGARD_FAKE_NVML) whose state the straggler finding "
+                             "reports: here, no clock event")
     parser.add_argument("--throttle-slow-gpu", nargs="?", const="sw_thermal", default="",
                         metavar="REASON",
                         help="--fake-gpus, with the slowed rank's GPU held at 1.41 of 1.98 GHz "
@@ -190,14 +191,14 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
     metrics_url = f"http://{metrics_address}/metrics"
     agent_log = tmp / "agent.log"
     scenario = fake_gpu_scenario(args)
-    fake_gpus = (["--fake-gpus", str(args.world_size), "--fake-gpus-scenario", scenario]
-                 if scenario else [])
+    fake_gpus = (["--collector.nvml.fake-gpus", str(args.world_size),
+                  "--collector.nvml.fake-gpus-scenario", scenario] if scenario else [])
     agent = None if args.use_agent else children.start(
         [sys.executable, "-m", "laggard.cli", "agent",
-         "--web.listen-address", metrics_address, "--intake-address", intake_address,
+         "--web.listen-address", metrics_address, "--intake.address", intake_address,
          # the demo's ranks send to this agent's UDP port: it leaves the node's default
          # socket (/run/laggard/intake.sock) to the node's own agent
-         "--intake.socket", "", "--collect-interval", "0.5", *fake_gpus],
+         "--intake.socket", "", "--collector.interval", "0.5", *fake_gpus],
         stdout=agent_log.open("w"), stderr=subprocess.STDOUT,
     )
     if not _wait_for_agent(metrics_url, agent):

@@ -20,9 +20,6 @@ _EXPORTS = {
     "instrument_fsdp": "laggard.integrations.trace_sources",
     "instrument_pipeline": "laggard.integrations.trace_sources",
     "attach": "laggard.integrations.trace_sources",
-    # laggard.compression's, through the old path's re-export (the one way integrations reach it)
-    "make_hook": "laggard.integrations.compression",
-    "COMPRESSORS": "laggard.integrations.compression",
     "GradientIntegrity": "laggard.integrations.integrity",
     "BitFlipInjector": "laggard.integrations.faults",
     "GpuStateParticipant": "laggard.integrations.gpu_state",

@@ -85,7 +85,7 @@ def start_agent(*extra: str, timeout: float = 15.0) -> AgentProcess:
     port, intake_port = free_port(), free_port(socket.SOCK_DGRAM)
     cmd = [sys.executable, "-m", "laggard.cli", "agent",
            "--web.listen-address", f"127.0.0.1:{port}",
-           "--intake-address", f"127.0.0.1:{intake_port}",
+           "--intake.address", f"127.0.0.1:{intake_port}",
            # Off the system's /run/laggard unless a test names a socket of its own.
            "--intake.socket", "", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -25,10 +25,6 @@ MIRROR_EXCEPTIONS = {
     # the Collector protocol and NoDataError: no behaviour of their own; every collector test
     # raises or checks NoDataError
     "collectors/base.py": "tests/collectors/test_infiniband.py",
-    # re-exports of laggard.nvml.library and laggard.nvml.fake (their old paths), checked to be
-    # the same objects there
-    "collectors/nvml_library.py": "tests/collectors/test_nvml.py",
-    "collectors/fake_nvml.py": "tests/collectors/test_nvml.py",
 }
 
 

@@ -86,14 +86,6 @@ def test_unknown_keys_are_ignored_for_forward_compatibility():
     assert decode_datagram(json.dumps(doc).encode()).step == 2
 
 
-def test_the_old_import_path_still_gives_the_same_classes() -> None:
-    import laggard.agent.records as moved
-    import laggard.wire as wire
-
-    for name in moved.__all__:
-        assert getattr(moved, name) is getattr(wire, name), name
-
-
 def test_heartbeat_round_trips_with_collective_groups_and_p2p_pairs() -> None:
     from laggard.wire import GroupProgress, Heartbeat
 

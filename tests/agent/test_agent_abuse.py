@@ -102,7 +102,7 @@ def test_the_web_server_listens_on_ipv6():
     port, intake_port = free_port(host="::1"), free_port(socket.SOCK_DGRAM, host="::1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "laggard.cli", "agent", "--web.listen-address", f"[::1]:{port}",
-         "--intake-address", f"[::1]:{intake_port}", "--no-collector.host",
+         "--intake.address", f"[::1]:{intake_port}", "--no-collector.host",
          "--no-collector.netdev"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     class _Agent:

@@ -14,8 +14,8 @@ def _samples(text, name):
 
 
 def test_two_runs_on_one_agent_stay_apart_and_name_their_gpus(agent_factory):
-    agent = agent_factory("--fake-gpus", "4", "--collect-interval", "0.2", "--intake.max-runs",
-                          "4", "--no-collector.host", "--no-collector.netdev",
+    agent = agent_factory("--collector.nvml.fake-gpus", "4", "--collector.interval", "0.2",
+                          "--intake.max-runs", "4", "--no-collector.host", "--no-collector.netdev",
                           "--no-collector.infiniband", "--no-collector.xid")
     records = []
     for step in range(3):

@@ -62,7 +62,7 @@ def test_a_non_socket_at_the_path_stops_the_agent(tmp_path: Path) -> None:
 
 
 def test_udp_on_a_non_loopback_address_needs_its_flag(tmp_path: Path) -> None:
-    result = _run_agent("--intake.socket", "", "--intake-address", "0.0.0.0:0")
+    result = _run_agent("--intake.socket", "", "--intake.address", "0.0.0.0:0")
     assert result.returncode == 2
     assert "--intake.udp-allow-remote" in result.stderr
     with pytest.raises(ValueError, match="not a loopback"):

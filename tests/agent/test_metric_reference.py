@@ -46,7 +46,7 @@ def _exported(agent_factory, tmp_path) -> dict[str, str]:
     kmsg = tmp_path / "kern.log"
     kmsg.write_text("")
     agent = agent_factory(
-        "--collect-interval", "0.2", "--fake-gpus", "2",
+        "--collector.interval", "0.2", "--collector.nvml.fake-gpus", "2",
         "--path.sysfs", str(FIXTURES / "infiniband" / "sys"), "--path.kmsg", str(kmsg),
         "--collector.nccl_inspector.dir", str(tmp_path),
         "--collector.flight_recorder.path", str(tmp_path),

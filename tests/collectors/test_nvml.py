@@ -138,8 +138,9 @@ def test_no_nvml_is_no_data_with_backoff(driver: str) -> None:
 
 def test_real_pynvml_without_a_driver_is_no_data() -> None:
     pytest.importorskip("pynvml")
-    collector = from_config(SimpleNamespace(fake_gpus=0), SimpleNamespace(findings=FindingLog(),
-                                                                          node="node01"))
+    from laggard.agent.config import AgentConfig
+
+    collector = from_config(AgentConfig(), SimpleNamespace(findings=FindingLog(), node="node01"))
     try:
         count = collector.library.start()
     except NoDataError as exc:
@@ -175,7 +176,7 @@ def test_bus_id_normalisation() -> None:
 
 
 def test_agent_with_fake_gpus_serves_every_family(agent_factory, promtool) -> None:
-    agent = agent_factory("--fake-gpus", "2", "--collect-interval", "0.1")
+    agent = agent_factory("--collector.nvml.fake-gpus", "2", "--collector.interval", "0.1")
     text = scrape_until(agent, 'laggard_collector_success{collector="xid"}')
     text = scrape_until(agent, 'laggard_collector_success{collector="nvml"}')
     families = {"laggard_gpu_info", "laggard_gpu_sm_clock_hertz", "laggard_gpu_memory_clock_hertz",
@@ -196,7 +197,7 @@ def test_agent_with_fake_gpus_serves_every_family(agent_factory, promtool) -> No
 
 
 def test_agent_without_gpu_runs_with_nvml_success_zero_and_no_traceback(agent_factory) -> None:
-    agent = agent_factory("--collect-interval", "0.1", "--no-collector.xid")
+    agent = agent_factory("--collector.interval", "0.1", "--no-collector.xid")
     text = scrape_until(agent, 'laggard_collector_success{collector="nvml"}')
     time.sleep(0.5)  # a few more rounds: repeated failures must not log again
     text = agent.scrape()
@@ -272,15 +273,9 @@ def test_gpu_lost_before_init_costs_only_that_gpu(expose, value) -> None:
     assert [f["kind"] for f in findings.recent()] == ["gpu_lost"]
 
 
-def test_old_paths_re_export_the_nvml_package() -> None:
-    import laggard.collectors.fake_nvml as old_fake
-    import laggard.collectors.nvml_library as old_library
-    import laggard.nvml.fake as fake
+def test_the_collectors_no_data_error_is_the_nvml_wrappers() -> None:
     import laggard.nvml.library as library
 
-    assert old_library.NvmlLibrary is library.NvmlLibrary
-    assert old_library.shared_library is library.shared_library
-    assert old_fake.FakeNvml is fake.FakeNvml
     assert NoDataError is library.NoDataError  # one class for the collectors and the job
 
 

@@ -258,8 +258,10 @@ def test_agent_reports_an_xid_79_of_the_history_logs_it_once_with_times(tmp_path
     happened = int(time.time()) - 600
     log = tmp_path / "syslog"
     log.write_text(fallen_off("0000:3b:00", happened) * 3)
-    agent = agent_factory("--collect-interval", "0.1", "--path.kmsg", str(log), "--fake-gpus",
-                          "2", "--fake-gpus-scenario", "steady", "--node", "gpu-node-07")
+    agent = agent_factory("--collector.interval", "0.1", "--path.kmsg", str(log),
+                          "--collector.nvml.fake-gpus", "2",
+                          "--collector.nvml.fake-gpus-scenario", "steady",
+                          "--node.name", "gpu-node-07")
     lost = 'laggard_gpu_lost{gpu="",pci_bus_id="0000:3b:00"}'
     deadline = time.monotonic() + 10.0
     while value(text := agent.scrape(), lost) is None:
@@ -288,7 +290,7 @@ def test_agent_reports_an_xid_79_of_the_history_logs_it_once_with_times(tmp_path
 def test_agent_counts_appended_lines_within_two_seconds(tmp_path, agent_factory, value) -> None:
     log = tmp_path / "syslog"
     log.write_text("Dec  2 11:38:27 node01 kernel: [  199.2] NVRM: unrelated line\n")
-    agent = agent_factory("--collect-interval", "0.1", "--path.kmsg", str(log))
+    agent = agent_factory("--collector.interval", "0.1", "--path.kmsg", str(log))
     deadline = time.monotonic() + 5.0  # the log is read from its end as of the first round
     while value(agent.scrape(), "laggard_kernel_log_lines_total") is None:
         assert time.monotonic() < deadline, "the xid collector never ran"

@@ -138,7 +138,7 @@ def test_daemonset_mounts_what_the_collectors_read_and_passes_valid_flags() -> N
     args = _agent_args(argv)
     assert mounts[args.sysfs_root] == "/sys"
     assert mounts[args.proc_root] == "/proc"
-    assert mounts[args.kmsg_path] == "/dev/kmsg"
+    assert mounts[getattr(args, "path.kmsg")] == "/dev/kmsg"
     assert args.listen_address == "192.0.2.10:9477"
     # The intake: the socket in the hostPath directory, nothing on the node's IP; host PID so
     # the kernel's sender pids are those of /host/proc.

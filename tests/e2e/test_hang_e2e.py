@@ -42,7 +42,7 @@ FIRE_DEADLINE_S = 40.0
 
 @pytest.fixture
 def agent() -> Iterator[AgentProcess]:
-    agent = start_agent("--no-collector.nvml", "--no-collector.xid", "--collect-interval", "0.5")
+    agent = start_agent("--no-collector.nvml", "--no-collector.xid", "--collector.interval", "0.5")
     try:
         yield agent
     finally:

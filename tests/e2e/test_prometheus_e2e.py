@@ -1,8 +1,9 @@
 """End to end against a real Prometheus: every dashboard query returns data, the alerts fire.
 
-A real ``laggard agent --fake-gpus 2`` receives the per-step records of a 4-rank job whose rank 2
-is slowed (datagrams on the agent's real UDP intake, as ``TrainingMonitor`` sends them), and
-Debian's ``prometheus`` binary scrapes it every second with laggard's rule files loaded. Then:
+A real ``laggard agent --collector.nvml.fake-gpus 2`` receives the per-step records of a 4-rank
+job whose rank 2 is slowed (datagrams on the agent's real UDP intake, as ``TrainingMonitor``
+sends them), and Debian's ``prometheus`` binary scrapes it every second with laggard's rule
+files loaded. Then:
 
 - every template variable's ``label_values(...)`` query finds values, and every query of every
   panel of every dashboard, with the variables substituted as Grafana does, returns data through
@@ -74,7 +75,8 @@ def kernel_log(tmp_path: Path) -> Path:
 @pytest.fixture
 def agent(kernel_log: Path) -> Iterator[AgentProcess]:
     # InfiniBand ports from the fixture tree of a real H100 node's sysfs (this host has none).
-    agent = start_agent("--fake-gpus", "2", "--collect-interval", "0.5", "--node", "e2e-node",
+    agent = start_agent("--collector.nvml.fake-gpus", "2", "--collector.interval", "0.5",
+                        "--node.name", "e2e-node",
                         "--path.kmsg", str(kernel_log),
                         "--path.sysfs", str(FIXTURES / "infiniband" / "sys"))
     try:
