@@ -112,7 +112,7 @@ class Node:
 
     Attributes:
         index: 0-based node number (``torch.distributed.run --node_rank``).
-        name: its label (``node0``, ...), used as the agent's ``--node``.
+        name: its label (``node0``, ...), used as the agent's ``--node.name``.
         netns: network namespace name.
         address: its IPv4 address on the bridge (in 198.18.0.0/15).
         host_veth: the bridge port in the initial namespace: its counters are the node's link

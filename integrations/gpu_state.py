@@ -27,12 +27,12 @@ What goes wrong is counted in :attr:`GpuStateParticipant.stats` and logged once,
 into the loop: NVML missing, a device NVML does not know (``unknown_device``), a GPU lost
 mid-run (``gpu_lost``; sampling resumes once NVML answers again), a bad fake-NVML hook.
 
-Demo and test hook: with ``LAGGARD_FAKE_NVML=N[:SCENARIO]`` in the environment the participant
-uses :class:`laggard.nvml.fake.FakeNvml` with ``N`` GPUs playing ``SCENARIO``
+Demo and test hook: with ``LAGGARD_FAKE_NVML=N[:SCENARIO]`` in the environment the participant uses
+:class:`laggard.nvml.fake.FakeNvml` with ``N`` GPUs playing ``SCENARIO``
 (:func:`laggard.nvml.fake.parse_scenario`) instead of the real NVML, as ``laggard agent
---fake-gpus N --fake-gpus-scenario SCENARIO`` does, so the job and the agent see the same fake
-GPUs. Without CUDA, the rank's GPU is then fake GPU ``local_rank % N`` (one GPU per local rank,
-as torchrun jobs use them). ``laggard demo --throttle-slow-gpu`` sets it.
+--collector.nvml.fake-gpus N --collector.nvml.fake-gpus-scenario SCENARIO`` does, so the job and the
+agent see the same fake GPUs. Without CUDA, the rank's GPU is then fake GPU ``local_rank % N`` (one
+GPU per local rank, as torchrun jobs use them). ``laggard demo --throttle-slow-gpu`` sets it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A fake NVML: the functions and constants of ``pynvml`` that laggard calls, playing a scenario.
 
-Used by ``laggard agent --fake-gpus N`` (as dcgm-exporter's ``--fake-gpus``) and by the tests, so
-every GPU series can be seen and tested without a GPU. It is not a simulator of GPU physics: it
-replays a short, fixed story, the same for every run.
+Used by ``laggard agent --collector.nvml.fake-gpus N`` (as dcgm-exporter's ``--fake-gpus``) and
+by the tests, so every GPU series can be seen and tested without a GPU. It is not a simulator of
+GPU physics: it replays a short, fixed story, the same for every run.
 
 The scenario repeats every :data:`PERIOD` steps (one step per ``step_seconds`` of ``clock``, or
 per :meth:`FakeNvml.advance` when no clock is given). With ``i`` the GPU index:
@@ -16,7 +16,8 @@ per :meth:`FakeNvml.advance` when no clock is given). With ``i`` the GPU index:
 * steps 50-59, last GPU (when there are two or more): lost; every call on it raises
   ``NVMLError_GpuIsLost``, until the period wraps round (a GPU reset).
 
-That is the ``default`` scenario. Two more (:func:`parse_scenario`, ``--fake-gpus-scenario``):
+That is the ``default`` scenario. Two more (:func:`parse_scenario`,
+``--collector.nvml.fake-gpus-scenario``):
 
 * ``steady``: every GPU at its maximum SM clock, no clock-event reason, no XID, no ECC error,
   no lost GPU: the baseline in which a slow rank has no GPU cause;

@@ -2,8 +2,7 @@
 
 It lives in :mod:`laggard.nvml`, a package of its own below the collectors, so that both the
 node agent's collectors and the training job's GPU-state participant
-(:mod:`laggard.integrations.gpu_state`) reach NVML through this one module
-(``laggard.nvml.library`` is kept as a re-export).
+(:mod:`laggard.integrations.gpu_state`) reach NVML through this one module.
 
 Modelled on nvitop's ``api/libnvml.py``:
 
@@ -308,7 +307,7 @@ def shared_library(fake_gpus: int = 0, scenario: str = "default") -> NvmlLibrary
     """The process-wide :class:`NvmlLibrary`: the real NVML, or a fake one with ``fake_gpus``.
 
     The GPU and XID collectors share it, so both see the same handles (and, with
-    ``--fake-gpus``, the same scenario).
+    ``--collector.nvml.fake-gpus``, the same scenario).
 
     Args:
         fake_gpus: 0 for the real NVML, else the number of fake GPUs.
