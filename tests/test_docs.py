@@ -141,3 +141,42 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
                     "```\n[in code](ignored.md)\n```\n# Page\n")
     assert broken_links(page) == ["missing.md: no such file",
                                   "other.md#nowhere: no heading #nowhere in other.md"]
+
+
+# -- counts in docs/architecture.md, read from the code ----------------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+_NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+                 "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12}
+
+
+def test_the_step_table_size_is_the_window_step_columns() -> None:
+    # The diagram's step table has one row per STEP_COLUMNS entry (it said 7 x K at 16).
+    from laggard.detectors.window import STEP_COLUMNS
+
+    said = re.findall(r"step table \((\d+) x K\)", ARCHITECTURE.read_text())
+    assert said, "docs/architecture.md no longer says the step table's size"
+    assert {int(n) for n in said} == {len(STEP_COLUMNS)}
+
+
+def test_the_import_contracts_counted_and_tabled_are_those_of_importlinter() -> None:
+    sections = re.findall(r"^\[importlinter:contract:[^\]]+\]", (ROOT / ".importlinter")
+                          .read_text(), flags=re.MULTILINE)
+    names = re.findall(r"^name\s*=\s*(.+?)\s*$", (ROOT / ".importlinter").read_text(),
+                       flags=re.MULTILINE)
+    text = ARCHITECTURE.read_text()
+    word = re.search(r"`\.importlinter` writes this as (\w+) contracts", text)
+    assert word, "docs/architecture.md no longer says how many import contracts there are"
+    assert _NUMBER_WORDS.get(word.group(1), word.group(1)) == len(sections)
+    tabled = re.findall(r"^\| `([^`]+)` \|", text, flags=re.MULTILINE)
+    assert set(names) <= set(tabled), f"not in the table: {sorted(set(names) - set(tabled))}"
+
+
+def test_the_docs_name_one_transport() -> None:
+    # The job's datagrams go to the agent's socket (a Unix datagram socket); UDP on loopback is
+    # an option, never the name of the path: no "UDP intake" or "non-blocking UDP" as if it were.
+    for page in (ARCHITECTURE, ROOT / "docs" / "README.md", README):
+        text = " ".join(prose_lines(page.read_text()))
+        assert "non-blocking UDP" not in text and "the UDP intake" not in text, page.name
+    diagram = ARCHITECTURE.read_text().split("## Data flow", 1)[1].split("```")[1]
+    assert "UDP" not in diagram and "socket" in diagram
