@@ -84,3 +84,16 @@ def test_analyze_of_a_kernel_log_imports_only_the_kernel_log_rules(tmp_path: Pat
     assert not [m for m in modules if m.split(".")[0] == "prometheus_client"]
     assert not {"laggard.analyze.traces", "laggard.analyze.collectives",
                 "laggard.detectors.flight_recorder", "laggard.analyze.network"} & modules
+
+
+def test_the_report_says_once_that_matplotlib_builds_its_font_cache(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The first `laggard report` per user waits while matplotlib scans the system's fonts (40 s
+    # on a loaded host): said before it starts, and never again once the cache file exists.
+    from laggard.analyze.run_report import _say_font_cache
+
+    _say_font_cache(tmp_path)
+    assert "building its font cache" in capsys.readouterr().err
+    (tmp_path / "fontlist-v390.json").write_text("{}")
+    _say_font_cache(tmp_path)
+    assert capsys.readouterr().err == ""
