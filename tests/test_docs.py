@@ -180,3 +180,34 @@ def test_the_docs_name_one_transport() -> None:
         assert "non-blocking UDP" not in text and "the UDP intake" not in text, page.name
     diagram = ARCHITECTURE.read_text().split("## Data flow", 1)[1].split("```")[1]
     assert "UDP" not in diagram and "socket" in diagram
+
+
+# -- benchmarks/RESULTS.md: one table of current figures on top, the history below ---------------
+
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+
+
+def current_figures() -> list[list[str]]:
+    """The rows of RESULTS.md's "Current figures" table, as cells."""
+    text = RESULTS.read_text().split("## Current figures", 1)[1].split("\n# ", 1)[0]
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row.strip("|").split(" | ")] for row in rows[2:]]
+
+
+def test_results_open_with_one_table_of_current_figures() -> None:
+    text = RESULTS.read_text()
+    assert text.index("## Current figures") < text.index("# History, newest first")
+    header = text.split("## Current figures", 1)[1].split("\n|", 1)[1].split("\n", 1)[0]
+    assert header.strip(" |").split(" | ") == ["claim", "figure", "command", "date (UTC)", "load"]
+    rows = current_figures()
+    assert len(rows) >= 20
+    for row in rows:
+        assert len(row) == 5 and all(row), row
+
+
+def test_the_readme_detection_figures_are_in_the_current_table() -> None:
+    # README's long-run table and peer-group sentence quote these; the table must carry them.
+    figures = " ".join(cell for row in current_figures() for cell in row)
+    readme = README.read_text()
+    for quoted in ("10 of 10", "6 of 7", "7 of 7", "5 of 5", "1.7e8"):
+        assert quoted in readme and quoted in figures, quoted
