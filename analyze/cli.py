@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 # Each file kind's parser and rules are imported by the reader of that kind, when a file of it
 # is read: a kernel log must not cost numpy, prometheus_client and the trace and dump rules
-# (``laggard analyze`` on a 4-line log went from ~1 s to ~0.2 s; tests/test_cli_startup.py).
+# (``laggard analyze`` of a 4-line kernel log: 1.4 s before, 0.4 s after, at load 8 on 2 cores;
+# benchmarks/RESULTS.md. tests/test_cli_startup.py checks the modules it loads).
 
 #: Most files read from the directories given (a stray ``/`` must not walk the whole disk).
 MAX_FILES = 10_000
