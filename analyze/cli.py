@@ -26,34 +26,22 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from laggard.analyze import collectives, filetype, flight_recorder, gpu, network, traces
+from laggard.analyze import filetype
 from laggard.analyze.findings import KINDS, report_dict, sort_findings
-from laggard.detectors.finding import Finding
-from laggard.detectors.flight_recorder import analyze_dumps
-from laggard.parsers.exposition import dcgm_gpus, parse_exposition
-from laggard.parsers.flight_recorder import (
-    DumpError,
-    FlightRecorderDump,
-    load_dump,
-    parse_fr_trace_report,
-)
-from laggard.parsers.infiniband_listing import (
-    parse_ib_listing,
-    parse_ibstat,
-    parse_perfquery,
-)
-from laggard.parsers.kernel_log import KernelLogParser
-from laggard.parsers.nccl_inspector import InspectorRecord, InspectorStream
-from laggard.parsers.nccl_log import (
-    MAX_EVENTS_PER_TYPE,
-    NcclLog,
-    NcclLogParser,
-    parse_nccl_log,
-)
-from laggard.parsers.nccl_tests import parse_nccl_tests
-from laggard.parsers.nvidia_smi import parse_nvidia_smi_csv, parse_nvidia_smi_q
-from laggard.parsers.proc_net_dev import parse_proc_net_dev
+from laggard.parsers.flight_recorder import DumpError
+
+if TYPE_CHECKING:
+    from laggard.analyze.traces import TraceSummary
+    from laggard.detectors.finding import Finding
+    from laggard.parsers.flight_recorder import FlightRecorderDump
+    from laggard.parsers.nccl_log import NcclLog
+
+# Each file kind's parser and rules are imported by the reader of that kind, when a file of it
+# is read: a kernel log must not cost numpy, prometheus_client and the trace and dump rules
+# (``laggard analyze`` of a 4-line kernel log: 1.4 s before, 0.4 s after, at load 8 on 2 cores;
+# benchmarks/RESULTS.md. tests/test_cli_startup.py checks the modules it loads).
 
 #: Most files read from the directories given (a stray ``/`` must not walk the whole disk).
 MAX_FILES = 10_000
@@ -84,7 +72,7 @@ class _Inputs:
     findings: list[Finding] = field(default_factory=list)
     nccl_logs: list[tuple[str, NcclLog]] = field(default_factory=list)
     fr_dumps: dict[str, list[FlightRecorderDump]] = field(default_factory=lambda: defaultdict(list))
-    kineto: dict[str, list[traces.TraceSummary]] = field(default_factory=lambda: defaultdict(list))
+    kineto: dict[str, list[TraceSummary]] = field(default_factory=lambda: defaultdict(list))
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     files: int = 0  # files walked (named or found in a directory)
@@ -124,6 +112,8 @@ def _small_text(path: str) -> list[str]:
 
 
 def _read_log(path: str, kind: str, inputs: _Inputs) -> None:
+    from laggard.parsers.nccl_log import MAX_EVENTS_PER_TYPE, NcclLog, parse_nccl_log
+
     if kind == "nccl_log":
         log = parse_nccl_log(filetype.iter_lines(path))
         if log.dropped:
@@ -131,6 +121,10 @@ def _read_log(path: str, kind: str, inputs: _Inputs) -> None:
                                 f"{MAX_EVENTS_PER_TYPE} of their type were counted, not kept")
         inputs.nccl_logs.append((path, log))
         return
+    from laggard.analyze import gpu
+    from laggard.parsers.kernel_log import KernelLogParser
+    from laggard.parsers.nccl_log import NcclLogParser
+
     kernel = KernelLogParser()
     nccl = NcclLogParser() if kind == "mixed_log" else None
     evidence = gpu.KernelEvidence()
@@ -160,6 +154,8 @@ def _fr_group(path: str) -> str:
 
 
 def _read_dump(path: str, inputs: _Inputs) -> None:
+    from laggard.parsers.flight_recorder import load_dump
+
     dump = load_dump(path)
     inputs.notes += [f"{path}: {note}" for note in dump.notes]
     group = inputs.fr_dumps[_fr_group(path)]
@@ -178,6 +174,8 @@ def _read_dump(path: str, inputs: _Inputs) -> None:
 
 
 def _read_trace(path: str, inputs: _Inputs) -> None:
+    from laggard.analyze import traces
+
     with filetype.open_text(path) as f:
         trace = traces.read_trace(f, path)
     if not trace.steps:
@@ -201,6 +199,9 @@ def _world(dump: FlightRecorderDump) -> int | None:
 
 
 def _read_inspector(path: str, inputs: _Inputs) -> None:
+    from laggard.analyze import network
+    from laggard.parsers.nccl_inspector import InspectorRecord, InspectorStream
+
     stream = InspectorStream()
     records: list[InspectorRecord] = []
     for line in filetype.iter_lines(path):
@@ -217,6 +218,9 @@ def _read_inspector(path: str, inputs: _Inputs) -> None:
 
 
 def _read_netdev(path: str, inputs: _Inputs) -> None:
+    from laggard.analyze import network
+    from laggard.parsers.proc_net_dev import parse_proc_net_dev
+
     lines = _small_text(path)
     taken = next((line.strip() for line in lines
                   if re.search(r"\b\d\d:\d\d:\d\d\b.*\b(19|20)\d\d\b", line)), None)
@@ -226,6 +230,42 @@ def _read_netdev(path: str, inputs: _Inputs) -> None:
     inputs.findings += network.netdev_findings(path, devices, taken)
 
 
+def _read_table(path: str, kind: str) -> list[Finding]:
+    """Findings of one file of a kind that is parsed whole and judged on its own."""
+    if kind == "fr_trace_report":
+        from laggard.analyze import flight_recorder
+        from laggard.parsers.flight_recorder import parse_fr_trace_report
+
+        return flight_recorder.fr_report_findings(
+            path, parse_fr_trace_report(filetype.iter_lines(path)))
+    if kind in ("nvidia_smi_q", "nvidia_smi_csv", "dcgm"):
+        from laggard.analyze import gpu
+
+        if kind == "dcgm":
+            from laggard.parsers.exposition import dcgm_gpus, parse_exposition
+
+            return gpu.dcgm_findings(path, dcgm_gpus(parse_exposition(_small_text(path))))
+        from laggard.parsers.nvidia_smi import parse_nvidia_smi_csv, parse_nvidia_smi_q
+
+        parse_smi = parse_nvidia_smi_q if kind == "nvidia_smi_q" else parse_nvidia_smi_csv
+        return gpu.clock_event_findings(path, parse_smi(_small_text(path)))
+    from laggard.analyze import network
+
+    if kind == "nccl_tests":
+        from laggard.parsers.nccl_tests import parse_nccl_tests
+
+        return network.nccl_tests_findings(path, parse_nccl_tests(filetype.iter_lines(path)))
+    if kind == "nccl_inspector_prom":
+        from laggard.parsers.exposition import parse_exposition
+
+        return network.inspector_prom_findings(path, parse_exposition(_small_text(path)))
+    from laggard.parsers import infiniband_listing as ib
+
+    parse_ib = {"infiniband_listing": ib.parse_ib_listing, "ibstat": ib.parse_ibstat,
+                "perfquery": ib.parse_perfquery}[kind]
+    return network.ib_findings(path, parse_ib(_small_text(path)))
+
+
 def _read_one(path: str, kind: str, inputs: _Inputs) -> None:
     readers: dict[str, Callable[[], None]] = {
         "kernel_log": lambda: _read_log(path, kind, inputs),
@@ -233,28 +273,14 @@ def _read_one(path: str, kind: str, inputs: _Inputs) -> None:
         "mixed_log": lambda: _read_log(path, kind, inputs),
         "flight_recorder": lambda: _read_dump(path, inputs),
         "kineto_trace": lambda: _read_trace(path, inputs),
-        "fr_trace_report": lambda: inputs.findings.extend(flight_recorder.fr_report_findings(
-            path, parse_fr_trace_report(filetype.iter_lines(path)))),
-        "nccl_tests": lambda: inputs.findings.extend(network.nccl_tests_findings(
-            path, parse_nccl_tests(filetype.iter_lines(path)))),
         "nccl_inspector": lambda: _read_inspector(path, inputs),
-        "nccl_inspector_prom": lambda: inputs.findings.extend(network.inspector_prom_findings(
-            path, parse_exposition(_small_text(path)))),
-        "dcgm": lambda: inputs.findings.extend(gpu.dcgm_findings(
-            path, dcgm_gpus(parse_exposition(_small_text(path))))),
-        "nvidia_smi_q": lambda: inputs.findings.extend(gpu.clock_event_findings(
-            path, parse_nvidia_smi_q(_small_text(path)))),
-        "nvidia_smi_csv": lambda: inputs.findings.extend(gpu.clock_event_findings(
-            path, parse_nvidia_smi_csv(_small_text(path)))),
         "proc_net_dev": lambda: _read_netdev(path, inputs),
-        "infiniband_listing": lambda: inputs.findings.extend(network.ib_findings(
-            path, parse_ib_listing(_small_text(path)))),
-        "ibstat": lambda: inputs.findings.extend(network.ib_findings(
-            path, parse_ibstat(_small_text(path)))),
-        "perfquery": lambda: inputs.findings.extend(network.ib_findings(
-            path, parse_perfquery(_small_text(path)))),
     }
-    readers[kind]()
+    reader = readers.get(kind)
+    if reader is None:
+        inputs.findings += _read_table(path, kind)
+    else:
+        reader()
 
 
 def analyze_paths(paths: list[str],
@@ -315,6 +341,11 @@ def _cross_file_findings(inputs: _Inputs) -> list[Finding]:
     """Rules that compare files: NCCL logs of every rank, profiler traces and flight-recorder
     dumps of one directory. A failure of one stage costs only that stage."""
     findings: list[Finding] = []
+    if not (inputs.nccl_logs or inputs.kineto or inputs.fr_dumps):
+        return findings
+    from laggard.analyze import collectives, flight_recorder, traces
+    from laggard.detectors.flight_recorder import analyze_dumps
+
     if inputs.nccl_logs:
         try:
             findings += collectives.nccl_findings(inputs.nccl_logs)

@@ -7,7 +7,7 @@ import datetime
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laggard.analyze.findings import (
     SEVERITY_ORDER,
@@ -15,9 +15,11 @@ from laggard.analyze.findings import (
 )
 from laggard.detectors import xid_catalog
 from laggard.detectors.finding import Finding, Severity
-from laggard.parsers.exposition import DcgmGpu
 from laggard.parsers.kernel_log import SXidEvent, XidEvent
 from laggard.parsers.nvidia_smi import SmiGpu, reasons_from_bitmask
+
+if TYPE_CHECKING:  # a type only: the exposition parser imports prometheus_client (~0.1 s)
+    from laggard.parsers.exposition import DcgmGpu
 
 #: Most distinct pids/processes listed per Xid group.
 MAX_LISTED = 10

@@ -374,21 +374,26 @@ def write_page(run: RunWindows, out: Path, *, title: str = "laggard run report",
     import matplotlib
 
     matplotlib.use("Agg")
+    _say_font_cache(Path(matplotlib.get_cachedir()))
     page = render_html(run, title=title, summary=summary)
     out.write_text(page, encoding="utf-8")
     return len(page.encode("utf-8"))
 
 
+def _say_font_cache(cache_dir: Path) -> None:
+    """Say, before it happens, that matplotlib is about to build its font cache.
+
+    Its first ``import matplotlib.pyplot`` per user scans every system font and writes
+    ``fontlist-v*.json`` under ``cache_dir`` (``matplotlib.get_cachedir()``); on a busy host that
+    took 40 s of the first ``laggard report``, silently but for matplotlib's own late line. Later
+    runs read the file, so this prints at most once per user.
+    """
+    if not any(cache_dir.glob("fontlist-v*.json")):
+        print(f"laggard report: matplotlib is building its font cache in {cache_dir} (once per "
+              f"user; the first report can take up to a minute)", file=sys.stderr, flush=True)
+
+
 # -- command line ----------------------------------------------------------------------------
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``laggard report``."""
-    parser.add_argument("windows", metavar="WINDOWS.jsonl",
-                        help="windows saved by TrainingMonitor(Config(windows_path=...)) or "
-                             "`laggard demo --windows`")
-    parser.add_argument("--html", required=True, metavar="PATH", help="where to write the page")
-    parser.add_argument("--title", default="laggard run report")
-
 
 def run(args: argparse.Namespace) -> int:
     """0 written, 1 no window in the file, 2 a file cannot be read or written."""

@@ -1,9 +1,15 @@
 """The ``laggard`` command line: one subcommand per module, imported only when chosen.
 
-Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int`` (the exit
-status); its one-line help lives here, so ``laggard --help`` shows it without importing it.
-Importing lazily keeps ``laggard agent`` free of torch and keeps a broken optional module from
-breaking the others.
+A subcommand has a *flags* module, whose ``add_arguments(parser)`` declares its flags, and a
+*run* module, whose ``run(args) -> int`` does the work and returns the exit status. They are one
+module where that module is light; where the run module is heavy (torch, numpy, matplotlib, the
+agent's servers) the flags live in a module of their own that imports only :mod:`argparse`-level
+things, so ``laggard X --help`` and a bad flag cost a few tens of milliseconds, not the seconds
+that importing the run module costs on a loaded host. The run module is imported only after the
+flags parsed. Each one-line help lives here, so ``laggard --help`` imports no subcommand at all,
+and a broken optional module cannot break the others.
+
+``tests/test_cli_startup.py`` checks which modules each ``--help`` imports.
 """
 
 from __future__ import annotations
@@ -14,26 +20,33 @@ import sys
 
 from laggard import __version__
 
-#: subcommand -> (module implementing it, one-line help)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "agent": ("laggard.agent.daemon", "run the node agent: sample GPUs, network and host, "
-              "receive rank timings, serve /metrics"),
-    "demo": ("laggard.demo.local", "train a small model on W local ranks and find the slow one"),
-    "analyze": ("laggard.analyze.cli",
+#: subcommand -> (flags module, run module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    # The agent's flags are declared by laggard.agent.daemon and its collectors; that module must
+    # stay free of torch and numpy at import (tests/test_cli_startup.py).
+    "agent": ("laggard.agent.daemon", "laggard.agent.daemon",
+              "run the node agent: sample GPUs, network and host, receive rank timings, "
+              "serve /metrics"),
+    "demo": ("laggard.demo.flags", "laggard.demo.local",
+             "train a small model on W local ranks and find the slow one"),
+    "analyze": ("laggard.analyze.cli", "laggard.analyze.cli",
                 "read logs and dumps after an incident and name the culprit"),
-    "report": ("laggard.analyze.run_report",
+    "report": ("laggard.analyze.report_flags", "laggard.analyze.run_report",
                "write a run's straggler report (heatmaps, findings, phases) as one HTML page"),
-    "dashboards": ("laggard.dashboards.cli", "write Grafana dashboards and Prometheus rules"),
-    "cluster-demo": ("laggard.demo.cluster", "emulate N nodes with network namespaces, run one "
-                     "job across them, inject a fault, name it"),
+    "dashboards": ("laggard.dashboards.cli", "laggard.dashboards.cli",
+                   "write Grafana dashboards and Prometheus rules"),
+    "cluster-demo": ("laggard.demo.cluster", "laggard.demo.cluster",
+                     "emulate N nodes with network namespaces, run one job across them, "
+                     "inject a fault, name it"),
 }
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    """Build the parser; only the chosen subcommand's module is imported.
+    """Build the parser; only the chosen subcommand's flags module is imported.
 
-    The chosen subcommand's own parser is kept as ``parser.chosen_subparser`` so that errors
-    about its flags show its usage, not the top-level one.
+    The parsed namespace carries the chosen subcommand's run module, by name, as
+    ``_run_module``, and its own parser as ``_subparser``, so that errors about its flags show
+    its usage, not the top-level one.
     """
     parser = argparse.ArgumentParser(
         prog="laggard",
@@ -42,14 +55,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"laggard {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    for name, (flags_module, run_module, help_text) in SUBCOMMANDS.items():
         if name != chosen:
             sub.add_parser(name, help=help_text, add_help=False)
             continue
-        module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        importlib.import_module(flags_module).add_arguments(p)
+        p.set_defaults(_run_module=run_module)
         parser.set_defaults(_subparser=p)
     return parser
 
@@ -66,10 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         (getattr(args, "_subparser", None) or parser).error(
             f"unrecognized arguments: {' '.join(unknown)}")
-    if not hasattr(args, "_run"):
+    if not hasattr(args, "_run_module"):
         parser.print_help()
         return 2
-    return int(args._run(args) or 0)
+    try:
+        module = importlib.import_module(args._run_module)
+    except ImportError as exc:
+        print(f"laggard: {exc}", file=sys.stderr)
+        return 2
+    return int(module.run(args) or 0)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ Fields left unsupported on purpose (they raise ``NVMLError_NotSupported``, as on
 the reliability violation counter, and NVLink on odd-numbered GPUs. Even-numbered GPUs have 18
 NVLink links, one of them down.
 
-Why one module of ~450 lines: it mirrors pynvml's flat namespace (the functions, constants and
+Why one module of ~540 lines: it mirrors pynvml's flat namespace (the functions, constants and
 error classes laggard calls), which a test swaps in for ``pynvml`` as one module object.
 """
 

@@ -141,3 +141,73 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
                     "```\n[in code](ignored.md)\n```\n# Page\n")
     assert broken_links(page) == ["missing.md: no such file",
                                   "other.md#nowhere: no heading #nowhere in other.md"]
+
+
+# -- counts in docs/architecture.md, read from the code ----------------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+_NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+                 "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12}
+
+
+def test_the_step_table_size_is_the_window_step_columns() -> None:
+    # The diagram's step table has one row per STEP_COLUMNS entry (it said 7 x K at 16).
+    from laggard.detectors.window import STEP_COLUMNS
+
+    said = re.findall(r"step table \((\d+) x K\)", ARCHITECTURE.read_text())
+    assert said, "docs/architecture.md no longer says the step table's size"
+    assert {int(n) for n in said} == {len(STEP_COLUMNS)}
+
+
+def test_the_import_contracts_counted_and_tabled_are_those_of_importlinter() -> None:
+    sections = re.findall(r"^\[importlinter:contract:[^\]]+\]", (ROOT / ".importlinter")
+                          .read_text(), flags=re.MULTILINE)
+    names = re.findall(r"^name\s*=\s*(.+?)\s*$", (ROOT / ".importlinter").read_text(),
+                       flags=re.MULTILINE)
+    text = ARCHITECTURE.read_text()
+    word = re.search(r"`\.importlinter` writes this as (\w+) contracts", text)
+    assert word, "docs/architecture.md no longer says how many import contracts there are"
+    assert _NUMBER_WORDS.get(word.group(1), word.group(1)) == len(sections)
+    tabled = re.findall(r"^\| `([^`]+)` \|", text, flags=re.MULTILINE)
+    assert set(names) <= set(tabled), f"not in the table: {sorted(set(names) - set(tabled))}"
+
+
+def test_the_docs_name_one_transport() -> None:
+    # The job's datagrams go to the agent's socket (a Unix datagram socket); UDP on loopback is
+    # an option, never the name of the path: no "UDP intake" or "non-blocking UDP" as if it were.
+    for page in (ARCHITECTURE, ROOT / "docs" / "README.md", README):
+        text = " ".join(prose_lines(page.read_text()))
+        assert "non-blocking UDP" not in text and "the UDP intake" not in text, page.name
+    diagram = ARCHITECTURE.read_text().split("## Data flow", 1)[1].split("```")[1]
+    assert "UDP" not in diagram and "socket" in diagram
+
+
+# -- benchmarks/RESULTS.md: one table of current figures on top, the history below ---------------
+
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+
+
+def current_figures() -> list[list[str]]:
+    """The rows of RESULTS.md's "Current figures" table, as cells."""
+    text = RESULTS.read_text().split("## Current figures", 1)[1].split("\n# ", 1)[0]
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row.strip("|").split(" | ")] for row in rows[2:]]
+
+
+def test_results_open_with_one_table_of_current_figures() -> None:
+    text = RESULTS.read_text()
+    assert text.index("## Current figures") < text.index("# History, newest first")
+    header = text.split("## Current figures", 1)[1].split("\n|", 1)[1].split("\n", 1)[0]
+    assert header.strip(" |").split(" | ") == ["claim", "figure", "command", "date (UTC)", "load"]
+    rows = current_figures()
+    assert len(rows) >= 20
+    for row in rows:
+        assert len(row) == 5 and all(row), row
+
+
+def test_the_readme_detection_figures_are_in_the_current_table() -> None:
+    # README's long-run table and peer-group sentence quote these; the table must carry them.
+    figures = " ".join(cell for row in current_figures() for cell in row)
+    readme = README.read_text()
+    for quoted in ("10 of 10", "6 of 7", "7 of 7", "5 of 5", "1.7e8"):
+        assert quoted in readme and quoted in figures, quoted

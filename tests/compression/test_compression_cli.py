@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from laggard.compression import COMPRESSORS, make_hook
-from laggard.demo import local as demo
+from laggard.demo import flags as demo_flags
 
 
 def test_demo_offers_every_compressor() -> None:
-    assert tuple(COMPRESSORS) == demo.COMPRESSION_CHOICES
+    assert tuple(COMPRESSORS) == demo_flags.COMPRESSION_CHOICES
 
 
 def test_unknown_compressor_is_refused_with_the_choices() -> None:

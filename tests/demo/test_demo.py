@@ -19,6 +19,7 @@ pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
 from laggard.demo import local as demo  # noqa: E402
+from laggard.demo.flags import add_arguments  # noqa: E402
 from laggard.demo.report import format_report  # noqa: E402
 
 #: Short runs: 3 ranks (the fewest that can outvote one), 10-step windows.
@@ -332,7 +333,7 @@ def test_a_windows_file_that_could_not_be_written_is_said_with_what_was_lost():
 
 def test_fake_gpu_flags_tie_the_throttle_to_the_slowed_rank() -> None:
     parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
+    add_arguments(parser)
 
     def scenario(*flags: str) -> str:
         args = parser.parse_args(["--slow-rank", "2", *flags])
