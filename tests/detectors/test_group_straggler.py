@@ -30,6 +30,20 @@ def rank_window(compute: list[float], *, data: float = 0.0) -> RankWindow:
         local_ranks=np.arange(r, dtype=np.int64))
 
 
+def slowed_windows(count: int = 12) -> list[RankWindow]:
+    """8 ranks, rank 3 at twice the work from window 5, each rank waiting for the slowest."""
+    windows = []
+    for i in range(count):
+        compute = [0.1] * 8
+        if i >= 5:
+            compute[3] = 0.2
+        window = rank_window(compute, data=0.005)
+        work = window.compute_seconds + window.data_seconds
+        window.collective_wait_seconds[:] = work.max() - work
+        windows.append(window)
+    return windows
+
+
 def step_record(steps: list[float]) -> WindowRecord:
     return WindowRecord(step=9, ranks=np.arange(len(steps)), world_size=len(steps),
                         columns={"step_seconds": np.array(steps, dtype=np.float64)})
@@ -68,15 +82,7 @@ def test_normalised_divides_by_the_groups_fastest_rank_and_says_the_unit():
 
 def test_tagged_names_the_group_and_how_it_was_compared():
     detector = StragglerDetector()
-    found = []
-    for i in range(12):
-        compute = [0.1] * 8
-        if i >= 5:
-            compute[3] = 0.2
-        window = rank_window(compute, data=0.005)
-        work = window.compute_seconds + window.data_seconds
-        window.collective_wait_seconds[:] = work.max() - work
-        found += detector.update(window)
+    found = [f for window in slowed_windows() for f in detector.update(window)]
     (finding,) = found
     within = tagged(finding, "pp=1", WITHIN)
     assert within.evidence["peer_group"] == "pp=1" and within.evidence["compared"] == WITHIN
@@ -90,13 +96,7 @@ def test_tagged_names_the_group_and_how_it_was_compared():
 def test_step_seconds_is_an_argument_of_update_and_sets_the_cost_per_hour():
     def first_finding(**kwargs) -> dict:
         detector = StragglerDetector()
-        for i in range(12):
-            compute = [0.1] * 8
-            if i >= 5:
-                compute[3] = 0.2
-            window = rank_window(compute, data=0.005)
-            work = window.compute_seconds + window.data_seconds
-            window.collective_wait_seconds[:] = work.max() - work
+        for window in slowed_windows():
             for f in detector.update(window, **kwargs):
                 return f.evidence
         raise AssertionError("no finding")
