@@ -28,8 +28,11 @@ window record by name (:meth:`RankWindow.from_record`: each rank's medians over 
 robust to a one-step garbage-collection pause, so K = 1); windows of raw K steps per rank are
 accepted too and give the same statistic, at K times the gathered bytes.
 
-This module is over 450 lines because the detector's findings (messages, evidence) sit beside
-the test that raises them; the window format and the sequential test have modules of their own.
+This module is over 600 lines: it is one cohesive class, :class:`StragglerDetector`, with its
+findings' text and evidence beside the test that raises them; the window format
+(:mod:`~laggard.detectors.window`), the sequential test (:mod:`~laggard.detectors.sequential`),
+the shared statistics (:mod:`~laggard.detectors.stats`) and the per-peer-group slicing
+(:mod:`~laggard.detectors.group_straggler`) have modules of their own.
 """
 
 from __future__ import annotations
