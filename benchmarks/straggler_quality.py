@@ -38,11 +38,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from straggler_sim import CAUSE_KIND, JobModel, SimWindow, Straggler, simulate  # noqa: E402
 
-from laggard.detectors.straggler import (  # noqa: E402
-    RankWindow,
-    StragglerDetector,
-    row_nanmedian,
-)
+from laggard.detectors.stats import row_nanmedian  # noqa: E402
+from laggard.detectors.straggler import RankWindow, StragglerDetector  # noqa: E402
 
 WINDOW_STEPS = 5
 STEPS_AFTER_ONSET = 100

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from laggard.detectors.straggler import RankWindow, row_nanmedian
+from laggard.detectors.stats import row_nanmedian
+from laggard.detectors.straggler import RankWindow
 
 CAUSES = ("compute", "data", "link")
 #: The kind of finding that names each injected cause.

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from laggard.detectors.finding import Finding
+from laggard.detectors.stats import evidence_round, nanmedian
 from laggard.detectors.straggler import lost_text
 from laggard.detectors.window import WindowRecord
 
@@ -132,7 +133,7 @@ class Decomposition:
 
     def evidence(self) -> dict[str, Any]:
         """The JSON evidence entry (seconds per step; None for what was not measured)."""
-        return {key: _round(value) if isinstance(value, float) else value
+        return {key: evidence_round(value) if isinstance(value, float) else value
                 for key, value in dataclasses.asdict(self).items()}
 
 
@@ -295,25 +296,25 @@ class CauseAttribution:
         current = _window_parts(self._windows[-1], rank, peers)
         if current is None or not rows:
             return None
-        excess = _median([r["excess"] for r in rows])
+        excess = nanmedian([r["excess"] for r in rows])
         if not excess > 0:
             return None
-        gc_part = _median([r["gc"] for r in rows])
+        gc_part = nanmedian([r["gc"] for r in rows])
         unit = current["unit"]
         work_part: float | None = None
         extra: dict[str, Any] = {}
         if unit is not None:
             # only windows normalised by the same unit as the current one
             same = [r for r in rows if r["unit"] == unit]
-            work_part = _median([r["work"] for r in same])
-            extra = {key: _median([r[key] for r in same])
+            work_part = nanmedian([r["work"] for r in same])
+            extra = {key: nanmedian([r[key] for r in same])
                      for key in ("work_ratio", "work_share", "seconds_per_unit",
                                  "rank_seconds_per_unit")}
         return Decomposition(
             excess_seconds=excess, gc_seconds=gc_part, work_seconds=work_part,
             other_seconds=excess - gc_part - (work_part or 0.0),
-            rank_gc_seconds=_median([r["rank_gc"] for r in rows]),
-            peer_gc_seconds=_median([r["peer_gc"] for r in rows]),
+            rank_gc_seconds=nanmedian([r["rank_gc"] for r in rows]),
+            peer_gc_seconds=nanmedian([r["peer_gc"] for r in rows]),
             gc_generation=current["generation"], work_unit=unit, windows=len(rows), **extra)
 
 
@@ -338,7 +339,7 @@ def _window_parts(window: _Window, rank: int, peers: Sequence[int]) -> dict[str,
     if others.size:
         usable = others
     median = float(np.median(compute[usable]))
-    rank_gc, peer_gc = float(window.gc[me]), _nanmedian(window.gc[usable])
+    rank_gc, peer_gc = float(window.gc[me]), nanmedian(window.gc[usable])
     gc_part = rank_gc - peer_gc if math.isfinite(rank_gc) and math.isfinite(peer_gc) else 0.0
     generation = float(window.gc_generation[me])
     out: dict[str, Any] = {
@@ -457,21 +458,6 @@ def _ratio(value: float | None) -> str:
 
 def _pct(value: float | None) -> str:
     return f"{100 * value:.1f}%" if value is not None and math.isfinite(value) else "?%"
-
-
-def _median(values: Sequence[float | None]) -> float:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    return float(np.median(finite)) if finite else math.nan
-
-
-def _nanmedian(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(np.median(finite)) if finite.size else math.nan
-
-
-def _round(value: float) -> float | None:
-    """Six significant digits; None for NaN (JSON has no NaN)."""
-    return float(f"{value:.6g}") if math.isfinite(value) else None
 
 
 __all__ = ["COMPUTE_KIND", "GC_ADVICE", "GC_KIND", "LOAD_ADVICE", "LOAD_KIND",

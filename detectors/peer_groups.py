@@ -6,7 +6,7 @@ head), and a whole-job median would call the heavy stage's ranks stragglers and 
 of the light one. The ranks that *do* the same work are those that differ only in their
 data-parallel coordinates: each holds a replica (or a shard) of the same layers and processes a
 different batch. Those form a peer group; the straggler detector compares each rank with its own
-group (:class:`laggard.integrations.participants.StragglerParticipant`), and the stage-balance
+group (:class:`laggard.detectors.group_straggler.PeerGroupStraggler`), and the stage-balance
 detector compares the groups (:mod:`laggard.detectors.stage_balance`).
 
 Which mesh dimensions are data parallel (:data:`PEER_DIM_NAMES`, the names torchtitan's

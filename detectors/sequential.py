@@ -34,8 +34,9 @@ reference, or with a few windows near 0% on a loaded machine, was cleared while 
 
 The noise sigma is the spread of the excess across ranks in one window (median absolute
 deviation, scaled to a normal sigma with the small-sample factors of Croux & Rousseeuw,
-"Time-efficient algorithms for two highly robust estimators of scale", 1992), pooled over
-recent windows by a median so that a job of four ranks still gets a stable estimate.
+"Time-efficient algorithms for two highly robust estimators of scale", 1992:
+:func:`laggard.detectors.stats.robust_sigma`), pooled over recent windows by a median so that
+a job of four ranks still gets a stable estimate.
 
 Pure numpy; vectorised over ranks and signals.
 """
@@ -46,34 +47,9 @@ import math
 
 import numpy as np
 
-#: Scales a median absolute deviation to the standard deviation of a normal distribution
-#: (1 / Phi^-1(3/4); Rousseeuw & Croux 1993).
-MAD_TO_SIGMA = 1.4826
-#: Small-sample correction of the MAD for n = 2..9 values (Croux & Rousseeuw 1992, Table 1);
-#: n / (n - 0.8) above.
-_MAD_SMALL_SAMPLE = {2: 1.196, 3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 8: 1.129,
-                     9: 1.107}
 #: Siegmund's correction of the decision interval for the overshoot of a normal random walk
 #: (2 x 0.583, the expected overshoot; Siegmund 1985).
 _OVERSHOOT = 1.166
-
-
-def robust_sigma(values: np.ndarray) -> float:
-    """Standard deviation of the non-NaN values, from their MAD with the small-sample factor.
-
-    Args:
-        values: (n,) float64, NaN ignored.
-
-    Returns:
-        The estimate; NaN when fewer than 2 values are finite.
-    """
-    finite = values[~np.isnan(values)]
-    n = finite.size
-    if n < 2:
-        return math.nan
-    mad = float(np.median(np.abs(finite - np.median(finite))))
-    factor = _MAD_SMALL_SAMPLE.get(n, n / (n - 0.8))
-    return MAD_TO_SIGMA * factor * mad
 
 
 def in_control_run_length(h: float, k: float) -> float:

@@ -29,6 +29,7 @@ import numpy as np
 
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.peer_groups import PeerGroups
+from laggard.detectors.stats import evidence_round, nanmedian, nanmedian_rows
 from laggard.detectors.straggler import DETECTOR, lost_text, time_lost
 from laggard.detectors.window import WindowRecord
 
@@ -128,8 +129,7 @@ class StageBalance:
             self.stats["too_few_groups_windows"] += 1
         else:
             for g in np.flatnonzero(valid).tolist():
-                others = np.delete(work, g)
-                reference = float(np.median(others[np.isfinite(others)]))
+                reference = nanmedian(np.delete(work, g))
                 gap = float(work[g]) - reference
                 self._over[slot, g] = bool(
                     reference > 0 and gap > c.stage_imbalance_threshold * reference
@@ -183,45 +183,40 @@ class StageBalance:
                 q1, q2, q3 = np.percentile(values, [25, 50, 75])
                 work[g], spread[g] = q2, q3 - q1
             if waits is not None:
-                finite = waits[(group == g) & np.isfinite(waits)]
-                if finite.size:
-                    p2p[g] = float(np.median(finite))
+                p2p[g] = nanmedian(waits[group == g])
         steps = _column(record, "step_seconds", ranks.size)
-        step = math.nan
-        if steps is not None and np.isfinite(steps).any():
-            step = float(np.median(steps[np.isfinite(steps)]))
+        step = math.nan if steps is None else nanmedian(steps)
         return work, spread, p2p, step
 
     def _finding(self, g: int, step: int) -> Finding:
         """The finding for group ``g``, from the medians over the last N windows."""
         c = self.config
         groups = self.groups
-        per_stage = _median_rows(self._work)
+        per_stage = nanmedian_rows(self._work)
         heavy = float(per_stage[g])
-        others = np.delete(per_stage, g)
-        reference = float(np.median(others[np.isfinite(others)]))
+        reference = nanmedian(np.delete(per_stage, g))
         balanced = float(np.nanmean(per_stage))
         lost_s = heavy - balanced  # every other stage waits this long per step
-        finite_steps = self._step[np.isfinite(self._step)]
-        step_s = float(np.median(finite_steps)) if finite_steps.size else heavy
+        step_s = nanmedian(self._step)
+        step_s = step_s if math.isfinite(step_s) else heavy
         lost = time_lost(lost_s, step_s)
         evidence: dict[str, Any] = {
-            "stage_seconds": {name: _round(float(v))
+            "stage_seconds": {name: evidence_round(float(v))
                               for name, v in zip(groups.names, per_stage, strict=True)},
-            "imbalance": _round(heavy / reference - 1) if reference > 0 else None,
+            "imbalance": evidence_round(heavy / reference - 1) if reference > 0 else None,
             "threshold": c.stage_imbalance_threshold,
-            "balanced_stage_seconds": _round(balanced),
-            "balanced_step_seconds": _round(step_s - lost_s),
+            "balanced_stage_seconds": evidence_round(balanced),
+            "balanced_step_seconds": evidence_round(step_s - lost_s),
             "windows_over": int(self._over[:, g].sum()),
             "windows": c.persistence_windows,
             "peer_group": groups.names[g],
             "compared": "across groups",
             **lost,
         }
-        p2p = _median_rows(self._p2p)
+        p2p = nanmedian_rows(self._p2p)
         if np.isfinite(p2p).any():
             evidence["p2p_wait_seconds"] = {
-                name: _round(float(v)) for i, (name, v) in enumerate(
+                name: evidence_round(float(v)) for i, (name, v) in enumerate(
                     zip(groups.names, p2p, strict=True)) if i != g and math.isfinite(v)}
         subject = groups.describe(g)
         what = "stage" if groups.stages[g] is not None else "group"
@@ -244,18 +239,3 @@ def _column(record: WindowRecord, name: str, size: int) -> np.ndarray | None:
         return None
     out = np.asarray(values, dtype=np.float64)
     return out if out.shape == (size,) else None
-
-
-def _median_rows(history: np.ndarray) -> np.ndarray:
-    """(N, G) -> (G,) median over the finite windows of each column (NaN if none)."""
-    out = np.full(history.shape[1], np.nan)
-    for g in range(history.shape[1]):
-        finite = history[:, g][np.isfinite(history[:, g])]
-        if finite.size:
-            out[g] = float(np.median(finite))
-    return out
-
-
-def _round(value: float) -> float | None:
-    """Six significant digits; None for NaN (JSON has no NaN)."""
-    return float(f"{value:.6g}") if math.isfinite(value) else None

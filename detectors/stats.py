@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import numpy as np
 
 __all__ = ["MAD_TO_SIGMA", "evidence_round", "mad", "nanmedian", "nanmedian_rows",
-           "robust_sigma"]
+           "robust_sigma", "row_nanmedian"]
 
 #: Consistency constant of the MAD for the normal distribution: 1 / Phi^-1(3/4)
 #: (Rousseeuw & Croux 1993, "Alternatives to the median absolute deviation", JASA 88).
@@ -51,16 +51,42 @@ def nanmedian_rows(matrix: np.ndarray) -> np.ndarray:
 
     Returns:
         (C,) float64; NaN for a column with no finite value.
+
+    Raises:
+        ValueError: ``matrix`` is not 2-D.
     """
     matrix = np.asarray(matrix, dtype=np.float64)
     if matrix.ndim != 2:
         raise ValueError(f"nanmedian_rows takes an (N, C) matrix, got shape {matrix.shape}")
-    masked = np.where(np.isfinite(matrix), matrix, np.nan)
-    out = np.full(matrix.shape[1], math.nan)
-    present = np.isfinite(masked).any(axis=0)
-    if present.any():
-        out[present] = np.nanmedian(masked[:, present], axis=0)
-    return out
+    return row_nanmedian(np.where(np.isfinite(matrix), matrix, np.nan).T)
+
+
+def row_nanmedian(values: np.ndarray) -> np.ndarray:
+    """Median along the last axis ignoring NaN, vectorised (numpy's ``nanmedian`` loops in
+    Python over rows).
+
+    Args:
+        values: (..., K) float64; NaN is missing (infinities count as values: use
+            :func:`nanmedian_rows` to leave them out).
+
+    Returns:
+        (...) float64; NaN where a row has no non-NaN value.
+    """
+    if values.shape[-1] == 0:
+        return np.full(values.shape[:-1], math.nan)
+    if values.shape[-1] == 1:
+        return values[..., 0].copy()
+    ordered = np.sort(values, axis=-1)  # NaN sort last
+    count = np.sum(~np.isnan(ordered), axis=-1, keepdims=True)
+    return _sorted_median(ordered, count)
+
+
+def _sorted_median(ordered: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Median of rows sorted with NaN last, given each row's count of non-NaN values."""
+    last = ordered.shape[-1] - 1
+    low = np.take_along_axis(ordered, np.clip((count - 1) // 2, 0, last), axis=-1)[..., 0]
+    high = np.take_along_axis(ordered, np.clip(count // 2, 0, last), axis=-1)[..., 0]
+    return np.where(count[..., 0] > 0, (low + high) / 2, np.nan)
 
 
 def mad(values: np.ndarray) -> float:

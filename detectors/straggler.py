@@ -28,26 +28,33 @@ window record by name (:meth:`RankWindow.from_record`: each rank's medians over 
 robust to a one-step garbage-collection pause, so K = 1); windows of raw K steps per rank are
 accepted too and give the same statistic, at K times the gathered bytes.
 
-This module is over 450 lines because the detector's findings (messages, evidence) sit beside
-the test that raises them; the window format and the sequential test have modules of their own.
+This module is over 600 lines: it is one cohesive class, :class:`StragglerDetector`, with its
+findings' text and evidence beside the test that raises them; the window format
+(:mod:`~laggard.detectors.window`), the sequential test (:mod:`~laggard.detectors.sequential`),
+the shared statistics (:mod:`~laggard.detectors.stats`) and the per-peer-group slicing
+(:mod:`~laggard.detectors.group_straggler`) have modules of their own.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from laggard.detectors.finding import Finding, Severity
-from laggard.detectors.sequential import (
-    cusum_step,
-    decision_interval,
+from laggard.detectors.sequential import cusum_step, decision_interval
+from laggard.detectors.stats import (
+    evidence_round,
+    nanmedian,
+    nanmedian_rows,
     robust_sigma,
+    row_nanmedian,
 )
-from laggard.detectors.window import RankWindow, row_nanmedian
+from laggard.detectors.window import RankWindow
 
 DETECTOR = "straggler"
 #: Fewest reporting ranks the detector compares (``Config.min_ranks``' default and floor): with
@@ -68,11 +75,6 @@ _RECOVERY_REFERENCE = 0.5
 
 __all__ = ["DETECTOR", "MIN_RANKS", "SIGNAL_KINDS", "RankWindow", "StragglerDetector",
            "lost_text", "time_lost"]
-
-
-def _nanmedian(values: np.ndarray) -> float:
-    finite = values[~np.isnan(values)]
-    return float(np.median(finite)) if finite.size else math.nan
 
 
 @dataclass(slots=True)
@@ -121,14 +123,6 @@ class StragglerDetector:
             about 5% slower, negative means faster than the median rank.
         active: global rank -> the finding currently raised for that rank.
         job_slowdown: the active whole-job slowdown finding, or None.
-        step_seconds: set by the caller before :meth:`update`: the job's step time in that
-            window (seconds; the monitor's median ``step_seconds``), for a finding's time lost
-            per hour; None: estimated as the median rank's compute + data + wait (+ transfer).
-        unit_seconds: set by the caller before :meth:`update` when the window's durations are
-            work-normalised (each rank's divided by its peer group's work per step): global
-            rank -> the seconds one unit stands for on that rank, so a finding's seconds
-            (message, ``lost_seconds_per_step``) are the rank's own; None: durations are
-            seconds.
         stats: counters of bad or unusable input: ``windows``, ``malformed_windows``,
             ``too_few_ranks_windows``, ``missing_rank_reports`` (ranks absent from a window
             whose world size is known), ``invalid_ranks`` (negative, duplicate or out of range),
@@ -270,8 +264,6 @@ class StragglerDetector:
         self.scores: dict[int, float] = {}
         self.active: dict[int, Finding] = {}
         self.job_slowdown: Finding | None = None
-        self.step_seconds: float | None = None
-        self.unit_seconds: dict[int, float] | None = None
         self.stats: dict[str, int] = dict.fromkeys(
             (
                 "windows",
@@ -324,7 +316,7 @@ class StragglerDetector:
         columns = np.arange(len(SIGNAL_KINDS))
 
         def listed(values: np.ndarray) -> list[float | None]:
-            return [_round(float(v)) for v in values]
+            return [evidence_round(float(v)) for v in values]
 
         active = self.active.get(rank)
         return {
@@ -337,7 +329,7 @@ class StragglerDetector:
             "recovery_interval": listed(t.recovery_interval),
             "recovery_reference": listed(t.recovery_reference),
             "noise": listed(t.noise),
-            "deficit_noise": _round(t.deficit_noise),
+            "deficit_noise": evidence_round(t.deficit_noise),
             "active": None if active is None else active.kind,
         }
 
@@ -443,8 +435,20 @@ class StragglerDetector:
                 self._window_length = step - last
         self._last_step = step
 
-    def update(self, window: RankWindow) -> list[Finding]:
+    def update(self, window: RankWindow, *, step_seconds: float | None = None,
+               unit_seconds: Mapping[int, float] | None = None) -> list[Finding]:
         """Take one window; return the findings raised or cleared by it.
+
+        Args:
+            window: the window's durations per rank.
+            step_seconds: the job's step time in this window (seconds; the monitor's median
+                ``step_seconds``), for a finding's time lost per hour; None (or not > 0):
+                estimated as the median rank's compute + data + wait (+ transfer).
+            unit_seconds: when the window's durations are work-normalised (each rank's divided
+                by its peer group's work per step, :func:`laggard.detectors.group_window.
+                normalised`): global rank -> the seconds one unit stands for on that rank, so
+                a finding's seconds (message, ``lost_seconds_per_step``) are the rank's own;
+                None: durations are seconds.
 
         A cleared finding repeats the kind, rank and node of the one it ends, with
         ``cleared=True``, ``evidence["reason"]`` (``recovered``,
@@ -482,20 +486,22 @@ class StragglerDetector:
         work = row_nanmedian(compute + data)
         # A rank without a valid compute and data time in this window counts as absent.
         present = ~np.isnan(work)
-        job_work = _nanmedian(work)
+        job_work = nanmedian(work)
         if present.sum() < self.config.min_ranks or not job_work > 0:
             self.stats["too_few_ranks_windows"] += 1
             return findings
 
         self._grow(int(ranks.max()) + 1)
-        step_s = self.step_seconds
+        step_s = step_seconds
         if step_s is None or not step_s > 0:
             # every rank's step ends at the sync point: its work, its wait, its transfer
-            step_s = _nanmedian(work + np.nan_to_num(wait_med)
-                                + np.nan_to_num(row_nanmedian(transfer)))
+            step_s = nanmedian(work + np.nan_to_num(wait_med)
+                               + np.nan_to_num(row_nanmedian(transfer)))
+        scale = _Scale(step_seconds=step_s, units=unit_seconds,
+                       step_in_units=unit_seconds is not None and step_seconds is None)
         findings += self._advance(
             window, ranks[present], per_rank[present], wait_med[present], work[present], job_work,
-            step_s,
+            scale,
         )
         return findings
 
@@ -510,7 +516,7 @@ class StragglerDetector:
         wait: np.ndarray,
         work: np.ndarray,
         job_work: float,
-        step_seconds: float,
+        scale: _Scale,
     ) -> list[Finding]:
         """One window of present ranks: record, test, clear, raise, then the whole job."""
         slot = self._windows_seen % self.config.persistence_windows
@@ -528,8 +534,7 @@ class StragglerDetector:
             self._last_excess[ranks], self._last_confirmed[ranks] = excess, confirmed
         findings = self._clear_ranks(window.step, ranks)
         if warmed_up:
-            findings += self._raise_ranks(window, ranks, typical, job_work, medians,
-                                          step_seconds)
+            findings += self._raise_ranks(window, ranks, typical, job_work, medians, scale)
         findings += self._check_job(window.step, typical[:, _WORK_SECONDS],
                                     count[:, _WORK_SECONDS], slot, warmed_up)
         return findings
@@ -547,9 +552,9 @@ class StragglerDetector:
         """
         c = self.config
         signals = range(len(SIGNAL_KINDS))
-        medians = np.array([_nanmedian(per_rank[:, i]) for i in signals])
+        medians = nanmedian_rows(per_rank)
         excess = (per_rank - medians) / job_work
-        deficit = (_nanmedian(wait) - wait) / job_work
+        deficit = (nanmedian(wait) - wait) / job_work
         self._ring[slot] = np.nan
         self._ring[slot, ranks, :_WAIT_DEFICIT] = excess
         self._ring[slot, ranks, _WAIT_DEFICIT] = deficit
@@ -577,7 +582,7 @@ class StragglerDetector:
         approximation per test, the run length split over ranks x measured signals x charts)."""
         c = self.config
         signals, charts = len(SIGNAL_KINDS), len(c.charts)
-        pooled = np.array([_nanmedian(self._noise[:, i]) for i in range(signals + 1)])
+        pooled = nanmedian_rows(self._noise)
         noise, deficit_noise = pooled[:signals], float(pooled[signals])
         measured = np.isfinite(noise)
         run_length = c.false_alarm_windows * ranks * max(int(measured.sum()), 1) * charts
@@ -672,7 +677,7 @@ class StragglerDetector:
 
     def _raise_ranks(
         self, window: RankWindow, ranks: np.ndarray, typical: np.ndarray, job_work: float,
-        medians: np.ndarray, step_seconds: float,
+        medians: np.ndarray, scale: _Scale,
     ) -> list[Finding]:
         """Raise a finding for each present rank whose evidence reached the interval, on the
         signal with the most evidence relative to its interval."""
@@ -690,7 +695,7 @@ class StragglerDetector:
             finding = self._rank_finding(
                 rank=rank, signal=signal, step=window.step, context=context,
                 typical=self._recent(rank, typical[row]), chart=chart,
-                job_work=job_work, medians=medians, step_seconds=step_seconds,
+                job_work=job_work, medians=medians, scale=scale,
             )
             self.active[rank] = finding
             self._active_signal[rank] = signal
@@ -708,10 +713,7 @@ class StragglerDetector:
         n = self.config.persistence_windows
         last = [(self._windows_seen - 1 - i) % n for i in range(min(self.config.min_windows, n))]
         recent = self._ring[last, rank]  # (W, C)
-        with np.errstate(all="ignore"):
-            present = ~np.isnan(recent)
-            median = np.array([np.median(recent[present[:, c], c]) if present[:, c].any()
-                               else np.nan for c in range(recent.shape[1])])
+        median = nanmedian_rows(recent)
         return np.where(np.isnan(median), typical, median)
 
     def _check_job(
@@ -735,7 +737,7 @@ class StragglerDetector:
         """
         c = self.config
         full = windows == c.persistence_windows
-        now_s = _nanmedian(work[full])
+        now_s = nanmedian(work[full])
         if warmed_up and now_s > 0:
             self._job_baseline = min(self._job_baseline, now_s)
         baseline_s = self._job_baseline
@@ -758,10 +760,10 @@ class StragglerDetector:
                     "of batch or sequence length"
                 ),
                 evidence={
-                    "slowdown": _round(ratio - 1),
+                    "slowdown": evidence_round(ratio - 1),
                     "threshold": c.job_slowdown_threshold,
-                    "work_seconds": _round(now_s),
-                    "baseline_work_seconds": _round(baseline_s),
+                    "work_seconds": evidence_round(now_s),
+                    "baseline_work_seconds": evidence_round(baseline_s),
                     "ranks": int(full.sum()),
                 },
             )
@@ -779,14 +781,13 @@ class StragglerDetector:
         chart: int,
         job_work: float,
         medians: np.ndarray,
-        step_seconds: float,
+        scale: _Scale,
     ) -> Finding:
         node, local_rank = context.lookup(rank)
         # Work-normalised windows (peer groups pooled across stages): into the rank's seconds.
-        unit = (self.unit_seconds or {}).get(rank, 1.0)
+        unit = scale.unit(rank)
         job_work, medians = job_work * unit, medians * unit
-        if self.unit_seconds is not None and self.step_seconds is None:
-            step_seconds *= unit
+        step_seconds = scale.step_seconds * unit if scale.step_in_units else scale.step_seconds
         where = f"rank {rank}"
         if node is not None:
             where += f" on {node}"
@@ -802,19 +803,19 @@ class StragglerDetector:
                            cost=lost_text(lost))
         t = self._test
         details: dict[str, Any] = {
-            "slowdown": _round(slowdown),
-            "evidence": _round(float(self._raise_sum[rank, chart, signal])),
-            "decision_interval": _round(float(t.interval[chart, signal])),
-            "reference": _round(float(t.reference[chart, signal])),
-            "noise": _round(float(t.noise[signal])),
-            "compute_slowdown": _round(float(typical[_COMPUTE])),
-            "data_slowdown": _round(float(typical[_DATA])),
-            "transfer_slowdown": _round(float(typical[_TRANSFER])),
-            "wait_deficit": _round(float(typical[_WAIT_DEFICIT])),
-            "median_work_seconds": _round(job_work),
-            "median_compute_seconds": _round(float(medians[_COMPUTE])),
-            "median_data_seconds": _round(float(medians[_DATA])),
-            "median_transfer_seconds": _round(float(medians[_TRANSFER])),
+            "slowdown": evidence_round(slowdown),
+            "evidence": evidence_round(float(self._raise_sum[rank, chart, signal])),
+            "decision_interval": evidence_round(float(t.interval[chart, signal])),
+            "reference": evidence_round(float(t.reference[chart, signal])),
+            "noise": evidence_round(float(t.noise[signal])),
+            "compute_slowdown": evidence_round(float(typical[_COMPUTE])),
+            "data_slowdown": evidence_round(float(typical[_DATA])),
+            "transfer_slowdown": evidence_round(float(typical[_TRANSFER])),
+            "wait_deficit": evidence_round(float(typical[_WAIT_DEFICIT])),
+            "median_work_seconds": evidence_round(job_work),
+            "median_compute_seconds": evidence_round(float(medians[_COMPUTE])),
+            "median_data_seconds": evidence_round(float(medians[_DATA])),
+            "median_transfer_seconds": evidence_round(float(medians[_TRANSFER])),
             "windows": min(self.config.min_windows, self.config.persistence_windows),
             **lost,
         }
@@ -852,9 +853,9 @@ def time_lost(lost_seconds_per_step: float, step_seconds: float) -> dict[str, fl
     """
     lost = max(float(lost_seconds_per_step), 0.0)
     per_hour = 3600 * lost / step_seconds if step_seconds > 0 else math.nan
-    return {"lost_seconds_per_step": _round(lost),
-            "lost_seconds_per_hour": _round(per_hour),
-            "step_seconds": _round(step_seconds)}
+    return {"lost_seconds_per_step": evidence_round(lost),
+            "lost_seconds_per_hour": evidence_round(per_hour),
+            "step_seconds": evidence_round(step_seconds)}
 
 
 def lost_text(lost: dict[str, float | None]) -> str:
@@ -919,6 +920,21 @@ def _pick(ordered: np.ndarray, index: np.ndarray) -> np.ndarray:
     return np.take_along_axis(ordered, index[None], axis=0)[0]
 
 
+@dataclass(frozen=True, slots=True)
+class _Scale:
+    """What one window's durations are in: the job's step time (seconds, or units when
+    ``step_in_units``: estimated from work-normalised durations) and, for work-normalised
+    durations, global rank -> seconds per unit (None: durations are seconds)."""
+
+    step_seconds: float
+    units: Mapping[int, float] | None
+    step_in_units: bool
+
+    def unit(self, rank: int) -> float:
+        """Seconds per unit of ``rank``'s durations (1.0 for seconds)."""
+        return 1.0 if self.units is None else float(self.units.get(rank, 1.0))
+
+
 @dataclass(slots=True)
 class _RankContext:
     """Node and local rank of the ranks in a window, looked up by global rank."""
@@ -951,10 +967,3 @@ def _cleared(finding: Finding, step: int | None, reason: str) -> Finding:
     return finding.clear(
         step=step, reason=reason,
         message=f"{what} cleared ({reason.replace('_', ' ')})")
-
-
-def _round(value: float) -> float | None:
-    """Six significant digits for evidence; None for NaN (JSON has no NaN)."""
-    if not math.isfinite(value):
-        return None
-    return float(f"{value:.6g}")

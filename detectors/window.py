@@ -417,28 +417,3 @@ class RankWindow:
             nodes=record.nodes,
             local_ranks=record.local_ranks,
         )
-
-
-def row_nanmedian(values: np.ndarray) -> np.ndarray:
-    """Median along the last axis ignoring NaN, vectorised (numpy's ``nanmedian`` loops in
-    Python over rows).
-
-    Args:
-        values: (..., K) float64.
-
-    Returns:
-        (...) float64; NaN where a row has no finite value.
-    """
-    if values.shape[-1] == 1:
-        return values[..., 0].copy()
-    ordered = np.sort(values, axis=-1)  # NaN sort last
-    count = np.sum(~np.isnan(ordered), axis=-1, keepdims=True)
-    return _sorted_median(ordered, count)
-
-
-def _sorted_median(ordered: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """Median of rows sorted with NaN last, given each row's count of non-NaN values."""
-    last = ordered.shape[-1] - 1
-    low = np.take_along_axis(ordered, np.clip((count - 1) // 2, 0, last), axis=-1)[..., 0]
-    high = np.take_along_axis(ordered, np.clip(count // 2, 0, last), axis=-1)[..., 0]
-    return np.where(count[..., 0] > 0, (low + high) / 2, np.nan)

@@ -37,13 +37,14 @@ GPU per local rank, as torchrun jobs use them). ``laggard demo --throttle-slow-g
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,7 @@ from laggard.detectors.gpu_state import (
 )
 from laggard.detectors.window import WindowRecord
 from laggard.integrations.participants import MonitorContext, WindowOutcome, WindowParticipant
+from laggard.log_once import LogOnce
 from laggard.nvml import library as nvml_library
 from laggard.nvml.library import GpuLostError, NoDataError, NvmlLibrary
 
@@ -137,10 +139,14 @@ class GpuStateParticipant(WindowParticipant):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # once per key: this participant's own until attached, then the monitor's (which
+        # counts and names them; a participant uses only its context)
+        self._log_once: Callable[..., object] = LogOnce(log)
 
     # ------------------------------------------------------------------ participant protocol
     def attach(self, context: MonitorContext) -> None:
         super().attach(context)
+        self._log_once = functools.partial(_prefixed, context.log_once)
         if self.config.sample_interval_seconds == 0:
             self._resolve()
             return
@@ -338,17 +344,16 @@ class GpuStateParticipant(WindowParticipant):
         with self._lock:
             self.source = source
 
-    def _log_once(self, key: str, message: str, *args: object) -> None:
-        if self.context is not None:
-            self.context.log_once(f"gpu_state.{key}", message, *args)
-        else:
-            log.warning(message, *args)
-
     def _count_error(self, where: str, exc: BaseException) -> None:
         if self.context is not None:
             self.context.count_error(where, exc)
         else:
             log.warning("laggard: %s: %s", where, exc)
+
+
+def _prefixed(log_once: Callable[..., object], key: str, message: str, *args: object) -> None:
+    """``log_once`` with the key in this participant's namespace of the monitor's keys."""
+    log_once(f"gpu_state.{key}", message, *args)
 
 
 def _cuda_identity(cuda: Any) -> tuple[int | None, str | None, str | None]:

@@ -162,35 +162,13 @@ class StragglerParticipant(WindowParticipant):
 
     With peer groups (:class:`~laggard.detectors.peer_groups.PeerGroups` of more than one
     group: a pipeline's stages, tensor-parallel coordinates), each rank is compared only with
-    the ranks doing the same work:
-
-    - a group of at least ``min_ranks`` ranks gets a detector of its own, fed that group's rows
-      (global ranks kept, ``world_size=None`` so the other groups' ranks do not count as
-      missing), so its thresholds follow its own noise;
-    - groups smaller than that are pooled into one comparison across groups by work-normalised
-      time: each rank's compute, data, wait and transfer seconds divided by its group's
-      reference work, the *fastest* rank's compute + data in the window (with two ranks the
-      median is their mean, which would split a 1.25x rank's excess in half between it and its
-      peer; the fastest rank is the group's work without the straggler in it), so stages with
-      different work compare (logged once);
-    - :class:`~laggard.detectors.stage_balance.StageBalance` compares the groups' work (2 or
-      more groups): a heavier stage is ``kind="stage_imbalance"``, not a straggler.
-
-    Each of the D detectors is tuned for ``false_alarm_windows x D`` windows between false
-    alarms, so the job as a whole keeps the configured rate. Memory: a group's detector keeps
-    per-rank arrays up to its highest global rank (about 330 bytes a rank), so G groups of a
-    job of R ranks hold about ``330 x G x R`` bytes on rank 0 (64 groups of 16,384 ranks: 350
-    MB); the per-group rows are not compacted yet.
-
-    Scores are merged over groups (global ranks are distinct), detector stats summed (but
-    ``windows``: this participant's; ``missing_rank_reports``: counted once over the job;
-    ``stage_too_few_groups_windows``, ``stage_unknown_ranks``: the stage balance's;
-    ``peer_group_mismatch_windows``: windows of another world
-    size than the groups', skipped). Every
-    straggler finding carries ``evidence["peer_group"]`` (its group's name, ``"all"`` without
-    groups) and ``evidence["compared"]`` (``"within peer group"`` or ``"across groups,
-    work-normalised"``). Without peer groups (or with one group of every rank) it behaves
-    exactly as one detector over all ranks.
+    the ranks doing the same work, by
+    :class:`~laggard.detectors.group_straggler.PeerGroupStraggler` (a detector per group, small
+    groups pooled by work-normalised time, the stage balance; its docstring says how and what
+    it costs). Every straggler finding carries ``evidence["peer_group"]`` (its group's name,
+    ``"all"`` without groups) and ``evidence["compared"]`` (``"within peer group"`` or
+    ``"across groups, work-normalised"``). Without peer groups (or with one group of every
+    rank) it is one detector over all ranks.
 
     Args:
         config: ``StragglerDetector.Config``; None for its defaults.
@@ -201,33 +179,39 @@ class StragglerParticipant(WindowParticipant):
 
     Attributes:
         detector: the all-ranks detector (rank 0 without peer groups; None otherwise).
-        detectors: group name (or ``"pooled"``) -> its detector (rank 0 with peer groups).
-        stage_balance: the :class:`~laggard.detectors.stage_balance.StageBalance` (rank 0,
-            2 or more groups), else None.
+        grouped: the :class:`~laggard.detectors.group_straggler.PeerGroupStraggler` (rank 0
+            with peer groups), else None.
         device_windows_skipped: windows on the device clock with no device value yet (the
             first: device columns are gathered one window late), not given to the detector.
-        causes: the :class:`~laggard.detectors.causes.CauseAttribution` (rank 0; its
-            ``stats``), else None.
     """
 
     name = "straggler"
-    #: ``detectors`` key of the comparison across small groups.
-    POOLED = "pooled"
 
     def __init__(self, config: Any = None, peer_groups: Any = None) -> None:
         super().__init__()
         self.config = config
         self.peer_groups = peer_groups
         self.detector: Any = None
-        self.detectors: dict[str, Any] = {}
-        self.stage_balance: Any = None
+        self.grouped: Any = None
         self.device_windows_skipped = 0
-        self._pooled_groups: list[int] = []
         self._causes: Any = None
-        self._mismatched_windows = 0
-        self._group_windows = 0
-        self._stray_ranks = 0
-        self._missing_reports = 0
+
+    @property
+    def detectors(self) -> dict[str, Any]:
+        """Group name (or ``"pooled"``) -> its detector (rank 0 with peer groups), else {}."""
+        return {} if self.grouped is None else self.grouped.detectors
+
+    @property
+    def stage_balance(self) -> Any:
+        """The :class:`~laggard.detectors.stage_balance.StageBalance` (rank 0, 2 or more
+        groups), else None."""
+        return None if self.grouped is None else self.grouped.stage_balance
+
+    @property
+    def causes(self) -> Any:
+        """The :class:`~laggard.detectors.causes.CauseAttribution` (rank 0; its ``stats``),
+        else None."""
+        return self._causes
 
     def attach(self, context: MonitorContext) -> None:
         super().attach(context)
@@ -250,37 +234,14 @@ class StragglerParticipant(WindowParticipant):
                 log.warning("laggard: straggler detection needs at least %d ranks; this job has "
                             "%d, so only step records are sent", min_ranks, context.world_size)
             return
-        from laggard.detectors.stage_balance import StageBalance
+        from laggard.detectors.group_straggler import PeerGroupStraggler
 
-        base = self.config or StragglerDetector.Config()
-        min_ranks = base.min_ranks
-        big = [g for g, ranks in enumerate(groups.groups) if len(ranks) >= min_ranks]
-        self._pooled_groups = [g for g in range(len(groups.groups)) if g not in big]
-        pooled = sum(len(groups.groups[g]) for g in self._pooled_groups)
-        small = [groups.names[g] for g in self._pooled_groups]
-        # Each detector splits its false-alarm budget over its own ranks only: D detectors
-        # side by side would raise D times as many false alarms as one over the job, so each
-        # gets D times the mean windows between them (the job's rate is the configured one).
-        count = len(big) + (pooled >= min_ranks)
-        config = dataclasses.replace(
-            base, false_alarm_windows=base.false_alarm_windows * max(count, 1))
-        for g in big:
-            self.detectors[groups.names[g]] = StragglerDetector(config)
-        if pooled >= min_ranks:
-            self.detectors[self.POOLED] = StragglerDetector(config)
-            context.log_once("peer-groups-pooled", "laggard: peer groups %s have fewer than %d "
-                             "ranks each: their ranks are compared across groups by "
-                             "work-normalised time (each rank's times over its group's fastest "
-                             "rank's compute + data)", small, min_ranks)
-        elif small:
-            self._pooled_groups = []
-            context.log_once("peer-groups-small", "laggard: peer groups %s have %d ranks in "
-                             "all, fewer than the %d a comparison needs: their ranks are not "
-                             "compared", small, pooled, min_ranks)
-        self.stage_balance = StageBalance(groups)
+        self.grouped = PeerGroupStraggler(groups, self.config)
+        for key, message, *args in self.grouped.notes:
+            context.log_once(key, message, *args)
 
     def on_window(self, record: WindowRecord) -> WindowOutcome | None:
-        if self.detector is None and not self.detectors and self.stage_balance is None:
+        if self.detector is None and self.grouped is None:
             return None
         device = record.get("compute_device_seconds")
         if device is not None and all(v != v for v in record["compute_seconds"]):
@@ -288,16 +249,17 @@ class StragglerParticipant(WindowParticipant):
             # is nothing to compare yet (not bad input for the detector to count)
             self.device_windows_skipped += 1
             return None
+        from laggard.detectors.group_straggler import WITHIN, median_step, tagged
         from laggard.detectors.straggler import RankWindow
 
-        step_seconds = _median_step(record)
+        step_seconds = median_step(record)
         if self.detector is not None:
-            self.detector.step_seconds = step_seconds
-            found = [_tagged(f, "all", "within peer group")
-                     for f in self.detector.update(RankWindow.from_record(record))]
+            found = [tagged(f, "all", WITHIN) for f in self.detector.update(
+                RankWindow.from_record(record), step_seconds=step_seconds)]
             scores, stats = self.detector.scores, dict(self.detector.stats)
         else:
-            found, scores, stats = self._update_groups(record, step_seconds)
+            outcome = self.grouped.update(record, step_seconds=step_seconds)
+            found, scores, stats = outcome.findings, outcome.scores, outcome.stats
         # Cause attribution (detectors/causes.py): GC pauses and uneven work
         # (tokens/samples noted) turn a compute finding into kind "gc" / "load_imbalance",
         # judged against the rank's peers; before with_gpu_cause, which reads kind "compute".
@@ -319,11 +281,6 @@ class StragglerParticipant(WindowParticipant):
             detector_stats={k: int(v) for k, v in stats.items()},
         )
 
-    @property
-    def causes(self) -> Any:
-        """The cause attribution (rank 0), else None."""
-        return self._causes
-
     def _peers_of(self, rank: int) -> tuple[int, ...]:
         """The ranks ``rank`` is compared with (its peer group; every rank without groups)."""
         groups = self.peer_groups
@@ -331,63 +288,6 @@ class StragglerParticipant(WindowParticipant):
         if groups is None or not 0 <= rank < groups.world_size:
             return tuple(range(world))
         return groups.peers_of(rank)
-
-    def _update_groups(self, record: WindowRecord, step_seconds: float | None,
-                       ) -> tuple[list[Finding], dict[int, float], dict[str, int]]:
-        """One window through every group's detector, the pooled one and the stage balance:
-        (findings, merged scores, summed stats)."""
-        import numpy as np
-
-        from laggard.detectors.straggler import RankWindow
-
-        groups = self.peer_groups
-        stats: dict[str, int] = {}
-        scores: dict[int, float] = {}
-        found: list[Finding] = []
-        if record.world_size is not None and record.world_size != groups.world_size:
-            self._mismatched_windows += 1  # the groups no longer describe this job
-            return [], {}, {"peer_group_mismatch_windows": self._mismatched_windows}
-        window = RankWindow.from_record(record)
-        ranks = np.asarray(window.ranks, dtype=np.int64).ravel()
-        # rows of a rank in no group (negative, past the world size) reach no detector
-        stray = int((~np.isin(ranks, np.arange(groups.world_size))).sum())
-        for g, name in enumerate(groups.names):
-            detector = self.detectors.get(name)
-            if detector is None:
-                continue
-            rows = np.flatnonzero(np.isin(ranks, groups.groups[g]))
-            detector.step_seconds = step_seconds
-            found += [_tagged(f, name, "within peer group")
-                      for f in detector.update(_rows(window, rows))]
-        pooled = self.detectors.get(self.POOLED)
-        if pooled is not None:
-            part, units = _normalised(window, ranks, groups, self._pooled_groups)
-            pooled.step_seconds = step_seconds
-            pooled.unit_seconds = units
-            for f in pooled.update(part):
-                name = (groups.names[groups.group_of(f.rank)]
-                        if f.rank is not None and 0 <= f.rank < groups.world_size else "pooled")
-                found.append(_tagged(f, name, "across groups, work-normalised"))
-        for detector in self.detectors.values():
-            scores.update(detector.scores)
-            for key, value in detector.stats.items():
-                stats[key] = stats.get(key, 0) + int(value)
-        # cumulative, like the detectors' own counters
-        self._group_windows += 1
-        self._stray_ranks += stray
-        if record.world_size is not None:
-            # each detector sees a subset with world_size=None: count absent ranks once here
-            known = np.unique(ranks[(ranks >= 0) & (ranks < groups.world_size)]).size
-            self._missing_reports += max(record.world_size - int(known), 0)
-        stats["windows"] = self._group_windows  # not one per group
-        stats["invalid_ranks"] = stats.get("invalid_ranks", 0) + self._stray_ranks
-        stats["missing_rank_reports"] = self._missing_reports
-        if self.stage_balance is not None:
-            found += self.stage_balance.update(record)
-            # two of its counters only: a WindowReport carries at most 16 (laggard.wire)
-            for key in ("too_few_groups_windows", "unknown_ranks"):
-                stats[f"stage_{key}"] = int(self.stage_balance.stats[key])
-        return found, scores, stats
 
 
 def _cause_attribution(context: MonitorContext) -> Any:
@@ -400,83 +300,6 @@ def _cause_attribution(context: MonitorContext) -> Any:
     except Exception as exc:  # noqa: BLE001 - no attribution, detection goes on
         context.count_error("cause_attribution", exc)
         return None
-
-
-def _median_step(record: WindowRecord) -> float | None:
-    """The median rank's ``step_seconds`` in the window, or None (absent, no finite value)."""
-    values = record.get("step_seconds")
-    if values is None:
-        return None
-    finite = [float(v) for v in values if v == v and 0 < v < float("inf")]
-    return sorted(finite)[len(finite) // 2] if finite else None
-
-
-def _tagged(finding: Finding, group: str, compared: str) -> Finding:
-    """A rank finding with its peer group and how it was compared in its evidence (and, for a
-    group other than the whole job, said in its message)."""
-    if finding.kind == "stage_imbalance":
-        return finding
-    if finding.rank is None:  # a group detector's slowdown is its group's, not the job's
-        if group == "all":
-            return finding
-        return dataclasses.replace(
-            finding, message=finding.message.replace("whole job", f"peer group {group}", 1),
-            evidence={**finding.evidence, "peer_group": group})
-    message = finding.message
-    if group != "all" and not finding.cleared:
-        message += (f" [compared within its peer group {group}]"
-                    if compared == "within peer group"
-                    else f" [peer group {group}; compared {compared}]")
-    return dataclasses.replace(finding, message=message, evidence={
-        **finding.evidence, "peer_group": group, "compared": compared})
-
-
-def _rows(window: Any, rows: Any) -> Any:
-    """The :class:`RankWindow` of ``rows`` only, global ranks kept, ``world_size=None``."""
-    return dataclasses.replace(
-        window,
-        ranks=window.ranks[rows],
-        compute_seconds=window.compute_seconds[rows],
-        data_seconds=window.data_seconds[rows],
-        collective_wait_seconds=window.collective_wait_seconds[rows],
-        transfer_seconds=None if window.transfer_seconds is None
-        else window.transfer_seconds[rows],
-        world_size=None,
-        nodes=None if window.nodes is None else [window.nodes[i] for i in rows.tolist()
-                                                 if i < len(window.nodes)],
-        local_ranks=None if window.local_ranks is None else window.local_ranks[rows],
-    )
-
-
-def _normalised(window: Any, ranks: Any, groups: Any,
-                pooled: list[int]) -> tuple[Any, dict[int, float]]:
-    """The pooled groups' rows with every duration divided by the rank's group reference work
-    (its fastest rank's compute + data this window), and rank -> that reference (seconds).
-
-    A group without a valid reference (no rank with finite, positive compute + data) leaves
-    its rows NaN: absent for the detector, which counts them."""
-    import numpy as np
-
-    rows = np.flatnonzero(np.isin(ranks, [r for g in pooled for r in groups.groups[g]]))
-    part = _rows(window, rows)
-    work = (part.compute_seconds + part.data_seconds)[:, 0]
-    scale = np.full(rows.size, np.nan)
-    units: dict[int, float] = {}
-    for g in pooled:
-        mine = np.isin(part.ranks, groups.groups[g])
-        valid = work[mine][np.isfinite(work[mine]) & (work[mine] > 0)]
-        if valid.size:
-            reference = float(valid.min())
-            scale[mine] = reference
-            units.update(dict.fromkeys(part.ranks[mine].tolist(), reference))
-    per = scale[:, None]
-    return dataclasses.replace(
-        part,
-        compute_seconds=part.compute_seconds / per,
-        data_seconds=part.data_seconds / per,
-        collective_wait_seconds=part.collective_wait_seconds / per,
-        transfer_seconds=None if part.transfer_seconds is None else part.transfer_seconds / per,
-    ), units
 
 
 def with_gpu_cause(finding: Finding, record: WindowRecord) -> Finding:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from laggard.detectors import Severity
+from laggard.detectors.stats import row_nanmedian
 from laggard.detectors.straggler import RankWindow, StragglerDetector
 from laggard.detectors.window import (
     DETECTOR_COLUMNS,
@@ -22,7 +23,6 @@ from laggard.detectors.window import (
     STEP_COLUMNS,
     WindowLayout,
     WindowRecord,
-    row_nanmedian,
     summarize_window,
 )
 

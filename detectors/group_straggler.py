@@ -1,0 +1,270 @@
+"""The straggler detector per peer group: a window's rows sliced by group, small groups pooled
+by work-normalised time, and the stage balance beside them.
+
+With peer groups (:class:`~laggard.detectors.peer_groups.PeerGroups` of more than one group: a
+pipeline's stages, tensor-parallel coordinates), each rank is compared only with the ranks doing
+the same work:
+
+- a group of at least ``min_ranks`` ranks gets a :class:`StragglerDetector` of its own, fed that
+  group's rows (:func:`window_rows`: global ranks kept, ``world_size=None`` so the other groups'
+  ranks do not count as missing), so its thresholds follow its own noise;
+- groups smaller than that are pooled into one comparison across groups by work-normalised time
+  (:func:`normalised`): each rank's compute, data, wait and transfer seconds divided by its
+  group's reference work, the *fastest* rank's compute + data in the window (with two ranks the
+  median is their mean, which would split a 1.25x rank's excess in half between it and its peer;
+  the fastest rank is the group's work without the straggler in it), so stages with different
+  work compare;
+- :class:`~laggard.detectors.stage_balance.StageBalance` compares the groups' work (2 or more
+  groups): a heavier stage is ``kind="stage_imbalance"``, not a straggler.
+
+Each of the D detectors is tuned for ``false_alarm_windows x D`` windows between false alarms,
+so the job as a whole keeps the configured rate. Memory: a group's detector keeps per-rank arrays
+up to its highest global rank (about 330 bytes a rank), so G groups of a job of R ranks hold
+about ``330 x G x R`` bytes (64 groups of 16,384 ranks: 350 MB); the per-group rows are not
+compacted yet.
+
+Pure numpy, no torch: the monitor's :class:`~laggard.integrations.participants.
+StragglerParticipant` feeds it the gathered window record on rank 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from laggard.detectors.finding import Finding
+from laggard.detectors.peer_groups import PeerGroups
+from laggard.detectors.stage_balance import StageBalance
+from laggard.detectors.stats import nanmedian
+from laggard.detectors.straggler import RankWindow, StragglerDetector
+from laggard.detectors.window import WindowRecord
+
+#: ``evidence["compared"]`` of a finding from a group's own detector (or the all-ranks one).
+WITHIN = "within peer group"
+#: ``evidence["compared"]`` of a finding from the pooled comparison across small groups.
+ACROSS = "across groups, work-normalised"
+
+__all__ = ["ACROSS", "WITHIN", "GroupOutcome", "PeerGroupStraggler", "median_step",
+           "normalised", "tagged", "window_rows"]
+
+
+@dataclass(slots=True)
+class GroupOutcome:
+    """One window through every group's detector.
+
+    Attributes:
+        findings: raised or cleared, tagged with their peer group (:func:`tagged`).
+        scores: global rank -> straggler score, merged over groups (global ranks are distinct).
+        stats: the detectors' counters summed (module docstring of :class:`PeerGroupStraggler`
+            for the ones counted once over the job).
+    """
+
+    findings: list[Finding] = field(default_factory=list)
+    scores: dict[int, float] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+class PeerGroupStraggler:
+    """The straggler detectors of a job with peer groups (module docstring), on rank 0.
+
+    Counters (:attr:`GroupOutcome.stats`): the detectors' summed, but ``windows`` (this one's),
+    ``missing_rank_reports`` (counted once over the job), ``invalid_ranks`` (the detectors'
+    plus rows of a rank in no group), ``stage_too_few_groups_windows`` and
+    ``stage_unknown_ranks`` (the stage balance's), and ``peer_group_mismatch_windows``
+    (windows of another world size than the groups', skipped).
+
+    Args:
+        groups: the job's peer groups (more than one group, or one smaller than the job).
+        config: ``StragglerDetector.Config`` of every detector (its ``false_alarm_windows``
+            multiplied by the number of detectors); None for the defaults.
+
+    Attributes:
+        detectors: group name (or :attr:`POOLED`) -> its detector.
+        stage_balance: the :class:`StageBalance` of the groups.
+        notes: ``(key, message, *args)`` to log once: groups pooled, or too small to compare.
+    """
+
+    #: ``detectors`` key of the comparison across small groups.
+    POOLED = "pooled"
+
+    def __init__(self, groups: PeerGroups,
+                 config: StragglerDetector.Config | None = None) -> None:
+        self.groups = groups
+        self.detectors: dict[str, StragglerDetector] = {}
+        self.notes: list[tuple[object, ...]] = []
+        base = config or StragglerDetector.Config()
+        min_ranks = base.min_ranks
+        big = [g for g, ranks in enumerate(groups.groups) if len(ranks) >= min_ranks]
+        self._pooled_groups = [g for g in range(len(groups.groups)) if g not in big]
+        pooled = sum(len(groups.groups[g]) for g in self._pooled_groups)
+        small = [groups.names[g] for g in self._pooled_groups]
+        # Each detector splits its false-alarm budget over its own ranks only: D detectors
+        # side by side would raise D times as many false alarms as one over the job, so each
+        # gets D times the mean windows between them (the job's rate is the configured one).
+        count = len(big) + (pooled >= min_ranks)
+        config = dataclasses.replace(
+            base, false_alarm_windows=base.false_alarm_windows * max(count, 1))
+        for g in big:
+            self.detectors[groups.names[g]] = StragglerDetector(config)
+        if pooled >= min_ranks:
+            self.detectors[self.POOLED] = StragglerDetector(config)
+            self.notes.append((
+                "peer-groups-pooled", "laggard: peer groups %s have fewer than %d ranks each: "
+                "their ranks are compared across groups by work-normalised time (each rank's "
+                "times over its group's fastest rank's compute + data)", small, min_ranks))
+        elif small:
+            self._pooled_groups = []
+            self.notes.append((
+                "peer-groups-small", "laggard: peer groups %s have %d ranks in all, fewer than "
+                "the %d a comparison needs: their ranks are not compared", small, pooled,
+                min_ranks))
+        self.stage_balance = StageBalance(groups)
+        self._mismatched_windows = 0
+        self._windows = 0
+        self._stray_ranks = 0
+        self._missing_reports = 0
+
+    def update(self, record: WindowRecord, *, step_seconds: float | None = None) -> GroupOutcome:
+        """One window through every group's detector, the pooled one and the stage balance.
+
+        Args:
+            record: the gathered window (needs ``compute_seconds``, ``data_seconds`` and
+                ``collective_wait_seconds``; ``transfer_seconds`` optional).
+            step_seconds: the job's step time in the window (:func:`median_step`), seconds.
+
+        Raises:
+            KeyError: the record lacks one of the columns above.
+        """
+        groups = self.groups
+        if record.world_size is not None and record.world_size != groups.world_size:
+            self._mismatched_windows += 1  # the groups no longer describe this job
+            return GroupOutcome(stats={"peer_group_mismatch_windows": self._mismatched_windows})
+        out = GroupOutcome()
+        window = RankWindow.from_record(record)
+        ranks = np.asarray(window.ranks, dtype=np.int64).ravel()
+        # rows of a rank in no group (negative, past the world size) reach no detector
+        stray = int((~np.isin(ranks, np.arange(groups.world_size))).sum())
+        for g, name in enumerate(groups.names):
+            detector = self.detectors.get(name)
+            if detector is None:
+                continue
+            rows = np.flatnonzero(np.isin(ranks, groups.groups[g]))
+            out.findings += [tagged(f, name, WITHIN) for f in detector.update(
+                window_rows(window, rows), step_seconds=step_seconds)]
+        pooled = self.detectors.get(self.POOLED)
+        if pooled is not None:
+            part, units = normalised(window, ranks, groups, self._pooled_groups)
+            for f in pooled.update(part, step_seconds=step_seconds, unit_seconds=units):
+                name = (groups.names[groups.group_of(f.rank)]
+                        if f.rank is not None and 0 <= f.rank < groups.world_size else "pooled")
+                out.findings.append(tagged(f, name, ACROSS))
+        stats = out.stats
+        for detector in self.detectors.values():
+            out.scores.update(detector.scores)
+            for key, value in detector.stats.items():
+                stats[key] = stats.get(key, 0) + int(value)
+        # cumulative, like the detectors' own counters
+        self._windows += 1
+        self._stray_ranks += stray
+        if record.world_size is not None:
+            # each detector sees a subset with world_size=None: count absent ranks once here
+            known = np.unique(ranks[(ranks >= 0) & (ranks < groups.world_size)]).size
+            self._missing_reports += max(record.world_size - int(known), 0)
+        stats["windows"] = self._windows  # not one per group
+        stats["invalid_ranks"] = stats.get("invalid_ranks", 0) + self._stray_ranks
+        stats["missing_rank_reports"] = self._missing_reports
+        out.findings += self.stage_balance.update(record)
+        # two of its counters only: a WindowReport carries at most 16 (laggard.wire)
+        for key in ("too_few_groups_windows", "unknown_ranks"):
+            stats[f"stage_{key}"] = int(self.stage_balance.stats[key])
+        return out
+
+
+def median_step(record: WindowRecord) -> float | None:
+    """The job's step time in the window: the median of the ranks' finite, positive
+    ``step_seconds`` (seconds), or None (no such column, no such value)."""
+    values = record.get("step_seconds")
+    if values is None:
+        return None
+    steps = np.asarray(values, dtype=np.float64).ravel()
+    median = nanmedian(steps[steps > 0])
+    return median if median == median else None
+
+
+def tagged(finding: Finding, group: str, compared: str) -> Finding:
+    """A rank finding with its peer group and how it was compared (:data:`WITHIN`,
+    :data:`ACROSS`) in its evidence (and, for a group other than ``"all"``, said in its
+    message); a group detector's whole-group slowdown names its group instead of the whole job;
+    a stage imbalance is returned as it is."""
+    if finding.kind == "stage_imbalance":
+        return finding
+    if finding.rank is None:  # a group detector's slowdown is its group's, not the job's
+        if group == "all":
+            return finding
+        return dataclasses.replace(
+            finding, message=finding.message.replace("whole job", f"peer group {group}", 1),
+            evidence={**finding.evidence, "peer_group": group})
+    message = finding.message
+    if group != "all" and not finding.cleared:
+        message += (f" [compared within its peer group {group}]"
+                    if compared == WITHIN
+                    else f" [peer group {group}; compared {compared}]")
+    return dataclasses.replace(finding, message=message, evidence={
+        **finding.evidence, "peer_group": group, "compared": compared})
+
+
+def window_rows(window: RankWindow, rows: np.ndarray) -> RankWindow:
+    """The :class:`RankWindow` of ``rows`` only (int64 row indices), global ranks kept,
+    ``world_size=None`` (the other rows' ranks are not missing)."""
+    return dataclasses.replace(
+        window,
+        ranks=np.asarray(window.ranks)[rows],
+        compute_seconds=window.compute_seconds[rows],
+        data_seconds=window.data_seconds[rows],
+        collective_wait_seconds=window.collective_wait_seconds[rows],
+        transfer_seconds=None if window.transfer_seconds is None
+        else window.transfer_seconds[rows],
+        world_size=None,
+        nodes=None if window.nodes is None else [window.nodes[i] for i in rows.tolist()
+                                                 if i < len(window.nodes)],
+        local_ranks=None if window.local_ranks is None
+        else np.asarray(window.local_ranks)[rows],
+    )
+
+
+def normalised(window: RankWindow, ranks: np.ndarray, groups: PeerGroups,
+               pooled: list[int]) -> tuple[RankWindow, Mapping[int, float]]:
+    """The pooled groups' rows with every duration divided by the rank's group reference work
+    (its fastest rank's compute + data this window), and rank -> that reference (seconds).
+
+    Args:
+        window: the whole job's window, (R, K) durations.
+        ranks: (R,) int64 global rank of each row.
+        groups: the job's peer groups.
+        pooled: indices into ``groups.groups`` of the groups compared together.
+
+    A group without a valid reference (no rank with finite, positive compute + data) leaves
+    its rows NaN: absent for the detector, which counts them."""
+    rows = np.flatnonzero(np.isin(ranks, [r for g in pooled for r in groups.groups[g]]))
+    part = window_rows(window, rows)
+    work = (part.compute_seconds + part.data_seconds)[:, 0]
+    scale = np.full(rows.size, np.nan)
+    units: dict[int, float] = {}
+    for g in pooled:
+        mine = np.isin(part.ranks, groups.groups[g])
+        valid = work[mine][np.isfinite(work[mine]) & (work[mine] > 0)]
+        if valid.size:
+            reference = float(valid.min())
+            scale[mine] = reference
+            units.update(dict.fromkeys(np.asarray(part.ranks)[mine].tolist(), reference))
+    per = scale[:, None]
+    return dataclasses.replace(
+        part,
+        compute_seconds=part.compute_seconds / per,
+        data_seconds=part.data_seconds / per,
+        collective_wait_seconds=part.collective_wait_seconds / per,
+        transfer_seconds=None if part.transfer_seconds is None else part.transfer_seconds / per,
+    ), units

@@ -1,0 +1,131 @@
+"""detectors/group_straggler.py on hand-built windows: the slicing and work normalisation of peer
+groups, the job's median step time, and the detectors' inputs passed to update() (the
+end-to-end behaviour per peer group is in test_peer_groups.py)."""
+import math
+
+import numpy as np
+import pytest
+
+from laggard.detectors.group_straggler import (
+    ACROSS,
+    WITHIN,
+    PeerGroupStraggler,
+    median_step,
+    normalised,
+    tagged,
+    window_rows,
+)
+from laggard.detectors.peer_groups import PeerGroups
+from laggard.detectors.straggler import RankWindow, StragglerDetector
+from laggard.detectors.window import WindowRecord
+
+
+def rank_window(compute: list[float], *, data: float = 0.0) -> RankWindow:
+    r = len(compute)
+    return RankWindow(
+        step=9, ranks=np.arange(r, dtype=np.int64),
+        compute_seconds=np.array(compute, dtype=np.float64)[:, None],
+        data_seconds=np.full((r, 1), data), collective_wait_seconds=np.full((r, 1), 0.01),
+        transfer_seconds=None, world_size=r, nodes=[f"n{i}" for i in range(r)],
+        local_ranks=np.arange(r, dtype=np.int64))
+
+
+def slowed_windows(count: int = 12) -> list[RankWindow]:
+    """8 ranks, rank 3 at twice the work from window 5, each rank waiting for the slowest."""
+    windows = []
+    for i in range(count):
+        compute = [0.1] * 8
+        if i >= 5:
+            compute[3] = 0.2
+        window = rank_window(compute, data=0.005)
+        work = window.compute_seconds + window.data_seconds
+        window.collective_wait_seconds[:] = work.max() - work
+        windows.append(window)
+    return windows
+
+
+def step_record(steps: list[float]) -> WindowRecord:
+    return WindowRecord(step=9, ranks=np.arange(len(steps)), world_size=len(steps),
+                        columns={"step_seconds": np.array(steps, dtype=np.float64)})
+
+
+def test_median_step_is_the_median_of_the_finite_positive_steps():
+    # an even count: the mean of the two middle values (the old code took the upper one)
+    assert median_step(step_record([0.1, 0.4, 0.2, 0.3])) == pytest.approx(0.25)
+    assert median_step(step_record([0.1, np.nan, 0.3, np.inf, 0.0, -1.0])) == pytest.approx(0.2)
+    assert median_step(step_record([np.nan, 0.0])) is None
+    assert median_step(WindowRecord(step=1, ranks=np.arange(2), world_size=2, columns={})) is None
+
+
+def test_window_rows_keeps_global_ranks_and_forgets_the_world_size():
+    window = rank_window([1.0, 2.0, 3.0, 4.0])
+    part = window_rows(window, np.array([1, 3]))
+    assert part.ranks.tolist() == [1, 3] and part.world_size is None
+    assert part.compute_seconds[:, 0].tolist() == [2.0, 4.0]
+    assert part.nodes == ["n1", "n3"] and part.local_ranks.tolist() == [1, 3]
+    assert part.transfer_seconds is None
+
+
+def test_normalised_divides_by_the_groups_fastest_rank_and_says_the_unit():
+    groups = PeerGroups.from_lists([[0, 1], [2, 3], [4, 5]], 6)
+    window = rank_window([0.10, 0.125, 0.20, 0.21, math.nan, -1.0], data=0.0)
+    part, units = normalised(window, np.arange(6), groups, [0, 1, 2])
+    assert units == {0: 0.10, 1: 0.10, 2: 0.20, 3: 0.20}  # group 2 has no valid reference
+    np.testing.assert_allclose(part.compute_seconds[:4, 0], [1.0, 1.25, 1.0, 1.05])
+    assert np.isnan(part.compute_seconds[4:, 0]).all()  # absent for the detector
+    np.testing.assert_allclose(part.collective_wait_seconds[:4, 0],
+                               [0.1, 0.1, 0.05, 0.05])
+    # only the pooled groups' rows
+    only, _ = normalised(window, np.arange(6), groups, [1])
+    assert only.ranks.tolist() == [2, 3]
+
+
+def test_tagged_names_the_group_and_how_it_was_compared():
+    detector = StragglerDetector()
+    found = [f for window in slowed_windows() for f in detector.update(window)]
+    (finding,) = found
+    within = tagged(finding, "pp=1", WITHIN)
+    assert within.evidence["peer_group"] == "pp=1" and within.evidence["compared"] == WITHIN
+    assert within.message.endswith("[compared within its peer group pp=1]")
+    across = tagged(finding, "pp=0", ACROSS)
+    assert across.message.endswith(f"[peer group pp=0; compared {ACROSS}]")
+    plain = tagged(finding, "all", WITHIN)
+    assert plain.message == finding.message and plain.evidence["peer_group"] == "all"
+
+
+def test_step_seconds_is_an_argument_of_update_and_sets_the_cost_per_hour():
+    def first_finding(**kwargs) -> dict:
+        detector = StragglerDetector()
+        for window in slowed_windows():
+            for f in detector.update(window, **kwargs):
+                return f.evidence
+        raise AssertionError("no finding")
+
+    given = first_finding(step_seconds=0.5)
+    assert given["step_seconds"] == 0.5
+    assert given["lost_seconds_per_hour"] == pytest.approx(
+        3600 * given["lost_seconds_per_step"] / 0.5, rel=1e-5)
+    estimated = first_finding()
+    assert estimated["step_seconds"] != 0.5
+    assert not hasattr(StragglerDetector(), "step_seconds")
+    # work-normalised durations: the finding's seconds are the rank's own (x its unit)
+    units = dict.fromkeys(range(8), 2.0)
+    scaled = first_finding(unit_seconds=units)
+    assert scaled["lost_seconds_per_step"] == pytest.approx(
+        2 * estimated["lost_seconds_per_step"], rel=1e-5)
+    assert scaled["step_seconds"] == pytest.approx(2 * estimated["step_seconds"], rel=1e-5)
+    # a given step time is already in seconds: not scaled
+    both = first_finding(unit_seconds=units, step_seconds=0.5)
+    assert both["step_seconds"] == 0.5
+
+
+def test_detectors_are_built_per_group_with_the_false_alarm_budget_split():
+    big_and_small = PeerGroups.from_lists([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11]], 12)
+    grouped = PeerGroupStraggler(big_and_small)
+    assert set(grouped.detectors) == {"group 0", "group 1", PeerGroupStraggler.POOLED}
+    base = StragglerDetector.Config().false_alarm_windows
+    assert all(d.config.false_alarm_windows == 3 * base for d in grouped.detectors.values())
+    assert [note[0] for note in grouped.notes] == ["peer-groups-pooled"]
+    too_small = PeerGroupStraggler(PeerGroups.from_lists([[0, 1, 2], [3]], 4))
+    assert set(too_small.detectors) == {"group 0"}
+    assert [note[0] for note in too_small.notes] == ["peer-groups-small"]
