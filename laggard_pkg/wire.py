@@ -361,6 +361,21 @@ class WindowReport:
 CLOSED_PHASE = "closed"
 #: Most group entries (collective groups and P2P pairs) one Heartbeat carries.
 MAX_HEARTBEAT_GROUPS = 32
+#: Decimals of the ages a heartbeat and a hang-store key carry: a millisecond is finer than any
+#: hang or stall threshold, and keeps a key near 150 bytes.
+AGE_DECIMALS = 3
+
+
+def group_desc(group: str) -> str:
+    """What a person calls a group, from its key on the wire (``GroupProgress.group``):
+    ``dp:3`` -> ``dp``; a key without ``:`` (``pg3``) as it is."""
+    return group.rsplit(":", 1)[0] if ":" in group else group
+
+
+def round_age(value: float | None) -> float | None:
+    """An age or duration as the heartbeat and the hang-store key carry it: seconds rounded to
+    :data:`AGE_DECIMALS` decimals (a millisecond); None stays None."""
+    return None if value is None else round(value, AGE_DECIMALS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,8 +390,9 @@ class GroupProgress:
     members of the group (see ``../shared/ENVIRONMENT.md``, flight-recorder format facts).
 
     Attributes:
-        group: the group's label, the same on every member (the tracer's
-            :attr:`~laggard.integrations.tracer.GroupInfo.label`: ``dp``, ``tp``, ``pg3``...).
+        group: the group's key, the same on every member and unique in the job (the tracer's
+            :attr:`~laggard.integrations.tracer.GroupInfo.key`: ``dp:3``, ``pg3``...;
+            :func:`group_desc` gives what a person calls it).
         issued: sequence number of the last collective this rank issued in the group (0: none).
         completed: collectives of the group completed on this rank, in issue order (the
             highest ``n`` such that collectives ``1..n`` all completed); ``completed <= issued``.
@@ -399,6 +415,14 @@ class GroupProgress:
     def pending(self) -> int:
         """Collectives issued and not completed (``issued - completed``)."""
         return self.issued - self.completed
+
+    def rounded(self) -> GroupProgress:
+        """This entry as a heartbeat carries it: a plain :class:`GroupProgress` (a subclass's
+        extra fields dropped) with its ages to the millisecond (:func:`round_age`)."""
+        return GroupProgress(group=self.group, issued=self.issued, completed=self.completed,
+                             op=self.op, issued_age_seconds=round_age(self.issued_age_seconds),
+                             completed_age_seconds=round_age(self.completed_age_seconds),
+                             peer=self.peer)
 
     def to_doc(self) -> dict[str, Any]:
         """The JSON object of this entry (optional fields left out when unset)."""
