@@ -159,7 +159,8 @@ class HeartbeatThreads:
     Args:
         source: the monitor (or a stand-in with its attributes: :func:`take_snapshot`).
         rank, world_size, run, node: this rank's identity.
-        send: sends one datagram (the monitor's agent socket's ``send``); None: no datagrams.
+        send: sends one datagram to the agent's socket (the monitor's
+            :class:`~laggard.integrations.agent_socket.AgentSocket` ``send``); None: none.
             May raise ``BlockingIOError`` / ``OSError`` (counted).
         heartbeat_seconds: seconds between datagrams; 0: none.
         store: the job's store (None: the default group's, when there is one); store_seconds:

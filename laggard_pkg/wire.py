@@ -1,6 +1,8 @@
 """StepRecord: what one training rank reports to its node agent per step, and its wire format.
 
-The wire format is one UTF-8 JSON object per UDP datagram, versioned by the ``"v"`` key::
+The wire format is one UTF-8 JSON object per datagram sent to the agent's socket (a Unix datagram
+socket, :data:`DEFAULT_INTAKE_SOCKET`, by default; UDP on loopback optional,
+:data:`DEFAULT_INTAKE_ADDRESS`), versioned by the ``"v"`` key::
 
     {"v": 1, "run": "train-42", "rank": 3, "world_size": 4, "local_rank": 3, "node": "node01",
      "step": 120, "uuid": "GPU-5d1c...", "pci_bus_id": "00000000:9B:00.0",
@@ -10,8 +12,9 @@ The wire format is one UTF-8 JSON object per UDP datagram, versioned by the ``"v
      "comm": {"total_seconds": 0.009, "exposed_seconds": 0.002, "bytes": 1048576},
      "checksums": [123, 456]}
 
-JSON keeps the format debuggable with ``tcpdump -A`` and lets older agents skip keys they do not
-know; a step's record is a few hundred bytes, far under :data:`MAX_DATAGRAM_BYTES`.
+JSON keeps the format readable as it travels (``tcpdump -A`` on the UDP intake) and lets older
+agents skip keys they do not know; a step's record is a few hundred bytes, far under
+:data:`MAX_DATAGRAM_BYTES`.
 Durations are in seconds (float), sizes in bytes (int). Every field except ``v``, ``rank``,
 ``world_size`` and ``step`` is optional.
 
@@ -50,12 +53,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 WIRE_VERSION = 1
-#: UDP address the training ranks send StepRecords to (localhost: ranks run on this node).
+#: Address of the agent's optional UDP intake, on loopback (ranks run on this node); the
+#: default transport is the Unix datagram socket :data:`DEFAULT_INTAKE_SOCKET`.
 DEFAULT_INTAKE_ADDRESS = "127.0.0.1:9478"
-#: The agent's default intake: a Unix datagram socket (``laggard agent --intake.socket``).
+#: The agent's socket, its default intake: a Unix datagram socket (``laggard agent
+#: --intake.socket``).
 DEFAULT_INTAKE_SOCKET = "/run/laggard/intake.sock"
-#: Environment variable naming the intake a training process sends to: a socket path
-#: (``/run/laggard/intake.sock``, ``unix:PATH``) or a UDP ``host:port``.
+#: Environment variable naming the intake a training process sends to: the agent's socket
+#: (``/run/laggard/intake.sock``, ``unix:PATH``) or the optional UDP ``host:port``.
 INTAKE_ENV = "LAGGARD_INTAKE"
 #: Largest datagram the agent accepts; anything larger is rejected as ``oversized``.
 MAX_DATAGRAM_BYTES = 8192
