@@ -127,3 +127,15 @@ def test_rules_that_raise_are_counted_and_report_nothing():
     watch = HangWatch(run="r1", world_size=4, interval=2.0, classify=broken)
     assert _observe(watch, 100.0, make_keys(hung_job(), beat=1)) is None
     assert watch.stats.classify_errors == 1
+
+
+def test_bad_keys_are_logged_once_on_the_heartbeats_logger(caplog):
+    watch = _watch()
+    keys = make_keys(hung_job(), beat=1)
+    keys[2] = b"{not json"
+    with caplog.at_level("WARNING", logger="laggard.integrations.heartbeat"):
+        for now in (100.0, 102.0):
+            _observe(watch, now, keys)
+    lines = [r.getMessage() for r in caplog.records if r.name == "laggard.integrations.heartbeat"]
+    assert watch.stats.bad_keys == 2 and len(lines) == 1
+    assert lines[0].startswith("laggard: a hang-store key for rank 2 is not usable (not JSON")
