@@ -56,7 +56,8 @@ def worker(args: argparse.Namespace) -> None:
 
     from laggard.demo.model import BUCKET_CAP_MB, ByteBatches, ByteLM, load_stdlib_text
     from laggard.integrations.comm_timing import CommTimer, allreduce_timing_hook
-    from laggard.integrations.heartbeat import encode_key, heartbeat_datagram, take_snapshot
+    from laggard.integrations.heartbeat import heartbeat_datagram, take_snapshot
+    from laggard.integrations.heartbeat_key import encode_key
     from laggard.integrations.monitor import TrainingMonitor
     from laggard.integrations.tracer import CollectiveTracer
 

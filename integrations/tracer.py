@@ -51,7 +51,9 @@ through :meth:`CollectiveTracer.track` with ``peer=`` and :meth:`CollectiveTrace
 **Progress per group** (for the heartbeat, :mod:`laggard.integrations.heartbeat`): per watched
 group a sequence number of the collectives this rank issued, the completed count in issue order
 (the highest ``n`` such that ``1..n`` completed), the last op, and the monotonic
-(``time.perf_counter``) times of the last issue and completion; point-to-point ``send`` /
+(``time.perf_counter``) times of the last issue and completion, read as ages
+(:class:`TracerProgress`: the wire's :class:`laggard.wire.GroupProgress` and the group's
+members); point-to-point ``send`` /
 ``recv`` (``track(..., peer=R)``) counted per (group, peer) pair, never in the group's own
 count, since P2P sequence numbers count per pair and their completion is not a watermark
 (``../shared/ENVIRONMENT.md``, flight-recorder format facts). :meth:`CollectiveTracer.progress`
@@ -79,7 +81,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from laggard.wire import CollectiveTiming
+from laggard.wire import CollectiveTiming, GroupProgress, group_desc
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ class GroupInfo:
     @property
     def short_desc(self) -> str:
         """What a person calls the group: its description (``dp``), else ``pgNAME``."""
-        return self.key.rsplit(":", 1)[0] if ":" in self.key else self.key
+        return group_desc(self.key)
 
 
 #: Longest group key (the wire's name limit).
@@ -140,34 +142,28 @@ _MAX_AHEAD = 1024
 P2P_OPS = frozenset({"send", "recv"})
 
 
-@dataclass(frozen=True, slots=True)
-class GroupProgress:
-    """How far this rank has issued and completed one group's collectives (or one P2P pair's).
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TracerProgress(GroupProgress):
+    """The wire's :class:`laggard.wire.GroupProgress` of one group (or P2P pair) as this rank's
+    tracer reads it, plus what only this process knows: the heartbeat sends the wire fields
+    as they are and keeps the rest for the hang store key.
+
+    The inherited fields: ``group`` is the group's :attr:`GroupInfo.key` (the same on every
+    member), ``issued`` / ``completed`` the sequence numbers (``completed <= issued``), ``op``
+    the last issued op, ``issued_age_seconds`` / ``completed_age_seconds`` the seconds from the
+    last issue / completion to the moment :meth:`CollectiveTracer.progress` was read (None:
+    none yet), ``peer`` the other rank of a P2P pair.
 
     Attributes:
-        key: the group's :attr:`GroupInfo.key` (the same on every member).
-        desc: its :attr:`GroupInfo.short_desc`, for messages.
+        desc: the group's :attr:`GroupInfo.short_desc`, for messages.
         ranks: its members (global ranks, group-rank order).
-        peer: for a P2P pair, the other rank (global); None for the group's collectives.
-        issued: sequence number of the last collective issued (0: none yet).
-        completed: highest ``n`` such that collectives ``1..n`` completed; ``<= issued``.
-        op: the last issued op, None before the first.
-        issued_at, completed_at: ``time.perf_counter()`` of the last issue and completion,
-            seconds (None: none yet).
-        pending_at: ``time.perf_counter()`` of the issue of the oldest collective not
-            completed (``completed + 1``); None when none is pending (or its time was dropped).
+        pending_age_seconds: seconds since the issue of the oldest collective not completed
+            (``completed + 1``); None when none is pending (or its time was dropped).
     """
 
-    key: str
-    desc: str
-    ranks: tuple[int, ...]
-    peer: int | None
-    issued: int
-    completed: int
-    op: str | None
-    issued_at: float | None
-    completed_at: float | None
-    pending_at: float | None = None
+    desc: str = ""
+    ranks: tuple[int, ...] = ()
+    pending_age_seconds: float | None = None
 
 
 class _Counter:
@@ -521,22 +517,28 @@ class CollectiveTracer:
         if issued is not None:
             issued[0].complete(issued[1], now)
 
-    def progress(self) -> list[GroupProgress]:
+    def progress(self, now: float | None = None) -> list[TracerProgress]:
         """This rank's progress per watched group (those with a collective issued so far),
         then per P2P pair, in creation order: a copy of a few integers each, taken under the
         tracer's lock (held by any thread for microseconds only), so any thread may call it
         while the training thread is blocked in a collective. Never raises.
 
+        Args:
+            now: the ``time.perf_counter()`` the ages are measured to, seconds (None: now).
+
         Returns:
-            One :class:`GroupProgress` per group and pair (at most ``Config.max_groups +
-            MAX_P2P_PAIRS``).
+            One :class:`TracerProgress` per group and pair (at most ``Config.max_groups +
+            MAX_P2P_PAIRS``), its ages at ``now`` (never negative).
         """
+        now = time.perf_counter() if now is None else now
         try:
             with self._lock:
-                return [GroupProgress(
-                    key=info.key, desc=info.short_desc, ranks=info.ranks, peer=peer,
-                    issued=c.issued, completed=c.completed, op=c.op, issued_at=c.issued_at,
-                    completed_at=c.completed_at, pending_at=c.pending_at)
+                return [TracerProgress(
+                    group=info.key, issued=c.issued, completed=c.completed, op=c.op,
+                    issued_age_seconds=_age_at(now, c.issued_at),
+                    completed_age_seconds=_age_at(now, c.completed_at), peer=peer,
+                    desc=info.short_desc, ranks=info.ranks,
+                    pending_age_seconds=_age_at(now, c.pending_at))
                     for (_, peer), (info, c) in self._progress.items()]
         except Exception:  # noqa: BLE001 - a reader on another thread never fails
             return []
@@ -1009,4 +1011,10 @@ def union_seconds(intervals: list[tuple[float, float]]) -> float:
     return covered + cur_end - cur_start
 
 
-__all__ = ["CollectiveTracer", "GroupInfo", "GroupStep", "TraceStep", "union_seconds"]
+def _age_at(now: float, at: float | None) -> float | None:
+    """Seconds from ``at`` to ``now`` (``perf_counter``), never negative; None for None."""
+    return None if at is None else max(0.0, now - at)
+
+
+__all__ = ["CollectiveTracer", "GroupInfo", "GroupStep", "TraceStep", "TracerProgress",
+           "union_seconds"]

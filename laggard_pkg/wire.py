@@ -1,6 +1,8 @@
 """StepRecord: what one training rank reports to its node agent per step, and its wire format.
 
-The wire format is one UTF-8 JSON object per UDP datagram, versioned by the ``"v"`` key::
+The wire format is one UTF-8 JSON object per datagram sent to the agent's socket (a Unix datagram
+socket, :data:`DEFAULT_INTAKE_SOCKET`, by default; UDP on loopback optional,
+:data:`DEFAULT_INTAKE_ADDRESS`), versioned by the ``"v"`` key::
 
     {"v": 1, "run": "train-42", "rank": 3, "world_size": 4, "local_rank": 3, "node": "node01",
      "step": 120, "uuid": "GPU-5d1c...", "pci_bus_id": "00000000:9B:00.0",
@@ -10,8 +12,9 @@ The wire format is one UTF-8 JSON object per UDP datagram, versioned by the ``"v
      "comm": {"total_seconds": 0.009, "exposed_seconds": 0.002, "bytes": 1048576},
      "checksums": [123, 456]}
 
-JSON keeps the format debuggable with ``tcpdump -A`` and lets older agents skip keys they do not
-know; a step's record is a few hundred bytes, far under :data:`MAX_DATAGRAM_BYTES`.
+JSON keeps the format readable as it travels (``tcpdump -A`` on the UDP intake) and lets older
+agents skip keys they do not know; a step's record is a few hundred bytes, far under
+:data:`MAX_DATAGRAM_BYTES`.
 Durations are in seconds (float), sizes in bytes (int). Every field except ``v``, ``rank``,
 ``world_size`` and ``step`` is optional.
 
@@ -50,12 +53,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 WIRE_VERSION = 1
-#: UDP address the training ranks send StepRecords to (localhost: ranks run on this node).
+#: Address of the agent's optional UDP intake, on loopback (ranks run on this node); the
+#: default transport is the Unix datagram socket :data:`DEFAULT_INTAKE_SOCKET`.
 DEFAULT_INTAKE_ADDRESS = "127.0.0.1:9478"
-#: The agent's default intake: a Unix datagram socket (``laggard agent --intake.socket``).
+#: The agent's socket, its default intake: a Unix datagram socket (``laggard agent
+#: --intake.socket``).
 DEFAULT_INTAKE_SOCKET = "/run/laggard/intake.sock"
-#: Environment variable naming the intake a training process sends to: a socket path
-#: (``/run/laggard/intake.sock``, ``unix:PATH``) or a UDP ``host:port``.
+#: Environment variable naming the intake a training process sends to: the agent's socket
+#: (``/run/laggard/intake.sock``, ``unix:PATH``) or the optional UDP ``host:port``.
 INTAKE_ENV = "LAGGARD_INTAKE"
 #: Largest datagram the agent accepts; anything larger is rejected as ``oversized``.
 MAX_DATAGRAM_BYTES = 8192
@@ -361,6 +366,21 @@ class WindowReport:
 CLOSED_PHASE = "closed"
 #: Most group entries (collective groups and P2P pairs) one Heartbeat carries.
 MAX_HEARTBEAT_GROUPS = 32
+#: Decimals of the ages a heartbeat and a hang-store key carry: a millisecond is finer than any
+#: hang or stall threshold, and keeps a key near 150 bytes.
+AGE_DECIMALS = 3
+
+
+def group_desc(group: str) -> str:
+    """What a person calls a group, from its key on the wire (``GroupProgress.group``):
+    ``dp:3`` -> ``dp``; a key without ``:`` (``pg3``) as it is."""
+    return group.rsplit(":", 1)[0] if ":" in group else group
+
+
+def round_age(value: float | None) -> float | None:
+    """An age or duration as the heartbeat and the hang-store key carry it: seconds rounded to
+    :data:`AGE_DECIMALS` decimals (a millisecond); None stays None."""
+    return None if value is None else round(value, AGE_DECIMALS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,8 +395,9 @@ class GroupProgress:
     members of the group (see ``../shared/ENVIRONMENT.md``, flight-recorder format facts).
 
     Attributes:
-        group: the group's label, the same on every member (the tracer's
-            :attr:`~laggard.integrations.tracer.GroupInfo.label`: ``dp``, ``tp``, ``pg3``...).
+        group: the group's key, the same on every member and unique in the job (the tracer's
+            :attr:`~laggard.integrations.tracer.GroupInfo.key`: ``dp:3``, ``pg3``...;
+            :func:`group_desc` gives what a person calls it).
         issued: sequence number of the last collective this rank issued in the group (0: none).
         completed: collectives of the group completed on this rank, in issue order (the
             highest ``n`` such that collectives ``1..n`` all completed); ``completed <= issued``.
@@ -399,6 +420,14 @@ class GroupProgress:
     def pending(self) -> int:
         """Collectives issued and not completed (``issued - completed``)."""
         return self.issued - self.completed
+
+    def rounded(self) -> GroupProgress:
+        """This entry as a heartbeat carries it: a plain :class:`GroupProgress` (a subclass's
+        extra fields dropped) with its ages to the millisecond (:func:`round_age`)."""
+        return GroupProgress(group=self.group, issued=self.issued, completed=self.completed,
+                             op=self.op, issued_age_seconds=round_age(self.issued_age_seconds),
+                             completed_age_seconds=round_age(self.completed_age_seconds),
+                             peer=self.peer)
 
     def to_doc(self) -> dict[str, Any]:
         """The JSON object of this entry (optional fields left out when unset)."""

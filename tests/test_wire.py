@@ -98,6 +98,31 @@ def test_heartbeat_round_trips_with_collective_groups_and_p2p_pairs() -> None:
     assert back.groups[1].pending == 1 and back.groups[0].pending == 0
 
 
+def test_group_progress_rounds_its_ages_to_the_millisecond_as_a_plain_entry() -> None:
+    """What the sender does to the tracer's entries (a GroupProgress subclass with fields of
+    its own): a plain GroupProgress, ages to 3 decimals, None left None."""
+    from dataclasses import dataclass
+
+    from laggard.wire import AGE_DECIMALS, GroupProgress, round_age
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class Local(GroupProgress):
+        ranks: tuple[int, ...] = ()
+
+    local = Local(group="dp:0", issued=5, completed=4, op="allreduce",
+                  issued_age_seconds=1.23456, completed_age_seconds=None, peer=None, ranks=(0, 1))
+    assert local.rounded() == GroupProgress("dp:0", 5, 4, "allreduce", 1.235, None, None)
+    assert type(local.rounded()) is GroupProgress
+    assert AGE_DECIMALS == 3 and round_age(None) is None and round_age(0.0004999) == 0.0
+
+
+def test_a_group_key_names_its_group_by_its_description() -> None:
+    from laggard.wire import group_desc
+
+    assert [group_desc(k) for k in ("dp:3", "default_pg:0", "a:b:7", "pg5")] == [
+        "dp", "default_pg", "a:b", "pg5"]
+
+
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [

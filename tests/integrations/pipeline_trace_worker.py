@@ -124,7 +124,7 @@ def main() -> int:
         "traced": traced, "baseline": baseline,
         "steps": steps,
         "stats": dict(tracer.stats),
-        "progress": [[p.key, p.peer, p.issued, p.completed, p.op] for p in tracer.progress()],
+        "progress": [[p.group, p.peer, p.issued, p.completed, p.op] for p in tracer.progress()],
         "monitor_errors": monitor.stats.internal_errors,
         "windows": [{n: w.table([n])[:, 0].tolist() for n in names
                      if n in ("p2p_wait_seconds", "compute_seconds", "step_seconds")}

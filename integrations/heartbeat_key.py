@@ -1,0 +1,242 @@
+"""The hang store key: what one rank says about itself (:class:`RankSnapshot`) and its encoding
+as the value of ``laggard/<run>/hb/<rank>`` in the job's ``torch.distributed`` store.
+
+Every rank's store thread (:class:`~laggard.integrations.heartbeat.HeartbeatThreads`) writes
+its key with :func:`encode_key`; rank 0's :class:`~laggard.integrations.hang_watch.HangWatch`
+reads them back with :func:`decode_key`, which refuses another run's or rank's key and anything
+garbled (:class:`BadKey`). Pure functions of plain data: no store, no torch.
+
+**Format** (version :data:`KEY_VERSION`): compact JSON, about 150 bytes plus 40 per group::
+
+    {"v":1,"r":RUN,"k":RANK,"p":PID,"b":BEAT,"c":0|1,"w":WALL,"s":STEP,"ph":PHASE,
+     "pa":PHASE_AGE,"q":QUIET,"t":TYPICAL_STEP,"g":[[GROUP,ISSUED,COMPLETED,OP,PEER,MEMBERS,
+     PENDING_AGE],...]}
+
+with ages in seconds to the millisecond (:func:`laggard.wire.round_age`), WALL the writer's
+``time.time()``, MEMBERS a list of ``[start, count, stride]`` runs of global ranks (a TP, PP or
+DP group is one run), or null for a P2P pair or a group needing more than
+:data:`MAX_MEMBER_RUNS`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+from laggard.wire import MAX_HEARTBEAT_GROUPS, GroupProgress, check_run, round_age
+
+__all__ = ["KEY_VERSION", "MAX_KEY_BYTES", "MAX_MEMBER_RUNS", "BadKey", "RankKey",
+           "RankSnapshot", "decode_key", "encode_key"]
+
+#: Version of the store key's format (:func:`encode_key`).
+KEY_VERSION = 1
+#: Largest store key value accepted (bytes); a larger one is counted as bad input.
+MAX_KEY_BYTES = 8192
+#: Member runs (``[start, count, stride]``) a key lists per group; a group needing more is sent
+#: without its members.
+MAX_MEMBER_RUNS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class RankSnapshot:
+    """What one rank says about itself at one moment (a heartbeat's and a key's content).
+
+    Attributes:
+        step: the step its training thread is in.
+        phase: where its training thread is (``data``... ``outside``, ``step``).
+        phase_seconds: for how long, seconds.
+        step_seconds: its typical step time (median of recent steps), seconds; None before
+            the first.
+        quiet_seconds: seconds since its training thread last made progress: the least of
+            ``phase_seconds`` and the ages of its groups' last issue and completion.
+        groups: progress per group and P2P pair, ages in seconds.
+        members: group key -> its members (global ranks), where known.
+        pending_seconds: per entry of ``groups``, seconds since its oldest pending collective
+            was issued (None: none pending, or unknown).
+        wall: ``time.time()`` when the snapshot was taken (rank 0 ages the pending times of
+            a key by it: the ranks' wall clocks are taken to agree to well under a second).
+    """
+
+    step: int
+    phase: str
+    phase_seconds: float
+    step_seconds: float | None
+    quiet_seconds: float
+    groups: tuple[GroupProgress, ...] = ()
+    members: Mapping[str, tuple[int, ...]] | None = None
+    pending_seconds: tuple[float | None, ...] = ()
+    wall: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RankKey:
+    """One rank's store key, decoded (:func:`decode_key`).
+
+    Attributes:
+        rank, run, pid: who wrote it.
+        beat: the writer's write counter (rank 0 tells a live writer by it changing).
+        closed: the writer's monitor was closed (the rank has left the training loop).
+        snapshot: its state when written.
+        members: group key -> its members, where the key lists them.
+    """
+
+    rank: int
+    run: str
+    pid: int
+    beat: int
+    closed: bool
+    snapshot: RankSnapshot
+    members: Mapping[str, tuple[int, ...]]
+
+
+class BadKey(ValueError):
+    """A store key rank 0 cannot use (another run's, another rank's, garbled)."""
+
+
+def encode_key(snapshot: RankSnapshot, *, rank: int, run: str, pid: int, beat: int,
+               closed: bool = False) -> bytes:
+    """One rank's store key value (the format in the module docstring).
+
+    Args:
+        snapshot: the rank's state now (:func:`~laggard.integrations.heartbeat.take_snapshot`).
+        rank, run, pid: the writer.
+        beat: the writer's write counter, incremented per write.
+        closed: the writer's monitor is closing (its last write).
+
+    Returns:
+        Compact JSON, UTF-8: about 150 bytes plus 40 per group.
+    """
+    members = snapshot.members or {}
+    ages = snapshot.pending_seconds or (None,) * len(snapshot.groups)
+    groups = [[g.group, g.issued, g.completed, g.op, g.peer,
+               _runs(members.get(g.group)) if g.peer is None else None, round_age(age)]
+              for g, age in zip(snapshot.groups, ages, strict=True)]
+    doc = {"v": KEY_VERSION, "r": run, "k": rank, "p": pid, "b": beat, "c": int(closed),
+           "w": round_age(snapshot.wall), "s": snapshot.step, "ph": snapshot.phase,
+           "pa": round_age(snapshot.phase_seconds), "q": round_age(snapshot.quiet_seconds),
+           "t": round_age(snapshot.step_seconds), "g": groups}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def decode_key(payload: bytes, *, run: str, rank: int) -> RankKey:
+    """Validate one rank's store key.
+
+    Args:
+        payload: the value read from the store.
+        run: the run rank 0 belongs to; rank: the rank whose key this is.
+
+    Raises:
+        BadKey: another run's or rank's key, a key of another version, garbled JSON, a field
+            of the wrong type or out of range (``completed > issued``, a negative age).
+    """
+    if len(payload) > MAX_KEY_BYTES:
+        raise BadKey(f"{len(payload)} bytes > {MAX_KEY_BYTES}")
+    try:
+        doc = json.loads(payload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadKey(f"not JSON: {exc}"[:80]) from None
+    if not isinstance(doc, dict) or doc.get("v") != KEY_VERSION:
+        raise BadKey("not a laggard hang key of this version")
+    try:
+        key_run = check_run(doc.get("r"))
+    except Exception:  # noqa: BLE001 - RecordError: a bad run id
+        raise BadKey("bad run id") from None
+    if key_run != run:
+        raise BadKey(f"a key of run {key_run!r}, not {run!r}")
+    if doc.get("k") != rank:
+        raise BadKey(f"rank {doc.get('k')!r}'s key under rank {rank}'s name")
+    groups: list[GroupProgress] = []
+    pending: list[float | None] = []
+    members: dict[str, tuple[int, ...]] = {}
+    raw_groups = doc.get("g")
+    if not isinstance(raw_groups, list) or len(raw_groups) > 2 * MAX_HEARTBEAT_GROUPS:
+        raise BadKey("groups must be a short list")
+    for entry in raw_groups:
+        if not isinstance(entry, list) or len(entry) != 7:
+            raise BadKey("a group entry must be [group, issued, completed, op, peer, members, "
+                         "pending age]")
+        name, issued, completed, op, peer, runs, age = entry
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise BadKey("bad group name")
+        if not (_count(issued) and _count(completed) and completed <= issued):
+            raise BadKey("bad counters")
+        if op is not None and not (isinstance(op, str) and 0 < len(op) <= 64):
+            raise BadKey("bad op")
+        if peer is not None and not _count(peer):
+            raise BadKey("bad peer")
+        if age is not None and not _age(age):
+            raise BadKey("bad pending age")
+        groups.append(GroupProgress(group=name, issued=issued, completed=completed, op=op,
+                                    peer=peer))
+        pending.append(None if age is None else float(age))
+        if peer is None and runs is not None:
+            ranks = _unruns(runs)
+            if ranks is None:
+                raise BadKey("bad members")
+            members[name] = ranks
+    step, pid, beat = doc.get("s"), doc.get("p"), doc.get("b")
+    phase = doc.get("ph")
+    phase_age, quiet, wall = doc.get("pa"), doc.get("q"), doc.get("w")
+    typical = doc.get("t")
+    if not (_count(step) and _count(pid) and _count(beat)):
+        raise BadKey("bad step, pid or beat")
+    if not isinstance(phase, str) or not 0 < len(phase) <= 64:
+        raise BadKey("bad phase")
+    if not (_age(phase_age) and _age(quiet) and _age(wall)) or not (
+            typical is None or _age(typical)):
+        raise BadKey("bad ages")
+    snapshot = RankSnapshot(step=step, phase=phase, phase_seconds=float(phase_age),
+                            step_seconds=None if typical is None else float(typical),
+                            quiet_seconds=float(quiet), groups=tuple(groups),
+                            members=members, pending_seconds=tuple(pending), wall=float(wall))
+    return RankKey(rank=rank, run=key_run, pid=pid, beat=beat, closed=bool(doc.get("c")),
+                   snapshot=snapshot, members=members)
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    """A counter: a non-negative int (not a bool) exact as a float."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 53
+
+
+def _age(value: Any) -> TypeGuard[float]:
+    """An age: a finite non-negative number (not a bool)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
+
+
+def _runs(ranks: Sequence[int] | None) -> list[list[int]] | None:
+    """Ranks as ``[start, count, stride]`` runs (a TP, PP or DP group is one); None when
+    more than :data:`MAX_MEMBER_RUNS` are needed."""
+    if not ranks:
+        return None
+    runs: list[list[int]] = []
+    i = 0
+    while i < len(ranks):
+        start = ranks[i]
+        stride = ranks[i + 1] - start if i + 1 < len(ranks) else 1
+        count = 1
+        while i + count < len(ranks) and ranks[i + count] - ranks[i + count - 1] == stride:
+            count += 1
+        runs.append([start, count, stride])
+        i += count
+        if len(runs) > MAX_MEMBER_RUNS:
+            return None
+    return runs
+
+
+def _unruns(runs: Any) -> tuple[int, ...] | None:
+    """The ranks of ``[start, count, stride]`` runs; None for anything else (too many runs, a
+    malformed run, a count beyond 2**24)."""
+    if not isinstance(runs, list) or len(runs) > MAX_MEMBER_RUNS:
+        return None
+    out: list[int] = []
+    for run in runs:
+        if (not isinstance(run, list) or len(run) != 3 or not all(_count(v) for v in run[:2])
+                or not isinstance(run[2], int) or not 0 < run[1] <= 1 << 24):
+            return None
+        start, count, stride = run
+        out.extend(start + k * stride for k in range(count))
+    return tuple(out)
