@@ -50,8 +50,8 @@ from laggard.detectors.integrity import (
     sum_tolerance,
 )
 from laggard.integrations.faults import flip_bit
-from laggard.integrations.integrity import (
-    GradientIntegrity,
+from laggard.integrations.integrity import GradientIntegrity
+from laggard.integrations.integrity_fingerprints import (
     fingerprint,
     float64_sums,
     nonfinite_counts,
@@ -418,7 +418,7 @@ def _overhead_rank(rank: int, world: int, port: int, steps: int, blocks: int, ou
 
     from laggard.compression import make_hook
     from laggard.demo.model import BUCKET_CAP_MB
-    from laggard.integrations.integrity import IntegrityHookState, integrity_allreduce_hook
+    from laggard.integrations.integrity_hooks import IntegrityHookState, integrity_allreduce_hook
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

@@ -194,8 +194,8 @@ def _bucket_scenario(device: torch.device, name: str,
     def prepare() -> tuple[Step, Callable[[], None]]:
         from laggard.compression import make_hook
         from laggard.compression.bucket import FlatBucket
-        from laggard.integrations.integrity import (
-            GradientIntegrity,
+        from laggard.integrations.integrity import GradientIntegrity
+        from laggard.integrations.integrity_hooks import (
             IntegrityHookState,
             integrity_allreduce_hook,
             with_integrity,

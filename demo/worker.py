@@ -144,11 +144,8 @@ def integrity_hook(ddp: DistributedDataParallel, name: str, timer: CommTimer,
         return None, None
     from laggard.compression import make_hook
     from laggard.integrations.faults import BitFlipInjector
-    from laggard.integrations.integrity import (
-        GradientIntegrity,
-        IntegrityHookState,
-        with_integrity,
-    )
+    from laggard.integrations.integrity import GradientIntegrity
+    from laggard.integrations.integrity_hooks import IntegrityHookState, with_integrity
 
     integrity = GradientIntegrity(GradientIntegrity.Config(replica_every=10),
                                   injector=BitFlipInjector.parse(flip))

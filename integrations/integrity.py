@@ -11,13 +11,6 @@ bound: :mod:`laggard.detectors.integrity`):
 * NaN and Inf counts of the payload and of the result;
 * every ``replica_every`` steps, the hash of all parameters.
 
-The hash (:func:`fingerprint`) reads the bytes as int64 words (a reinterpreting view, no copy),
-sums each block of :data:`BLOCK_WORDS` words with wrapping int64 adds, and combines the block
-sums with fixed odd weights: ``h = sum_k w_k * block_k mod 2**64``. Flipping bit ``b`` of any word
-changes one block sum by ``+-2**b`` and ``h`` by ``+-w_k 2**b``, never 0 mod 2**64 as ``w_k`` is
-odd: **every single-bit flip changes the hash**, and the weights make moved blocks change it too.
-It runs at memory speed (a wrapping int64 sum is a plain vectorised add).
-
 The records of a window travel as one fixed-size int64 vector per rank in the training monitor's
 per-window ``all_gather`` (:meth:`GradientIntegrity.window_vector`), or, standalone, in a small
 ``all_gather`` of this object's own every ``gather_every`` steps. Every rank runs the detector on
@@ -45,18 +38,15 @@ counts of the local gradients (for any hook)::
 To carry the fingerprints in the training monitor's window gather instead of gathering them
 here, pass ``TrainingMonitor.Config(integrity=integrity)`` and keep ``gather_every=0``.
 
-On a device (CUDA) the hooks read nothing back to the host: a record's hashes, float64 sums and
-NaN/Inf counts stay device tensors, are copied ``non_blocking`` into pinned memory behind an
-event when the record is complete, and are read at the next :meth:`GradientIntegrity.window_vector`
-after the one that closed their window (**one window late**, as the monitor's device clock),
-only if that event has completed (``query()``, never ``synchronize()``); a record still pending
-then is left out and counted (``pending_records``, and in the window header). The replica
-check's hashes are combined on the device too. The one exception is the ``skip_step`` policy,
-whose verdict the optimizer step needs: :meth:`end_step` waits for that step's events (one host
-wait per step, after ``backward()``). CPU tensors take the host path, unchanged.
+On a device (CUDA) the hooks read nothing back to the host: records are read one window late,
+never waited for, except by ``skip_step`` (:mod:`laggard.integrations.integrity_records`).
 
-Why one module of ~680 lines: the fingerprints, :class:`GradientIntegrity` which records them and
-the hooks which call it share one record layout with :mod:`laggard.detectors.integrity`.
+The rooms: the fingerprint kernels (hash, float64 sums, NaN/Inf counts) are
+:mod:`laggard.integrations.integrity_fingerprints`; a record whose words are still on the device,
+:mod:`laggard.integrations.integrity_records`; the DDP hook wrappers,
+:mod:`laggard.integrations.integrity_hooks` (their names are importable from here too, the
+public entry); this module holds :class:`GradientIntegrity`, which records and checks, its
+:class:`IntegrityError` and :class:`IntegrityParticipant`, which rides the monitor's gather.
 """
 
 from __future__ import annotations
@@ -95,21 +85,32 @@ from laggard.detectors.integrity import (
     window_words,
 )
 from laggard.detectors.window import WindowColumn, WindowRecord
-from laggard.integrations.comm_timing import first_tensor
-from laggard.integrations.device_reads import Readback, on_host, to_device
+from laggard.integrations.device_reads import on_host
+from laggard.integrations.integrity_fingerprints import (
+    bits_tensor,
+    device_pair,
+    fingerprint,
+    fingerprint_tensor,
+    float64_sum_tensors,
+    float64_sums,
+    nonfinite_count_tensor,
+    nonfinite_counts,
+    row_fingerprints,
+)
+from laggard.integrations.integrity_hooks import (
+    IntegrityHookState,
+    integrity_allreduce_hook,
+    with_integrity,
+)
+from laggard.integrations.integrity_records import ChunkHashes, DeviceRecord
 from laggard.integrations.participants import StopJob, WindowOutcome, WindowParticipant
+from laggard.log_once import LogOnce
 
 if TYPE_CHECKING:
-    from laggard.integrations.comm_timing import CommTimer
     from laggard.integrations.faults import BitFlipInjector
 
 log = logging.getLogger(__name__)
 
-#: int64 words per hash block (4 KiB): long enough for the block sums to run at memory speed,
-#: short enough that the weighted combination of block sums costs nothing.
-BLOCK_WORDS = 512
-#: Elements converted to float64 at a time for the sum check (2 MiB of scratch).
-SUM_CHUNK = 1 << 18
 POLICIES = ("warn", "skip_step", "raise")
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4}
 
@@ -125,229 +126,6 @@ class IntegrityError(StopJob):
 
     def __init__(self, findings: list[Finding]) -> None:
         super().__init__("; ".join(f.message for f in findings[:3]), findings)
-
-
-# ------------------------------------------------------------------------------ fingerprints
-_weights: dict[torch.device, torch.Tensor] = {}
-_weights_lock = threading.Lock()
-
-
-def _block_weights(count: int, device: torch.device) -> torch.Tensor:
-    """The first ``count`` odd int64 block weights (fixed seed: the same on every rank)."""
-    with _weights_lock:
-        w = _weights.get(device)
-        if w is None or w.numel() < count:
-            size = max(count, 2 * (w.numel() if w is not None else 1024))
-            g = torch.Generator().manual_seed(0x1A66A2D)
-            # through pinned memory, non-blocking: a plain copy to a GPU would block the hook
-            w = to_device(torch.randint(-(1 << 62), 1 << 62, (size,), dtype=torch.int64,
-                                        generator=g) * 2 + 1, device)
-            _weights[device] = w
-        return w[:count]
-
-
-def row_fingerprints(rows: torch.Tensor) -> torch.Tensor:
-    """Hash of the bytes of each row of ``rows``.
-
-    Each row's bytes are read as int64 words (a reinterpreting view; only rows whose length is
-    not a multiple of 8 bytes are copied); the words are summed per block of
-    :data:`BLOCK_WORDS` (wrapping), the last partial block with the row's last ``B mod 8``
-    bytes added as unsigned values, and the block sums combined with odd weights.
-
-    Args:
-        rows: any dtype, shape ``(R, ...)``; row ``i`` is ``rows[i]``'s bytes.
-
-    Returns:
-        int64 ``(R,)`` on ``rows``' device: ``sum_k w_k * blocksum_k mod 2**64`` (module
-        docstring); every single-bit change of a row changes its value.
-    """
-    r = rows.shape[0]
-    raw = rows.reshape(r, -1)
-    raw = (raw if raw.is_contiguous() else raw.contiguous()).view(torch.uint8)
-    nbytes = raw.shape[1]
-    aligned = nbytes - nbytes % 8
-    prefix = raw[:, :aligned]
-    if aligned == 0:
-        words = torch.zeros(r, 0, dtype=torch.int64, device=raw.device)
-    else:
-        flat = prefix.reshape(-1)  # a copy only when rows are not a whole number of words
-        try:
-            words = flat.view(torch.int64).view(r, -1)
-        except RuntimeError:  # not 8-byte aligned in memory: copy once
-            words = flat.clone().view(torch.int64).view(r, -1)
-    m = aligned // 8
-    full = m - m % BLOCK_WORDS
-    parts = []
-    if full:
-        parts.append(words[:, :full].reshape(r, full // BLOCK_WORDS, BLOCK_WORDS).sum(-1))
-    if m > full or nbytes > aligned or not full:
-        tail = words[:, full:].sum(-1, keepdim=True)
-        if nbytes > aligned:
-            tail = tail + raw[:, aligned:].sum(-1, dtype=torch.int64, keepdim=True)
-        parts.append(tail)
-    blocks = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-    weights = _block_weights(blocks.shape[1], blocks.device)
-    return (blocks * weights).sum(-1)
-
-
-def fingerprint(tensor: torch.Tensor) -> int:
-    """Hash of ``tensor``'s bytes as a Python int in int64 range: the same value as
-    ``row_fingerprints(tensor.reshape(1, -1))[0]`` (the sender's hash of a payload must equal
-    the receivers' hash of its chunk), with fewer tensor ops for the common one-row case: a
-    bucket is hashed on the hook's critical path, where each op's fixed cost matters. A host
-    read: on a device, use :func:`fingerprint_tensor`."""
-    return int(fingerprint_tensor(tensor))
-
-
-def fingerprint_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """:func:`fingerprint` as a 0-d int64 tensor on ``tensor``'s device (no host read)."""
-    flat = tensor.reshape(-1)
-    if not flat.is_contiguous():
-        flat = flat.contiguous()
-    raw = flat.view(torch.uint8)
-    nbytes = raw.numel()
-    aligned = nbytes - nbytes % 8
-    try:
-        words = raw[:aligned].view(torch.int64)
-    except RuntimeError:  # not 8-byte aligned in memory
-        return row_fingerprints(flat.reshape(1, -1))[0]
-    m = aligned // 8
-    full = m - m % BLOCK_WORDS
-    blocks = full // BLOCK_WORDS
-    weights = _block_weights(blocks + 1, words.device)
-    h = (words[:full].view(blocks, BLOCK_WORDS).sum(1) * weights[:blocks]).sum() if full else 0
-    if m > full or nbytes > aligned or not full:
-        tail = words[full:].sum()
-        if nbytes > aligned:
-            tail = tail + raw[aligned:].sum(dtype=torch.int64)
-        h = h + tail * weights[blocks]
-    assert isinstance(h, torch.Tensor)  # full, or the tail was added
-    return h
-
-
-def float64_sums(tensor: torch.Tensor, magnitude: bool = True) -> tuple[float, float]:
-    """``(sum x, sum |x|)`` of a floating-point tensor, accumulated in float64 (``sum |x|``
-    is 0.0 when ``magnitude`` is False, saving a pass).
-
-    The values are converted a chunk of :data:`SUM_CHUNK` at a time into one reused float64
-    buffer, which runs several times faster than ``sum(dtype=torch.float64)`` on CPU. The
-    rounding error of each sum is at most ``gamma_{n-1}(2**-53) * sum |x|`` (Higham, 2nd ed.,
-    §4.2), which :func:`laggard.detectors.integrity.sum_tolerance` accounts for.
-    """
-    total, magnitudes = float64_sum_tensors(tensor, magnitude)
-    return float(total), float(magnitudes) if magnitudes is not None else 0.0
-
-
-def float64_sum_tensors(tensor: torch.Tensor,
-                        magnitude: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`float64_sums` as 0-d float64 tensors on ``tensor``'s device (no host read); the
-    magnitude sum is None when ``magnitude`` is False."""
-    flat = tensor.reshape(-1)
-    scratch = _scratch(flat.device)
-    if flat.numel() <= SUM_CHUNK:
-        wide = scratch[: flat.numel()].copy_(flat)
-        return wide.sum(), wide.abs_().sum() if magnitude else None
-    sums, magnitudes = [], []
-    for chunk in flat.split(SUM_CHUNK):
-        wide = scratch[: chunk.numel()]
-        wide.copy_(chunk)
-        sums.append(wide.sum())
-        if magnitude:
-            magnitudes.append(wide.abs_().sum())
-    return (torch.stack(sums).sum(),
-            torch.stack(magnitudes).sum() if magnitude else None)
-
-
-_local = threading.local()
-
-
-def _scratch(device: torch.device) -> torch.Tensor:
-    """This thread's reused float64 buffer of :data:`SUM_CHUNK` elements on ``device`` (hooks
-    run on the autograd thread and in collective callbacks, so one per thread)."""
-    buffers = _local.__dict__.setdefault("buffers", {})
-    buffer = buffers.get(device)
-    if buffer is None:
-        buffer = buffers[device] = torch.empty(SUM_CHUNK, dtype=torch.float64, device=device)
-    return buffer
-
-
-def nonfinite_counts(tensor: torch.Tensor) -> tuple[int, int]:
-    """``(NaN count, Inf count)`` of a floating-point tensor; ``(0, 0)`` for integer ones.
-
-    A plain sum (memory speed) is finite iff there is no NaN or Inf, unless finite values
-    overflow it; only then are the exact counts taken, so the answer is always exact.
-    """
-    if not tensor.is_floating_point():
-        return 0, 0
-    if bool(torch.isfinite(tensor.sum())):
-        return 0, 0
-    return int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
-
-
-def nonfinite_count_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """:func:`nonfinite_counts` as an int64 ``(2,)`` tensor on ``tensor``'s device, no host
-    read: both counts are always taken (two passes; the host path's shortcut is a host read)."""
-    if not tensor.is_floating_point():
-        return torch.zeros(2, dtype=torch.int64, device=tensor.device)
-    return torch.stack([torch.isnan(tensor).sum(), torch.isinf(tensor).sum()])
-
-
-def _device_pair(values: tuple[int, int], device: torch.device) -> torch.Tensor:
-    """``values`` as an int64 ``(2,)`` tensor made on ``device`` by fills (no host copy)."""
-    pair = torch.zeros(2, dtype=torch.int64, device=device)
-    pair[0], pair[1] = values
-    return pair
-
-
-def _bits_tensor(value: torch.Tensor) -> torch.Tensor:
-    """The int64 bit pattern of a 0-d float64 tensor, as :func:`bits_of` of its value."""
-    return value.reshape(1).view(torch.int64)
-
-
-@dataclass(frozen=True, slots=True)
-class _ChunkHashes:
-    """Per-chunk hashes (int64 ``(W,)`` device tensor) whose :func:`chunk_sums` (wrap, plain,
-    weighted) go into ``fields``, taken on the host when the record is read."""
-
-    hashes: torch.Tensor
-    fields: tuple[int, int, int]
-
-
-class _DeviceRecord:
-    """A record whose device-computed fields are on their way to the host.
-
-    The host-known words (step, bucket, op, dtype, numel, ...) are in ``row``; the device ones
-    are concatenated into one int64 vector, copied ``non_blocking`` into pinned memory behind an
-    event (:class:`~laggard.integrations.device_reads.Readback`); :meth:`decode` fills the row
-    from that copy once the event has completed.
-    """
-
-    __slots__ = ("row", "layout", "readback")
-
-    def __init__(self, row: list[int], deferred: list[tuple[Any, Any]]) -> None:
-        self.row = row
-        parts, self.layout = [], []
-        for key, value in deferred:
-            words = (value.hashes if isinstance(value, _ChunkHashes) else value)
-            words = words.reshape(-1).to(torch.int64)
-            parts.append(words)
-            self.layout.append((key, value, words.numel()))
-        self.readback = Readback(torch.cat(parts) if len(parts) > 1 else parts[0])
-
-    def decode(self, words: list[int]) -> list[int]:
-        """The full record row from the host copy's words."""
-        row, at = list(self.row), 0
-        for key, value, n in self.layout:
-            chunk, at = words[at : at + n], at + n
-            if isinstance(value, _ChunkHashes):
-                for field, word in zip(value.fields, chunk_sums(chunk), strict=True):
-                    row[field] = word
-            elif isinstance(key, tuple):
-                for field, word in zip(key, chunk, strict=True):
-                    row[field] = word
-            else:
-                row[key] = chunk[0]
-        return row
 
 
 # ---------------------------------------------------------------------------- the recorder
@@ -422,17 +200,17 @@ class GradientIntegrity:
         self.errors = 0
         self.detector = IntegrityDetector()
         self.findings: collections.deque[Finding] = collections.deque(maxlen=256)
-        self._records: list[list[int] | _DeviceRecord] = []
+        self._records: list[list[int] | DeviceRecord] = []
         # sent-side fields wait here, keyed (step, bucket, stage, op), until the receive side
         # completes the record: one row per collective
         self._sent: dict[tuple[int, int, int, str], dict[Any, Any]] = {}
         self._dropped = 0
         # device records of the last window, read at the next window_vector (one window late)
-        self._held: list[_DeviceRecord] = []
+        self._held: list[DeviceRecord] = []
         #: records left out because their device copy had not completed by their gather
         self.pending_records = 0
         self._lock = threading.Lock()
-        self._logged: set[str] = set()
+        self._log_once = LogOnce(log)
 
     # ------------------------------------------------------------------ hook-side API
     def allreduce_sent(self, bucket: int, payload: torch.Tensor, stage: int = 0) -> None:
@@ -549,8 +327,8 @@ class GradientIntegrity:
         with self._lock:
             records, self._records = self._records, []
             dropped, self._dropped = self._dropped, 0
-        rows = [r for r in records if not isinstance(r, _DeviceRecord)]
-        current = [r for r in records if isinstance(r, _DeviceRecord)]
+        rows = [r for r in records if not isinstance(r, DeviceRecord)]
+        current = [r for r in records if isinstance(r, DeviceRecord)]
         due, self._held = (self._held + current, []) if wait else (self._held, current)
         pending = 0
         for record in due:
@@ -629,18 +407,18 @@ class GradientIntegrity:
     def _add(self, bucket: int, stage: int, op: str, tensor: torch.Tensor,
              fields: dict[Any, Any]) -> None:
         """Close a record. ``fields``: field -> int (host), or, off the CPU, field -> 0-d
-        tensor, ``(field, field)`` -> ``(2,)`` tensor, key -> :class:`_ChunkHashes`."""
+        tensor, ``(field, field)`` -> ``(2,)`` tensor, key -> :class:`ChunkHashes`."""
         row = [0] * RECORD_WORDS
         row[0], row[1], row[2], row[3] = self.step, bucket, stage, OPS[op]
         row[4] = _DTYPE_CODES.get(tensor.dtype, 0 if tensor.is_floating_point() else 5)
         row[F_NUMEL] = tensor.numel()
         deferred = []
         for index, value in fields.items():
-            if isinstance(value, (torch.Tensor, _ChunkHashes)):
+            if isinstance(value, (torch.Tensor, ChunkHashes)):
                 deferred.append((index, value))
             else:
                 row[index] = value
-        record: list[int] | _DeviceRecord = _DeviceRecord(row, deferred) if deferred else row
+        record: list[int] | DeviceRecord = DeviceRecord(row, deferred) if deferred else row
         with self._lock:
             if len(self._records) < self.config.max_records:
                 self._records.append(record)
@@ -653,8 +431,8 @@ class GradientIntegrity:
             if self.config.sum_check and payload.is_floating_point():
                 total_t, magnitude_t = float64_sum_tensors(payload)
                 assert magnitude_t is not None
-                fields[F_SENT_A], fields[F_SENT_B] = _bits_tensor(total_t), \
-                    _bits_tensor(magnitude_t)
+                fields[F_SENT_A], fields[F_SENT_B] = bits_tensor(total_t), \
+                    bits_tensor(magnitude_t)
             self._pending(bucket, stage, "allreduce", fields)
             return
         fields = {}
@@ -673,7 +451,7 @@ class GradientIntegrity:
         if not on_host(result):
             fields[F_RECV_A] = fingerprint_tensor(result)
             if self.config.sum_check and result.is_floating_point():
-                fields[F_RECV_B] = _bits_tensor(float64_sum_tensors(result, magnitude=False)[0])
+                fields[F_RECV_B] = bits_tensor(float64_sum_tensors(result, magnitude=False)[0])
             fields[(F_NAN_RECV, F_INF_RECV)] = nonfinite_count_tensor(result)
             self._add(bucket, stage, "allreduce", result, fields)
             return
@@ -700,7 +478,7 @@ class GradientIntegrity:
         rows = torch.stack(list(gathered)) if not isinstance(gathered, torch.Tensor) else gathered
         fields = self._take_pending(bucket, stage, "allgather")
         if not on_host(rows):
-            fields["recv"] = _ChunkHashes(row_fingerprints(rows), (F_RECV_A, F_RECV_B, F_RECV_C))
+            fields["recv"] = ChunkHashes(row_fingerprints(rows), (F_RECV_A, F_RECV_B, F_RECV_C))
             fields[(F_NAN_RECV, F_INF_RECV)] = nonfinite_count_tensor(rows)
             self._add(bucket, stage, "allgather", rows[0], fields)
             return
@@ -712,7 +490,7 @@ class GradientIntegrity:
     def _alltoall_sent(self, bucket: int, payload: torch.Tensor, stage: int) -> None:
         if not on_host(payload):  # chunk_sums order: wrap, plain, weighted
             self._pending(bucket, stage, "alltoall", {
-                "sent": _ChunkHashes(row_fingerprints(payload), (F_SENT_A, F_SENT_C, F_SENT_B)),
+                "sent": ChunkHashes(row_fingerprints(payload), (F_SENT_A, F_SENT_C, F_SENT_B)),
                 (F_NAN_SENT, F_INF_SENT): nonfinite_count_tensor(payload)})
             return
         hashes = row_fingerprints(payload).tolist()
@@ -725,7 +503,7 @@ class GradientIntegrity:
     def _alltoall_received(self, bucket: int, received: torch.Tensor, stage: int) -> None:
         fields = self._take_pending(bucket, stage, "alltoall")
         if not on_host(received):
-            fields["recv"] = _ChunkHashes(row_fingerprints(received),
+            fields["recv"] = ChunkHashes(row_fingerprints(received),
                                           (F_RECV_A, F_RECV_B, F_RECV_C))
             fields[(F_NAN_RECV, F_INF_RECV)] = nonfinite_count_tensor(received)
             self._add(bucket, stage, "alltoall", received[0], fields)
@@ -741,7 +519,7 @@ class GradientIntegrity:
             self._add(bucket, 0, "result", result, {
                 F_RECV_A: fingerprint_tensor(result),
                 (F_NAN_SENT, F_INF_SENT): local if isinstance(local, torch.Tensor)
-                else _device_pair(local, result.device),
+                else device_pair(local, result.device),
                 (F_NAN_RECV, F_INF_RECV): nonfinite_count_tensor(result)})
             return
         assert not isinstance(local, torch.Tensor)
@@ -780,10 +558,8 @@ class GradientIntegrity:
 
     def _error(self, where: str, exc: BaseException) -> None:
         self.errors += 1
-        if where not in self._logged:
-            self._logged.add(where)
-            log.warning("laggard: integrity error in %s: %r (ignored; training goes on)",
-                        where, exc)
+        self._log_once(where, "laggard: integrity error in %s: %r (ignored; training goes on)",
+                       where, exc)
 
 
 # ------------------------------------------------------------------ the monitor's participant
@@ -818,89 +594,7 @@ class IntegrityParticipant(WindowParticipant):
                                                                   log_findings=False))
 
 
-# ----------------------------------------------------------------------------------- hooks
-@dataclass(slots=True)
-class IntegrityHookState:
-    """State of :func:`integrity_allreduce_hook` and of hooks made by :func:`with_integrity`.
-
-    Attributes:
-        integrity: the recorder.
-        inner: the wrapped hook's own state (``with_integrity`` only).
-        timer: a CommTimer to time the plain all-reduce with (optional).
-        process_group: group of the plain all-reduce (None: WORLD).
-    """
-
-    integrity: GradientIntegrity
-    inner: Any = None
-    timer: CommTimer | None = None
-    process_group: dist.ProcessGroup | None = None
-
-
-# Hooks are left unannotated: DDP compares annotations with dist.GradBucket by identity.
-def integrity_allreduce_hook(state: IntegrityHookState, bucket):  # type: ignore[no-untyped-def]
-    """DDP communication hook: averaging all-reduce (as DDP's default) with every check.
-
-    Divides the bucket by the world size, fingerprints it (float64 sums, NaN/Inf), all-reduces
-    it, and fingerprints the result (hash, float64 sum, NaN/Inf).
-
-    Args:
-        state: :class:`IntegrityHookState`.
-        bucket: DDP's ``GradBucket``; its ``buffer()`` is reduced in place.
-
-    Returns:
-        A future of the averaged bucket buffer.
-    """
-    integrity, index = state.integrity, bucket.index()
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
-    buffer = bucket.buffer()
-    buffer.div_(group.size())
-    integrity.allreduce_sent(index, buffer)
-    fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
-    if state.timer is not None:
-        fut = state.timer.track(fut, buffer.numel() * buffer.element_size())
-
-    def received(done: torch.futures.Future) -> torch.Tensor:
-        result = first_tensor(done)
-        integrity.inject("after_reduce", index, result)
-        integrity.allreduce_received(index, result)
-        return result
-
-    return fut.then(received)
-
-
-def with_integrity(hook: Callable[[Any, Any], torch.futures.Future]) -> Callable[..., Any]:
-    """Wrap any DDP communication hook with the result-hash and NaN/Inf checks.
-
-    The wrapped hook's state is :class:`IntegrityHookState` with ``inner`` = the hook's own
-    state. Before the hook, the local gradients' NaN/Inf are counted; after it, an
-    ``after_reduce`` fault is applied if due, then the result is hashed: every rank must hold
-    the same averaged bucket, whatever the compressor, so a rank whose result differs is named.
-
-    Returns:
-        A hook for ``DistributedDataParallel.register_comm_hook``.
-    """
-
-    def integrity_hook(state: IntegrityHookState, bucket):  # type: ignore[no-untyped-def]
-        integrity, index = state.integrity, bucket.index()
-        buffer = bucket.buffer()
-        local = nonfinite_counts(buffer) if on_host(buffer) else nonfinite_count_tensor(buffer)
-        fut = hook(state.inner, bucket)
-
-        def finished(done: torch.futures.Future) -> torch.Tensor:
-            result = first_tensor(done)
-            integrity.inject("after_reduce", index, result)
-            integrity.result(index, result, local)
-            return result
-
-        return fut.then(finished)
-
-    integrity_hook.__name__ = f"integrity_{getattr(hook, '__name__', 'hook')}"
-    return integrity_hook
-
-
 __all__ = [
-    "BLOCK_WORDS", "POLICIES", "GradientIntegrity", "IntegrityError", "IntegrityHookState",
-    "fingerprint", "fingerprint_tensor", "float64_sum_tensors", "float64_sums",
-    "integrity_allreduce_hook", "nonfinite_count_tensor", "nonfinite_counts",
-    "row_fingerprints", "with_integrity",
+    "POLICIES", "GradientIntegrity", "IntegrityError", "IntegrityHookState",
+    "IntegrityParticipant", "integrity_allreduce_hook", "with_integrity",
 ]

@@ -31,8 +31,8 @@ from laggard.compression.sync_check import (
 from laggard.detectors.integrity import IntegrityDetector, decode_window
 from laggard.integrations import device_reads
 from laggard.integrations.device_reads import DeviceCount, device_path
-from laggard.integrations.integrity import (
-    GradientIntegrity,
+from laggard.integrations.integrity import GradientIntegrity
+from laggard.integrations.integrity_hooks import (
     IntegrityHookState,
     integrity_allreduce_hook,
     with_integrity,

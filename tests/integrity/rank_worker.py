@@ -23,11 +23,10 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from laggard.integrations.faults import BitFlipInjector
-from laggard.integrations.integrity import (
-    GradientIntegrity,
-    IntegrityError,
+from laggard.integrations.integrity import GradientIntegrity, IntegrityError
+from laggard.integrations.integrity_fingerprints import fingerprint
+from laggard.integrations.integrity_hooks import (
     IntegrityHookState,
-    fingerprint,
     integrity_allreduce_hook,
     with_integrity,
 )

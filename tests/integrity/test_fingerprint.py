@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="the integrity check needs torch "
                                             "(pip install 'laggard[torch]')")
 
 from laggard.integrations.faults import BitFlipInjector, flip_bit  # noqa: E402
-from laggard.integrations.integrity import (  # noqa: E402
+from laggard.integrations.integrity_fingerprints import (  # noqa: E402
     BLOCK_WORDS,
     fingerprint,
     float64_sums,
