@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import psutil
 
@@ -35,7 +35,7 @@ ProcessState = Literal["alive", "exited", "unknown"]
 #: Values of ``laggard_rank_process_state{state}``.
 PROCESS_STATES: tuple[ProcessState, ...] = ("alive", "exited", "unknown")
 #: One process as first seen: psutil's handle, which holds its pid and creation time.
-ProcessIdentity = psutil.Process
+ProcessIdentity: TypeAlias = psutil.Process
 #: psutil states of a process that has exited but was not reaped yet, or is being torn down.
 _GONE_STATUSES = frozenset((psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD))
 #: What psutil may raise on a procfs it cannot parse (a truncated or foreign stat file).
