@@ -111,3 +111,10 @@ def test_detector_input_counters_are_exported_as_reported():
                               {"run": "", "kind": "windows"}) == 2
     assert r.get_sample_value("laggard_straggler_detector_inputs_total",
                               {"run": "", "kind": "missing_rank_reports"}) == 1
+
+
+def test_every_comm_key_the_table_sums_is_rendered():
+    from laggard.agent.run_metrics import _COMM_COUNTERS
+    from laggard.agent.run_state import COMM_KEYS
+
+    assert tuple(_COMM_COUNTERS) == COMM_KEYS
