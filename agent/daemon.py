@@ -35,9 +35,10 @@ from laggard.agent.config import (
 from laggard.agent.context import AgentContext
 from laggard.agent.exporter import AgentExporter
 from laggard.agent.gpu_index import GpuIndex
-from laggard.agent.intake import RankTable, UdpIntake
+from laggard.agent.run_table import RankTable
 from laggard.agent.sampler import CollectorThread
 from laggard.agent.supervisor import RestartableThread, Supervisor
+from laggard.agent.udp_intake import UdpIntake
 from laggard.agent.unix_intake import UnixIntake, parse_id_list, queue_limit
 from laggard.agent.web import make_app, make_http_server
 from laggard.agent.workload import WorkloadLabels

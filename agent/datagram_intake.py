@@ -1,6 +1,7 @@
-"""The receive loop both intakes share (UDP, ``agent/intake.py``; Unix socket,
-``agent/unix_intake.py``): one bounded read per datagram, oversized ones counted, stale ranks
-expired once a second even without scrapes, and nothing a datagram does stops the loop.
+"""The receive loop both intakes share (the agent's socket, a Unix datagram socket,
+``agent/unix_intake.py``; the optional UDP intake, ``agent/udp_intake.py``): one bounded read per
+datagram, oversized ones counted, stale ranks expired once a second even without scrapes, and
+nothing a datagram does stops the loop.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 class DatagramSink(Protocol):
-    """Where an intake puts what it reads: :class:`laggard.agent.intake.RankTable`."""
+    """Where an intake puts what it reads: :class:`laggard.agent.run_table.RankTable`."""
 
     def ingest(self, payload: bytes, sender: SenderIdentity | None = None) -> None: ...
 

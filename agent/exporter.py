@@ -10,9 +10,11 @@ from prometheus_client.metrics_core import Metric
 
 from laggard import __version__
 from laggard.agent.context import FindingLog
-from laggard.agent.intake import RankTable, UdpIntake
+from laggard.agent.run_metrics import RunMetrics
+from laggard.agent.run_table import RankTable
 from laggard.agent.sampler import CollectorThread
 from laggard.agent.supervisor import Supervisor
+from laggard.agent.udp_intake import UdpIntake
 
 
 class AgentExporter:
@@ -23,10 +25,11 @@ class AgentExporter:
 
     Args:
         threads: one per enabled collector.
-        table: the intake's per-rank table, or None when the intake is off.
+        table: the intake's run table (rendered by :class:`RunMetrics`), or None when the
+            intake is off.
         findings: findings raised on this node and reported by the job.
         node: this node's name (``laggard_agent_info{node}``).
-        intake: the UDP intake (its kernel drops), or None.
+        intake: the optional UDP intake (its kernel drops), or None.
         supervisor: the thread supervisor (its restart counts), or None.
     """
 
@@ -34,7 +37,7 @@ class AgentExporter:
                  findings: FindingLog, node: str, *, intake: UdpIntake | None = None,
                  supervisor: Supervisor | None = None) -> None:
         self._threads = list(threads)
-        self._table = table
+        self._run_metrics = None if table is None else RunMetrics(table)
         self._findings = findings
         self._node = node
         self._intake = intake
@@ -78,8 +81,8 @@ class AgentExporter:
         yield from merged.values()
         if self._supervisor is not None:
             yield from self._supervisor.collect()
-        if self._table is not None:
-            yield from self._table.collect()
+        if self._run_metrics is not None:
+            yield from self._run_metrics.collect()
         if self._intake is not None:
             yield from self._intake.collect()
         findings = CounterMetricFamily(

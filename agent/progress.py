@@ -2,7 +2,7 @@
 
 When a job hangs its ranks stop sending step records. Before heartbeats the agent forgot them
 after ``--intake.rank-ttl``, so their series vanished just when they mattered. Now each rank
-keeps, besides its step statistics (:mod:`laggard.agent.intake`), what its heartbeats
+keeps, besides its step statistics (:mod:`laggard.agent.run_table`), what its heartbeats
 (:class:`laggard.wire.Heartbeat`, about one a second from a thread of the training process)
 said last, on the agent's monotonic clock:
 
@@ -15,15 +15,16 @@ said last, on the agent's monotonic clock:
 * per process group (and per P2P pair: ``peer`` set) how far it has **issued** and
   **completed** collectives, the last op and how long ago it was issued: the evidence the hang
   rules (``dashboards/rules``) compare across ranks;
-* its **process**: the pid, and the start time read when the pid was first seen
-  (:class:`laggard.agent.liveness.ProcessWatch`).
+* its **process**: the pid, and the process it named when first seen
+  (:class:`laggard.agent.liveness.ProcessWatch`), checked again while the rank is silent.
 
 A heartbeat whose ``phase`` is :data:`CLOSED_PHASE` says goodbye (the monitor closed): the rank
 is then neither stalled nor kept alive by its process, and expires after the TTL like a rank of
 a sender without heartbeats.
 
-Pure bookkeeping with plain data; the table (:class:`laggard.agent.intake.RankTable`) holds the
-lock, charges the series budget and builds the families.
+Bookkeeping with plain data (the process checks go through the :class:`ProcessWatch` passed
+in); the table (:class:`laggard.agent.run_table.RankTable`) holds the lock and charges the
+series budget, :class:`laggard.agent.run_metrics.RunMetrics` builds the families.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from laggard.agent.liveness import ProcessState
+from laggard.agent.liveness import ProcessIdentity, ProcessState, ProcessWatch
 from laggard.wire import CLOSED_PHASE, Heartbeat
 
 __all__ = ["CLOSED_PHASE", "GROUP_SAMPLES", "GroupSeen", "MAX_GROUPS_PER_RANK",
@@ -105,8 +106,8 @@ class RankProgress:
         via_socket: it reached the agent over the Unix socket (the kernel's pid is the one to
             check; a pid claimed in a datagram from another pid namespace names another
             process here).
-        pid_start: start time (clock ticks) of the checked pid when first seen; None: unknown.
-        checked_pid: the pid ``pid_start`` belongs to.
+        identity: the process the checked pid named when first seen; None: unknown.
+        checked_pid: the pid ``identity`` belongs to.
         process: the process state found last.
         process_checked: monotonic time of that check.
         last_datagram: monotonic time of the last step record or heartbeat.
@@ -123,7 +124,7 @@ class RankProgress:
     closed: bool = False
     claimed_pid: int | None = None
     via_socket: bool = False
-    pid_start: int | None = None
+    identity: ProcessIdentity | None = None
     checked_pid: int | None = None
     process: ProcessState = "unknown"
     process_checked: float = float("-inf")
@@ -213,6 +214,49 @@ class RankProgress:
         if self.phase is None or self.last_heartbeat is None:
             return None
         return (self.phase_seconds or 0.0) + max(0.0, now - self.last_heartbeat)
+
+    def pid(self, socket_pid: int | None) -> int | None:
+        """The pid to look the rank's process up by: the kernel's (``socket_pid``) for a sender
+        on the agent's socket (a pid its datagrams claim may be of another pid namespace), the
+        heartbeat's over UDP (pid 1 never: from a container's own namespace it would name the
+        host's init)."""
+        if self.via_socket:
+            return socket_pid
+        claimed = self.claimed_pid
+        return claimed if claimed is not None and claimed > 1 else None
+
+    def note_pid(self, pid: int | None, watch: ProcessWatch, now: float) -> int:
+        """Identify the rank's process when ``pid`` is new (or its last process was found gone:
+        a datagram under that pid now comes from a process that reused it).
+
+        Returns:
+            Group entries dropped: another process took the rank over, and its counters start
+            anew (the caller uncharges ``GROUP_SAMPLES`` each and counts them).
+        """
+        if pid == self.checked_pid and self.process != "exited":
+            return 0
+        dropped = 0
+        if self.checked_pid is not None and pid is not None and self.groups:
+            dropped = self.reset_groups()
+        self.checked_pid = pid
+        self.identity = None if pid is None else watch.identify(pid)
+        self.process = "unknown" if self.identity is None else "alive"
+        self.process_checked = now
+        return dropped
+
+    def check_process(self, watch: ProcessWatch, now: float) -> None:
+        """Refresh :attr:`process`: alive without a look while datagrams keep coming, else a
+        procfs look at most once per :data:`LIVENESS_CHECK_SECONDS`."""
+        if self.identity is None:
+            self.process = "unknown"
+            return
+        if now - self.last_datagram < RECENT_DATAGRAM_SECONDS and self.process != "exited":
+            self.process = "alive"
+            return
+        if now - self.process_checked < LIVENESS_CHECK_SECONDS:
+            return
+        self.process = watch.state(self.checked_pid, self.identity)
+        self.process_checked = now
 
     def reset_groups(self) -> int:
         """Forget every group entry (a new process took the rank over); how many there were."""

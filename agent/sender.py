@@ -1,8 +1,9 @@
 """SenderIdentity: who sent a datagram, as the operating system (not the datagram) says.
 
-The Unix-socket intake learns the sender's pid, uid and gid from the kernel (``SCM_CREDENTIALS``)
-and its workload labels from the sender's cgroup (``laggard.parsers.cgroup``: Kubernetes pod UID
-and container id, Slurm job id). The UDP intake knows none of that and passes ``None``.
+The agent's socket (a Unix datagram socket) learns the sender's pid, uid and gid from the kernel
+(``SCM_CREDENTIALS``) and its workload labels from the sender's cgroup (``laggard.parsers.cgroup``:
+Kubernetes pod UID and container id, Slurm job id). The optional UDP intake knows none of that
+and passes ``None``.
 
 The labels become labels of ``laggard_rank_info`` only, so that no other series multiplies.
 """

@@ -1,5 +1,6 @@
-"""The Unix-socket intake: datagrams from the node's own training processes, with the sender's
-pid, uid and gid from the kernel.
+"""The agent's socket: a Unix datagram socket, the default transport from the node's own training
+processes, with the sender's pid, uid and gid from the kernel (UDP on loopback is the option,
+``agent/udp_intake.py``).
 
 An ``AF_UNIX``/``SOCK_DGRAM`` socket bound at a path (``--intake.socket``) with ``SO_PASSCRED``
 on: the kernel attaches ``SCM_CREDENTIALS`` (``struct ucred``: pid, uid, gid, three int32) to
@@ -12,7 +13,7 @@ Who can send at all is decided by the file system: write permission on the socke
 (``--intake.socket-mode``) and search permission on its directory (in Kubernetes, a pod must
 mount the directory: the hostPath is the gate, as DogStatsD's socket is mounted).
 
-Unlike UDP the kernel never drops a Unix datagram: when the receive queue is full
+Unlike UDP, the kernel never drops a Unix datagram: when the receive queue is full
 (``net.unix.max_dgram_qlen`` datagrams: 10 by the kernel's default, 512 by systemd's) a
 non-blocking sender gets ``EAGAIN``, and the TrainingMonitor counts it on its side
 (``send_dropped``).
@@ -34,6 +35,7 @@ from laggard.agent.config import DEFAULT_SOCKET_MODE
 from laggard.agent.datagram_intake import DatagramIntake, DatagramSink
 from laggard.agent.sender import SenderIdentity
 from laggard.agent.workload import WorkloadLabels
+from laggard.log_once import LogOnce
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +169,7 @@ class UnixIntake(DatagramIntake):
         self._allow_uids = frozenset(allow_uids)
         self._allow_gids = frozenset(allow_gids)
         self._workload = workload
-        self._logged_refusal = False
+        self._log_once = LogOnce(log)
         super().__init__(sock, table, "laggard-intake-unix")
 
     def _receive(self, bufsize: int) -> tuple[bytes, SenderIdentity | None] | None:
@@ -183,11 +185,9 @@ class UnixIntake(DatagramIntake):
                 _close_descriptors(data)
         if (self._allow_uids or self._allow_gids) and not (
                 uid in self._allow_uids or gid in self._allow_gids):
-            if not self._logged_refusal:
-                self._logged_refusal = True
-                log.warning("intake %s: refused a datagram from pid %s uid %s gid %s (not on "
-                            "--intake.allow-uids/--intake.allow-gids; counted as %s, logged "
-                            "once)", self.path, pid, uid, gid, NOT_ALLOWED)
+            self._log_once("refusal", "intake %s: refused a datagram from pid %s uid %s gid %s "
+                           "(not on --intake.allow-uids/--intake.allow-gids; counted as %s, "
+                           "logged once)", self.path, pid, uid, gid, NOT_ALLOWED)
             self._table.reject(NOT_ALLOWED)
             return None
         pid = pid or None  # 0: the sender's pid namespace is not visible from the agent's

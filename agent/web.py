@@ -2,21 +2,29 @@
 
 Paths follow node_exporter: a short HTML page at ``/`` linking to what is served, ``/metrics``
 for Prometheus, and 404 for anything else (a typo in a scrape config should fail loudly, not
-scrape the metrics page under another path). The listen address may be IPv4 or IPv6; the address
-family is chosen as prometheus_client's ``start_http_server`` does.
+scrape the metrics page under another path). The HTTP server is prometheus_client's own
+(``ThreadingWSGIServer`` with its silent handler, the address family chosen as its
+``start_wsgi_server`` does); laggard adds only a WSGI application that dispatches by path, with
+the library's ``make_wsgi_app`` at ``/metrics``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import socket
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+
+# The library's own server pieces, as its start_wsgi_server puts them together (two are private
+# names, in every release this package accepts, >=0.17: tests/agent/test_web.py would fail).
+from prometheus_client.exposition import (
+    ThreadingWSGIServer,
+    _get_best_family,
+    _SilentHandler,
+)
 
 from laggard import __version__
 from laggard.agent.context import FindingLog
@@ -83,34 +91,15 @@ def make_app(registry: CollectorRegistry, findings: FindingLog
     return app
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
-
-
-class _ThreadingWSGIServer(WSGIServer):
-    # One thread per request, as prometheus_client's own server does: a slow client cannot hold
-    # up Prometheus' scrape.
-    daemon_threads = True
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        threading.Thread(target=self._handle, args=(request, client_address),
-                         daemon=True).start()
-
-    def _handle(self, request: Any, client_address: Any) -> None:
-        try:
-            self.finish_request(request, client_address)
-        except Exception:  # noqa: BLE001
-            self.handle_error(request, client_address)
-        finally:
-            self.shutdown_request(request)
-
-
 def make_http_server(host: str, port: int, app: Callable[..., Iterable[bytes]]) -> WSGIServer:
-    """Bind a threading WSGI server on ``host:port``, IPv4 or IPv6 as the host says.
+    """Bind prometheus_client's threading WSGI server on ``host:port``, IPv4 or IPv6 as the host
+    says.
 
-    The family is the first that ``getaddrinfo`` gives for the host, as prometheus_client's
-    ``start_http_server`` chooses it (``::1`` and ``::`` bind IPv6, names resolve).
+    The server, its silent request handler and the choice of address family are the library's
+    own, as ``prometheus_client.start_wsgi_server`` puts them together (one thread per request,
+    so a slow client cannot hold up Prometheus' scrape; no request log): the first family
+    ``getaddrinfo`` gives for the host (``::1`` and ``::`` bind IPv6, names resolve). Only the
+    application differs: :func:`make_app` mounts ``/findings`` and ``/`` beside ``/metrics``.
 
     Args:
         host: address or name to bind (``0.0.0.0``, ``::``, ``127.0.0.1``, ``::1``...).
@@ -123,10 +112,9 @@ def make_http_server(host: str, port: int, app: Callable[..., Iterable[bytes]]) 
     Raises:
         OSError: the address cannot be resolved or bound.
     """
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, _, _, _, sockaddr = infos[0]
 
-    class Server(_ThreadingWSGIServer):
-        address_family = family
+    class Server(ThreadingWSGIServer):
+        """prometheus_client's server with this host's address family (a class attribute)."""
 
-    return make_server(str(sockaddr[0]), port, app, Server, _QuietHandler)
+    Server.address_family, address = _get_best_family(host, port)
+    return make_server(str(address), port, app, Server, handler_class=_SilentHandler)

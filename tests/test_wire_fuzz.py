@@ -18,7 +18,8 @@ from prometheus_client import generate_latest
 from support import registry_of
 
 from laggard.agent.context import FindingLog
-from laggard.agent.intake import RankTable
+from laggard.agent.run_metrics import RunMetrics
+from laggard.agent.run_table import RankTable
 from laggard.wire import (
     MAX_JSON_DEPTH,
     MAX_WIRE_NUMBER,
@@ -130,7 +131,7 @@ def test_whatever_is_accepted_can_be_scraped(payloads):
         table.ingest(payload)
     assert table.accepted + sum(table.rejected.values()) == len(payloads)
     assert table.rejected["internal_error"] == 0
-    text = generate_latest(registry_of(table)).decode()
+    text = generate_latest(registry_of(RunMetrics(table))).decode()
     assert "laggard_intake_datagrams_total" in text
 
 

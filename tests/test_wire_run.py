@@ -6,7 +6,8 @@ import pytest
 from support import registry_of
 
 from laggard.agent.context import FindingLog
-from laggard.agent.intake import RankTable
+from laggard.agent.run_metrics import RunMetrics
+from laggard.agent.run_table import RankTable
 from laggard.wire import (
     MAX_RUN_LEN,
     RecordError,
@@ -67,7 +68,7 @@ def test_bad_run_ids_are_counted_and_never_touch_another_runs_data():
     table.ingest(_with("x" * 7_000))
     table.ingest(_with("bad\x07bell"))
     table.ingest(StepRecord(rank=0, world_size=1, step=1, run="good").encode())
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     rejected = {reason: r.get_sample_value("laggard_intake_rejected_total", {"reason": reason})
                 for reason in ("oversized", "run_length", "run_charset")}
     assert rejected == {"oversized": 1, "run_length": 1, "run_charset": 1}

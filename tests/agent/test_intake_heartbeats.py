@@ -13,8 +13,10 @@ import pytest
 from support import registry_of
 
 from laggard.agent.context import FindingLog
-from laggard.agent.intake import RANK_SAMPLES, RankTable
 from laggard.agent.progress import GROUP_SAMPLES, MAX_GROUPS_PER_RANK
+from laggard.agent.run_metrics import RunMetrics
+from laggard.agent.run_state import RANK_SAMPLES
+from laggard.agent.run_table import RankTable
 from laggard.agent.sender import SenderIdentity
 from laggard.wire import GroupProgress, Heartbeat, StepRecord
 
@@ -72,11 +74,12 @@ def _step(rank: int = 0, step: int = 5, *, world_size: int = 2, run: str = "r",
 
 
 def _value(table: RankTable, name: str, **labels: str) -> float | None:
-    return registry_of(table).get_sample_value(name, {"run": "r", "rank": "0", **labels})
+    return registry_of(RunMetrics(table)).get_sample_value(name,
+                                                           {"run": "r", "rank": "0", **labels})
 
 
 def _process_state(table: RankTable, rank: int = 0) -> str | None:
-    for family in registry_of(table).collect():
+    for family in registry_of(RunMetrics(table)).collect():
         if family.name == "laggard_rank_process_state":
             for sample in family.samples:
                 if sample.labels["rank"] == str(rank):
@@ -334,7 +337,7 @@ def test_a_rank_that_moves_to_another_run_leaves_no_stalled_rank_behind(clock, p
     table.ingest(_beat(run="a", step=1), sender)
     table.ingest(_beat(run="b", step=1), sender)
     clock.now += 600
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_rank_stalled_seconds", {"run": "a", "rank": "0"}) is None
     assert r.get_sample_value("laggard_rank_stalled_seconds", {"run": "b", "rank": "0"}) == 600
     assert table.forgotten == {"moved": 1}

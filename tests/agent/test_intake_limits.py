@@ -6,7 +6,8 @@ from prometheus_client import generate_latest
 from support import registry_of
 
 from laggard.agent.context import FindingLog
-from laggard.agent.intake import RankTable
+from laggard.agent.run_metrics import RunMetrics
+from laggard.agent.run_table import RankTable
 from laggard.detectors import causes, integrity, link, stage_balance, straggler
 from laggard.detectors.finding import JOB_FINDING_KINDS
 from laggard.wire import CollectiveTiming, StepRecord, WindowReport
@@ -39,11 +40,11 @@ def test_long_names_from_many_ranks_stay_within_the_series_budget():
             collectives=[CollectiveTiming(_long("o", i), 0.01, 10) for i in range(16)],
             comm={"bytes": 1.0, "raw_bytes": 4.0, "total_seconds": 0.1, "exposed_seconds": 0.1},
         ).encode())
-    text = generate_latest(registry_of(table)).decode()
+    text = generate_latest(registry_of(RunMetrics(table))).decode()
     budgeted = [line for line in text.splitlines() if _BUDGETED.match(line)]
     # The accounting is exact or conservative, never short.
     assert len(budgeted) <= table.series <= 2000
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_intake_series") == table.series
     assert r.get_sample_value("laggard_intake_rejected_total", {"reason": "series_limit"}) > 0
     assert r.get_sample_value("laggard_intake_dropped_total", {"what": "phase"}) > 0
@@ -60,13 +61,13 @@ def test_findings_with_fresh_label_strings_add_no_series():
         finding = {"detector": f"d{i}", "kind": f"k{i}", "severity": f"s{i}", "rank": 1}
         table.ingest(WindowReport(step=i, world_size=4, findings=[finding]).encode())
     assert findings.counts() == {("other", "other", "other"): 3000}
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_intake_dropped_total", {"what": "finding_label"}) == 3000
     # Known detector, unknown kind: the detector stays, the kind becomes other, and no flag.
     table.ingest(WindowReport(step=4000, world_size=4, findings=[
         {"detector": "straggler", "kind": "zzz", "severity": "warning", "rank": 1}]).encode())
     assert findings.counts()[("straggler", "other", "warning")] == 1
-    assert registry_of(table).get_sample_value(
+    assert registry_of(RunMetrics(table)).get_sample_value(
         "laggard_straggler_active", {"run": "", "rank": "1", "kind": "other"}) is None
     # /findings keeps what was sent, beside the labels it was counted under.
     assert findings.recent()[-1]["labels_as_sent"] == ["straggler", "zzz", "warning"]
@@ -90,7 +91,7 @@ def test_a_link_finding_is_exported_as_straggler_active_kind_link():
     flag = {"detector": "link", "kind": "link", "severity": "warning", "rank": 1,
             "node": "node1"}
     table.ingest(WindowReport(step=0, world_size=3, findings=[flag]).encode())
-    text = generate_latest(registry_of(table)).decode()
+    text = generate_latest(registry_of(RunMetrics(table))).decode()
     assert 'laggard_straggler_active{kind="link",rank="1",run=""} 1.0' in text
     assert findings.counts() == {("link", "link", "warning"): 1}  # laggard_findings_total
 
@@ -101,14 +102,14 @@ def test_a_gc_or_load_imbalance_finding_is_exported_by_its_cause_and_clears_with
     raised = [{"detector": "straggler", "kind": kind, "severity": "warning", "rank": rank}
               for rank, kind in ((1, "gc"), (2, "load_imbalance"))]
     table.ingest(WindowReport(step=0, world_size=4, findings=raised).encode())
-    text = generate_latest(registry_of(table)).decode()
+    text = generate_latest(registry_of(RunMetrics(table))).decode()
     assert 'laggard_straggler_active{kind="gc",rank="1",run=""} 1.0' in text
     assert 'laggard_straggler_active{kind="load_imbalance",rank="2",run=""} 1.0' in text
     assert findings.counts() == {("straggler", "gc", "warning"): 1,
                                  ("straggler", "load_imbalance", "warning"): 1}
     table.ingest(WindowReport(step=20, world_size=4, findings=[
         {**raised[0], "cleared": True}]).encode())
-    text = generate_latest(registry_of(table)).decode()
+    text = generate_latest(registry_of(RunMetrics(table))).decode()
     assert 'kind="gc"' not in text.split("laggard_straggler_active", 1)[1].split("# HELP")[0]
     assert 'laggard_straggler_active{kind="load_imbalance",rank="2",run=""} 1.0' in text
 
@@ -127,7 +128,7 @@ def test_a_rank_unseen_for_the_ttl_is_forgotten_with_its_score_and_flags():
     table.ingest(StepRecord(rank=0, world_size=2, step=1).encode())
     table.ingest(WindowReport(step=1, world_size=2, scores={0: 0.0}).encode())
     clock.now += 30  # rank 1 last seen 70 s ago, rank 0 and the job 30 s ago
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_intake_ranks") == 1
     assert r.get_sample_value("laggard_steps_total", {"run": "", "rank": "1"}) is None
     assert r.get_sample_value("laggard_straggler_active",
@@ -136,7 +137,7 @@ def test_a_rank_unseen_for_the_ttl_is_forgotten_with_its_score_and_flags():
     assert r.get_sample_value("laggard_straggler_score", {"run": "", "rank": "0"}) == 0.0
     assert r.get_sample_value("laggard_intake_ranks_forgotten_total", {"reason": "stale"}) == 1
     clock.now += 31  # now everything is stale: nothing left, the budget back to zero
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_intake_ranks") == 0
     assert r.get_sample_value("laggard_straggler_score", {"run": "", "rank": "0"}) is None
     assert r.get_sample_value("laggard_straggler_report_timestamp_seconds") is None
@@ -151,10 +152,10 @@ def test_a_flag_of_a_rank_on_another_node_expires_with_the_job_reports():
     flag = {"detector": "straggler", "kind": "data", "severity": "warning", "rank": 7}
     table.ingest(WindowReport(step=20, world_size=8, findings=[flag]).encode())
     clock.now += 59
-    assert registry_of(table).get_sample_value(
+    assert registry_of(RunMetrics(table)).get_sample_value(
         "laggard_straggler_active", {"run": "", "rank": "7", "kind": "data"}) == 1
     clock.now += 2
-    assert registry_of(table).get_sample_value(
+    assert registry_of(RunMetrics(table)).get_sample_value(
         "laggard_straggler_active", {"run": "", "rank": "7", "kind": "data"}) is None
 
 
@@ -168,7 +169,7 @@ def test_bogus_ranks_expire_and_let_real_ones_in():
     assert table.rejected["rank_limit"] == 1
     clock.now += 61
     table.ingest(StepRecord(rank=0, world_size=2, step=1).encode())
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_steps_total", {"run": "", "rank": "0"}) == 1
     assert r.get_sample_value("laggard_intake_ranks") == 1
 
@@ -182,7 +183,7 @@ def test_a_job_restart_resets_the_rank_and_the_job_state():
     table.ingest(WindowReport(step=102, world_size=4, scores={1: 5.0}, findings=[flag]).encode())
     # The job restarts from a checkpoint: steps go back; the old flag and counts go.
     table.ingest(StepRecord(rank=1, world_size=4, step=50).encode())
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_steps_total", {"run": "", "rank": "1"}) == 1
     assert r.get_sample_value("laggard_straggler_active",
                               {"run": "", "rank": "1", "kind": "compute"}) is None
@@ -192,7 +193,7 @@ def test_a_job_restart_resets_the_rank_and_the_job_state():
     table.ingest(WindowReport(step=60, world_size=4, findings=[flag0]).encode())
     table.ingest(WindowReport(step=61, world_size=2, scores={1: 0.1}).encode())
     table.ingest(StepRecord(rank=1, world_size=2, step=51).encode())
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_straggler_active",
                               {"run": "", "rank": "0", "kind": "compute"}) is None
     assert r.get_sample_value("laggard_intake_job_resets_total", {"reason": "restart"}) == 2

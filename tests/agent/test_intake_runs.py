@@ -4,7 +4,9 @@ from support import registry_of
 
 from laggard.agent.context import FindingLog
 from laggard.agent.gpu_index import GpuIndex
-from laggard.agent.intake import RANK_SAMPLES, RankTable
+from laggard.agent.run_metrics import RunMetrics
+from laggard.agent.run_state import RANK_SAMPLES
+from laggard.agent.run_table import RankTable
 from laggard.agent.sender import SenderIdentity
 from laggard.nvml.fake import FakeNvml
 from laggard.nvml.library import NvmlLibrary
@@ -35,7 +37,7 @@ def test_rank_zero_of_two_runs_are_two_ranks_and_world_sizes_do_not_restart_each
             table.ingest(_step("a", rank, 4, step, phases={"forward": 0.01}))
         for rank in range(2):
             table.ingest(_step("b", rank, 2, step, phases={"forward": 0.05}))
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_intake_runs") == 2
     assert r.get_sample_value("laggard_intake_ranks") == 6
     assert r.get_sample_value("laggard_steps_total", {"run": "a", "rank": "0"}) == 5
@@ -48,7 +50,7 @@ def test_rank_zero_of_two_runs_are_two_ranks_and_world_sizes_do_not_restart_each
 def test_an_old_sender_without_a_run_is_run_empty_string():
     table = RankTable(max_ranks=8, findings=FindingLog(), default_node="n0")
     table.ingest(StepRecord(rank=0, world_size=1, step=0).encode())
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_steps_total", {"run": "", "rank": "0"}) == 1
 
 
@@ -60,7 +62,7 @@ def test_window_reports_of_two_runs_flag_only_their_own_ranks():
     table.ingest(WindowReport(run="b", step=40, world_size=2, scores={1: 0.0}).encode())
     # b restarts (world size 3 now): a's flag and score stay.
     table.ingest(WindowReport(run="b", step=2, world_size=3, scores={1: 0.0}).encode())
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_straggler_active",
                               {"run": "a", "rank": "3", "kind": "compute"}) == 1
     assert r.get_sample_value("laggard_straggler_active",
@@ -77,7 +79,7 @@ def test_a_restart_is_per_run():
         table.ingest(_step("a", 0, 2, step))
         table.ingest(_step("b", 0, 2, step))
     table.ingest(_step("b", 0, 2, 0))  # b resumed from step 0
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_steps_total", {"run": "a", "rank": "0"}) == 3
     assert r.get_sample_value("laggard_steps_total", {"run": "b", "rank": "0"}) == 1
     assert r.get_sample_value("laggard_intake_ranks_forgotten_total", {"reason": "restart"}) == 1
@@ -90,7 +92,7 @@ def test_ten_thousand_runs_from_one_sender_are_refused_and_counted_never_another
     for i in range(10_000):
         table.ingest(_step(f"flood-{i}", 0, 1, 0, phases={"forward": 0.01}))
     table.ingest(_step("victim", 0, 1, 3, phases={"forward": 0.01}))
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_intake_runs") == 16
     assert r.get_sample_value("laggard_intake_rejected_total", {"reason": "run_limit"}) \
         == 10_000 - 15
@@ -105,7 +107,7 @@ def test_ten_thousand_runs_from_one_pid_move_its_rank_and_leave_the_rest_alone()
     flooder = SenderIdentity(pid=666)
     for i in range(10_000):
         table.ingest(_step(f"flood-{i}", 0, 1, 0), flooder)
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     # One rank, one run at a time for the flooder: each new run takes its rank away from the last.
     assert r.get_sample_value("laggard_intake_runs") == 2
     assert r.get_sample_value("laggard_intake_ranks_forgotten_total", {"reason": "moved"}) \
@@ -125,7 +127,7 @@ def test_a_rank_that_changes_run_mid_way_moves_and_is_counted():
         table.ingest(_step("a", 0, 2, step), SenderIdentity(pid=1233))
     for step in range(2):
         table.ingest(_step("b", 1, 4, step), sender)
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_steps_total", {"run": "a", "rank": "1"}) is None
     assert r.get_sample_value("laggard_steps_total", {"run": "a", "rank": "0"}) == 5
     assert r.get_sample_value("laggard_steps_total", {"run": "b", "rank": "1"}) == 2
@@ -147,7 +149,7 @@ def test_a_run_over_its_fair_share_gives_ranks_back_when_another_run_needs_room(
     assert table.run_series()["greedy"] == budget  # alone, it may use it all
     for rank in range(20):
         table.ingest(_step("small", rank, 20, 0))
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     series = table.run_series()
     assert series["small"] == 20 * RANK_SAMPLES
     assert series["greedy"] == 20 * RANK_SAMPLES
@@ -171,7 +173,7 @@ def test_runs_expire_with_their_ranks():
     clock.now += 30
     table.ingest(_step("b", 0, 1, 0))
     clock.now += 40
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_intake_runs") == 1
     assert r.get_sample_value("laggard_intake_runs_forgotten_total", {"reason": "stale"}) == 1
     assert r.get_sample_value("laggard_steps_total", {"run": "b", "rank": "0"}) == 1
@@ -188,7 +190,7 @@ def test_rank_info_names_the_gpu_from_the_uuid_or_the_pci_bus_id():
     # A PCI id NVML does not know: gpu="" and counted, the rank's other series as usual.
     table.ingest(_step("a", 2, 3, 0, local_rank=2, pci_bus_id="00000000:EE:00.0"))
     table.ingest(_step("a", 2, 3, 1, local_rank=2, pci_bus_id="00000000:EE:00.0"))
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     base = {"run": "a", "node": "n0", "world_size": "3"}
     assert r.get_sample_value("laggard_rank_info", {
         **base, "rank": "0", "local_rank": "0", "gpu": "2",
@@ -210,7 +212,7 @@ def test_without_nvml_the_gpu_label_is_empty_and_counted_once():
                       gpu_resolver=GpuIndex(NvmlLibrary(nvml)))
     for step in range(3):
         table.ingest(_step("a", 0, 1, step, uuid="GPU-x"))
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     assert r.get_sample_value("laggard_intake_gpu_unresolved_total", {"reason": "no_nvml"}) == 1
     assert r.get_sample_value("laggard_steps_total", {"run": "a", "rank": "0"}) == 3
 
@@ -220,7 +222,7 @@ def test_bad_sender_labels_never_reach_the_exposition():
     labels = {"run": "forged", "pod_uid": "p\x00\n" + "u" * 500, "Bad-Name": "x",
               **{f"z{i}": "v" for i in range(20)}}
     table.ingest(_step("a", 0, 1, 0), SenderIdentity(pid=1, labels=labels))
-    r = registry_of(table)
+    r = registry_of(RunMetrics(table))
     samples = [s for m in r.collect() if m.name == "laggard_rank_info" for s in m.samples]
     (sample,) = samples
     assert sample.labels["run"] == "a"

@@ -7,8 +7,9 @@ from prometheus_client import CollectorRegistry
 from support import wait_for
 
 from laggard.agent.context import FindingLog
-from laggard.agent.intake import RankTable, UdpIntake
+from laggard.agent.run_table import RankTable
 from laggard.agent.supervisor import Supervisor
+from laggard.agent.udp_intake import UdpIntake
 from laggard.wire import StepRecord
 
 

@@ -17,7 +17,8 @@ import pytest
 from support import registry_of, wait_for
 
 from laggard.agent.context import FindingLog
-from laggard.agent.intake import RankTable
+from laggard.agent.run_metrics import RunMetrics
+from laggard.agent.run_table import RankTable
 from laggard.agent.sender import SenderIdentity
 from laggard.agent.unix_intake import UnixIntake, bind_unix_datagram_socket, parse_id_list
 from laggard.agent.workload import WorkloadLabels
@@ -115,7 +116,7 @@ def test_a_sender_not_on_the_allow_list_is_refused_and_counted(socket_dir: Path)
         _send(path, RECORD)  # root is on the list
         assert wait_for(lambda: table.accepted == 1)
         assert table.senders == [SenderIdentity(pid=os.getpid(), uid=0, gid=os.getgid())]  # type: ignore[attr-defined]
-        assert registry_of(table).get_sample_value("laggard_intake_rejected_total",
+        assert registry_of(RunMetrics(table)).get_sample_value("laggard_intake_rejected_total",
                                          {"reason": "sender_not_allowed"}) == 1
     finally:
         intake.stop()

@@ -92,7 +92,8 @@ def test_bad_input_is_counted_never_raised():
 
 def test_the_agent_counts_a_rank_less_stage_imbalance_and_flags_no_rank():
     from laggard.agent.context import FindingLog
-    from laggard.agent.intake import RankTable
+    from laggard.agent.run_metrics import RunMetrics
+    from laggard.agent.run_table import RankTable
     from laggard.wire import WindowReport
 
     detector = StageBalance(PP)
@@ -101,7 +102,7 @@ def test_the_agent_counts_a_rank_less_stage_imbalance_and_flags_no_rank():
     table = RankTable(max_ranks=8, findings=findings, default_node="n0")
     table.ingest(WindowReport(step=40, world_size=4, findings=[finding.to_dict()]).encode())
     assert findings.counts() == {("straggler", "stage_imbalance", "warning"): 1}
-    names = {s.name for m in table.collect() for s in m.samples}
-    flagged = [s for m in table.collect() for s in m.samples
+    names = {s.name for m in RunMetrics(table).collect() for s in m.samples}
+    flagged = [s for m in RunMetrics(table).collect() for s in m.samples
                if s.name == "laggard_straggler_active"]
     assert flagged == [] and "laggard_intake_ranks" in names
