@@ -476,16 +476,7 @@ class GradientIntegrity:
 
     def _gather_received(self, bucket: int, gathered: Any, stage: int) -> None:
         rows = torch.stack(list(gathered)) if not isinstance(gathered, torch.Tensor) else gathered
-        fields = self._take_pending(bucket, stage, "allgather")
-        if not on_host(rows):
-            fields["recv"] = ChunkHashes(row_fingerprints(rows), (F_RECV_A, F_RECV_B, F_RECV_C))
-            fields[(F_NAN_RECV, F_INF_RECV)] = nonfinite_count_tensor(rows)
-            self._add(bucket, stage, "allgather", rows[0], fields)
-            return
-        fields[F_RECV_A], fields[F_RECV_B], fields[F_RECV_C] = chunk_sums(
-            row_fingerprints(rows).tolist())
-        fields[F_NAN_RECV], fields[F_INF_RECV] = nonfinite_counts(rows)
-        self._add(bucket, stage, "allgather", rows[0], fields)
+        self._rows_received(bucket, stage, "allgather", rows)
 
     def _alltoall_sent(self, bucket: int, payload: torch.Tensor, stage: int) -> None:
         if not on_host(payload):  # chunk_sums order: wrap, plain, weighted
@@ -501,17 +492,22 @@ class GradientIntegrity:
                        F_NAN_SENT: nan, F_INF_SENT: inf})
 
     def _alltoall_received(self, bucket: int, received: torch.Tensor, stage: int) -> None:
-        fields = self._take_pending(bucket, stage, "alltoall")
-        if not on_host(received):
-            fields["recv"] = ChunkHashes(row_fingerprints(received),
-                                          (F_RECV_A, F_RECV_B, F_RECV_C))
-            fields[(F_NAN_RECV, F_INF_RECV)] = nonfinite_count_tensor(received)
-            self._add(bucket, stage, "alltoall", received[0], fields)
+        self._rows_received(bucket, stage, "alltoall", received)
+
+    def _rows_received(self, bucket: int, stage: int, op: str, rows: torch.Tensor) -> None:
+        """The receiving side of a gather-like collective (all-gather, all-to-all): one
+        fingerprint per received row, chunk-summed as the sender's side was, and the rows'
+        NaN/Inf counts; on a device, kept as tensors and read one window late."""
+        fields = self._take_pending(bucket, stage, op)
+        if not on_host(rows):
+            fields["recv"] = ChunkHashes(row_fingerprints(rows), (F_RECV_A, F_RECV_B, F_RECV_C))
+            fields[(F_NAN_RECV, F_INF_RECV)] = nonfinite_count_tensor(rows)
+            self._add(bucket, stage, op, rows[0], fields)
             return
         fields[F_RECV_A], fields[F_RECV_B], fields[F_RECV_C] = chunk_sums(
-            row_fingerprints(received).tolist())
-        fields[F_NAN_RECV], fields[F_INF_RECV] = nonfinite_counts(received)
-        self._add(bucket, stage, "alltoall", received[0], fields)
+            row_fingerprints(rows).tolist())
+        fields[F_NAN_RECV], fields[F_INF_RECV] = nonfinite_counts(rows)
+        self._add(bucket, stage, op, rows[0], fields)
 
     def _result(self, bucket: int, result: torch.Tensor,
                 local: tuple[int, int] | torch.Tensor) -> None:
