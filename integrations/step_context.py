@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 
 class StepContext:
@@ -26,7 +26,7 @@ class StepContext:
         self._monitor._begin_step()
         return self
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> Literal[False]:
         if exc_type is None:
             self._monitor._end_step()
         return False  # the training code's exception passes through
@@ -57,7 +57,7 @@ class PhaseContext:
         self._start = self._clock()
         return self
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> Literal[False]:
         self._intervals.append((self._name, self._start, self._clock()))
         self._monitor.where = ("step", time.perf_counter())
         return False
@@ -83,7 +83,7 @@ class DevicePhaseContext(PhaseContext):
         self._start = self._clock()
         return self
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> Literal[False]:
         end = self._clock()
         try:
             self._device.phase_mark("end", self._name)
