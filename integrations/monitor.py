@@ -77,7 +77,7 @@ from laggard.integrations.participants import (
     WindowOutcome,
 )
 from laggard.integrations.phases import step_times
-from laggard.integrations.run_identity import agree_run, resolve_run
+from laggard.integrations.run_identity import job_run
 from laggard.integrations.step_context import DevicePhaseContext, PhaseContext, StepContext
 from laggard.integrations.step_table import WORK_NOTES, StepTable
 from laggard.integrations.window_gather import WindowGather, analyse_window
@@ -209,7 +209,8 @@ class TrainingMonitor:
         self._gather = None if dist_mod is None else WindowGather(
             dist_mod, group, world_size=self.world_size, node=self.node,
             local_rank=self.local_rank, make_gloo_group=self._detect)
-        self.run = self._agree_run(dist_mod)
+        self.run = job_run(cfg.run, os.environ, dist_mod, self._gather_group(),
+                           agree=self._detect, count_error=self._internal_error)
         clock = device_discovery.resolve_phase_clock(
             cfg.phase_clock, device=device, model=model, dist_mod=dist_mod,
             comm_timer=comm_timer, window_steps=cfg.window_steps,
@@ -244,19 +245,6 @@ class TrainingMonitor:
     def _gather_group(self) -> Any:
         """The gather's process group (None: the default group)."""
         return self._gather.group if self._gather is not None else self._group
-
-    def _agree_run(self, dist_mod: Any) -> str:
-        """The run id every rank uses: rank 0's, broadcast over the gather group (a
-        collective: every rank builds its monitor at the same point); without detection or a
-        process group, what this rank's config and environment say ("" if nothing)."""
-        resolved = resolve_run(self.config.run or None, os.environ)
-        if dist_mod is None or self.world_size <= 1 or not self._detect:
-            return resolved or ""
-        try:
-            return agree_run(resolved, dist_mod, self._gather_group())
-        except Exception as exc:  # noqa: BLE001 - a failed broadcast loses the id, not the job
-            self._internal_error("run", exc)
-            return resolved or ""
 
     def _start_heartbeat(self, dist_mod: Any) -> None:
         """Start the heartbeat threads (:mod:`laggard.integrations.heartbeat`); never
