@@ -156,6 +156,7 @@ class TrainingMonitor:
             ``mesh``, ``Config.peer_groups``, or every rank: ``source == "all"``).
     """
 
+    #: ``TrainingMonitor.Config(...)``: the configuration, kept in ``monitor_config.py``.
     Config = MonitorConfig
 
     def __init__(
