@@ -123,7 +123,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed import distributed_c10d
 
     store = dist.PrefixStore("laggard/bench/", distributed_c10d._get_default_store().clone())
-    sock = monitor._sock
+    sock = monitor._agent.sock
     start = time.process_time()
     for _ in range(500):
         payload = heartbeat_datagram(take_snapshot(monitor), rank=rank, world_size=2, run="b",

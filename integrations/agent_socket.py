@@ -1,11 +1,13 @@
-"""Where a training process sends its datagrams: the node agent's Unix socket, else UDP.
+"""Where a training process sends its datagrams: the agent's socket (a Unix datagram socket),
+else UDP on loopback.
 
-The agent's default intake is a Unix datagram socket (``/run/laggard/intake.sock``; in
-Kubernetes the DaemonSet's hostPath mounted into the training pod), where the kernel tells the
-agent each sender's pid and uid. The target comes from the ``LAGGARD_INTAKE`` environment
-variable, else from the monitor's configuration: a socket path (``/run/...`` or ``unix:PATH``)
-or a UDP ``host:port``, used as given. A socket that cannot be connected (no agent yet, a node
-without the socket) falls back to UDP on loopback, and the socket is tried again on later sends.
+The agent's socket, its default intake, is a Unix datagram socket
+(``/run/laggard/intake.sock``; in Kubernetes the DaemonSet's hostPath mounted into the training
+pod), where the kernel tells the agent each sender's pid and uid. The target comes from the
+``LAGGARD_INTAKE`` environment variable, else from the monitor's configuration: a socket path
+(``/run/...`` or ``unix:PATH``) or a UDP ``host:port``, used as given. A socket that cannot be
+connected (no agent yet, a node without the socket) falls back to UDP on loopback, and the
+socket is tried again on later sends.
 
 Never blocks and never raises on a send it can count: :class:`AgentSocket` is non-blocking
 (``BlockingIOError`` when the agent's queue is full, as with UDP) and reconnects, at most once a

@@ -7,7 +7,7 @@ and PCI bus id. This module finds both on the training side:
 * :func:`resolve_run` (pure): ``TrainingMonitor.Config(run=...)``, else ``TORCHELASTIC_RUN_ID``
   (torchrun's rendezvous id), else ``SLURM_JOB_ID`` (with ``.SLURM_STEP_ID``), else None;
 * :func:`agree_run` (one collective at start): every rank takes rank 0's id, which rank 0 makes
-  when nothing above named one;
+  when nothing above named one; :func:`job_run` chooses between the two for the monitor;
 * :func:`device_identity`: the UUID and PCI bus id of a CUDA device, None on CPU.
 
 No torch import at module level: :func:`resolve_run` works anywhere.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid as uuid_mod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +89,24 @@ def agree_run(resolved: str | None, dist: Any, group: Any = None) -> str:
     dist.broadcast_object_list(box, src=src, group=group)
     # What arrives is another rank's pickled object: check it as the agent would.
     return sanitise_run(str(box[0])) if box[0] else ""
+
+
+def job_run(config_run: str, env: Mapping[str, str], dist: Any, group: Any, *, agree: bool,
+            count_error: Callable[[str, BaseException], None]) -> str:
+    """The run id a monitor uses: with ``agree`` (a monitor that gathers windows), rank 0's,
+    broadcast over ``group`` (:func:`agree_run`, a collective: every rank builds its monitor at
+    the same point); else what this rank's config and environment say (:func:`resolve_run`;
+    "" if nothing). A failed broadcast is counted (``count_error("run", exc)``) and loses the
+    agreement, not the job: the rank's own id is used.
+    """
+    resolved = resolve_run(config_run or None, env)
+    if dist is None or not agree:
+        return resolved or ""
+    try:
+        return agree_run(resolved, dist, group)
+    except Exception as exc:  # noqa: BLE001 - a failed broadcast loses the id, not the job
+        count_error("run", exc)
+        return resolved or ""
 
 
 @dataclass(frozen=True, slots=True)

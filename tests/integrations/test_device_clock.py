@@ -16,7 +16,7 @@ from fake_cuda import FakeCuda
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from laggard.integrations import monitor as monitor_module  # noqa: E402
+from laggard.integrations import device_discovery  # noqa: E402
 from laggard.integrations.comm_timing import CommTimer  # noqa: E402
 from laggard.integrations.device_clock import DeviceClock  # noqa: E402
 from laggard.integrations.monitor import TrainingMonitor  # noqa: E402
@@ -328,7 +328,7 @@ def test_refusals_fall_back_to_the_wall_clock_counted_and_logged_once(monkeypatc
         def get_backend(self, group=None):
             return "mpi"
 
-    monkeypatch.setattr(monitor_module, "_initialized_dist", lambda: OtherDist())
+    monkeypatch.setattr(device_discovery, "initialized_dist", lambda: OtherDist())
     monitor = TrainingMonitor(config, device=FakeCuda())
     assert monitor.phase_clock == "wall" and monitor.stats.device_fallbacks == 1
     # an Event that cannot be made (no driver)
@@ -337,7 +337,7 @@ def test_refusals_fall_back_to_the_wall_clock_counted_and_logged_once(monkeypatc
         def Event(self, enable_timing=False):  # noqa: N802
             raise RuntimeError("CUDA driver initialization failed")
 
-    monkeypatch.setattr(monitor_module, "_initialized_dist", lambda: None)
+    monkeypatch.setattr(device_discovery, "initialized_dist", lambda: None)
     monitor = TrainingMonitor(config, device=NoDriver())
     assert monitor.phase_clock == "wall" and monitor.stats.device_fallbacks == 1
     with monitor.step():

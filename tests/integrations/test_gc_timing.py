@@ -137,7 +137,7 @@ def test_a_collection_in_forward_leaves_forward_for_the_gc_phase(receiver, no_au
     assert record.phases["gc"] > 0 and record.phases["forward"] >= 0
     assert monitor.stats.gc.collections[1] == 1
     # the step's window columns: the pause and the generation
-    window = summarize_window(monitor._steps[:, :1])
+    window = summarize_window(monitor._table.values[:, :1])
     assert window["gc_seconds"] == pytest.approx(record.phases["gc"])
     assert window["gc_generation"] == 1
     assert window["compute_seconds"] == pytest.approx(
@@ -174,7 +174,7 @@ def test_a_monitor_dropped_without_close_leaves_gc_callbacks(receiver):
     before = len(gc.callbacks)
     monitor = _monitor(receiver)
     assert len(gc.callbacks) == before + 1
-    monitor._sock.close()
+    monitor._agent.sock.close()
     del monitor
     gc.collect()
     assert len(gc.callbacks) == before

@@ -186,10 +186,10 @@ class _FailingSocket:
 
 def test_full_socket_buffer_and_socket_errors_are_counted(receiver):
     monitor = _monitor(receiver.getsockname()[1])
-    monitor._sock = _FailingSocket(BlockingIOError(11, "EAGAIN"))
+    monitor._agent.sock = _FailingSocket(BlockingIOError(11, "EAGAIN"))
     with monitor.step():
         pass
-    monitor._sock = _FailingSocket(OSError(101, "Network is unreachable"))
+    monitor._agent.sock = _FailingSocket(OSError(101, "Network is unreachable"))
     with monitor.step():
         pass
     assert (monitor.stats.send_dropped, monitor.stats.send_errors) == (1, 1)
@@ -289,12 +289,12 @@ def test_rank0_logs_a_straggler_once_when_raised_and_once_when_cleared(receiver,
 
 
 def test_other_findings_log_their_evidence_fields_in_words():
-    from laggard.integrations.monitor import _evidence_text
+    from laggard.integrations.finding_log import evidence_text
 
-    text = _evidence_text({"slowdown": 0.123456, "threshold": 0.1, "ranks": 4,
+    text = evidence_text({"slowdown": 0.123456, "threshold": 0.1, "ranks": 4,
                            "gpu_state": {"reason": "x"}, "cause": None})
     assert text == "evidence: slowdown 0.1235, threshold 0.1, ranks 4"
-    assert _evidence_text({}) == "evidence: none"
+    assert evidence_text({}) == "evidence: none"
 
 
 @pytest.mark.slow
@@ -510,7 +510,7 @@ def test_tokens_and_samples_are_noted_on_every_rank_per_step_and_bad_ones_counte
                     monitor.note("tokens", n)
                 if step == 0:
                     monitor.note("samples", torch.tensor(8))  # a 1-element tensor is a number
-    rows = {name: monitor._steps[STEP_COLUMN_NAMES.index(name), :4].tolist()
+    rows = {name: monitor._table.values[STEP_COLUMN_NAMES.index(name), :4].tolist()
             for name in ("tokens", "samples")}
     assert rows["tokens"][:3] == [1000.0, pytest.approx(float("nan"), nan_ok=True), 1000.0]
     assert rows["tokens"][3] != rows["tokens"][3]  # only bad notes: not noted

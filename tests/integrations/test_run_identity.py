@@ -16,6 +16,7 @@ from laggard.integrations.run_identity import (
     DeviceIdentity,
     agree_run,
     device_identity,
+    job_run,
     new_run_id,
     resolve_run,
 )
@@ -56,6 +57,26 @@ def test_agree_run_without_a_process_group_keeps_or_makes_one():
     dist = SimpleNamespace(is_available=lambda: True, is_initialized=lambda: False)
     assert agree_run("abc", dist) == "abc"
     assert check_run(agree_run(None, dist))
+
+
+def test_job_run_agrees_only_when_asked_and_a_failed_broadcast_keeps_the_ranks_own():
+    errors: list[str] = []
+    env = {"TORCHELASTIC_RUN_ID": "elastic-1"}
+
+    def count(where: str, exc: BaseException) -> None:
+        errors.append(where)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("connection reset")
+
+    dist = SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,
+                           get_world_size=lambda group=None: 2, get_rank=lambda group=None: 1,
+                           broadcast_object_list=broken)
+    assert job_run("", env, None, None, agree=True, count_error=count) == "elastic-1"
+    assert job_run("mine", env, dist, None, agree=False, count_error=count) == "mine"
+    assert job_run("", {}, dist, None, agree=False, count_error=count) == ""
+    assert job_run("", env, dist, None, agree=True, count_error=count) == "elastic-1"
+    assert errors == ["run"]
 
 
 def test_agree_run_on_a_real_three_rank_gloo_job(tmp_path):

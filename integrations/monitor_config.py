@@ -1,0 +1,199 @@
+"""The monitor's configuration and its counters: :class:`MonitorConfig` (torchtitan's pattern, a
+dataclass with a docstring under every field, checked in ``__post_init__``) and
+:class:`MonitorStats`. The monitor is :mod:`laggard.integrations.monitor`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from laggard.integrations.agent_socket import check_intake_target
+from laggard.wire import DEFAULT_INTAKE_SOCKET
+
+#: Every accepted ``MonitorConfig.phase_clock`` (docs/gpu.md says what each measures).
+PHASE_CLOCK_NAMES = ("auto", "device", "thread_cpu", "wall")
+
+
+@dataclass(slots=True)
+class MonitorStats:
+    """Counters of what the monitor did (``TrainingMonitor.stats``); read them, they are never
+    reset.
+
+    Attributes:
+        records_sent: StepRecord datagrams handed to the kernel.
+        send_dropped: datagrams dropped because the socket buffer was full (``EAGAIN``).
+        send_errors: datagrams that failed otherwise (agent down: ``ECONNREFUSED``, no route...).
+        windows: detection windows gathered.
+        gather_errors: failed gathers (detection is switched off after the first).
+        save_errors: windows that could not be appended to ``Config.windows_path``.
+        internal_errors: the monitor's own bookkeeping failures (a bug; logged once).
+        device_fallbacks: times the device clock was refused at construction (no CUDA, a
+            model on several devices, a backend neither NCCL nor gloo, no event pool) or a
+            step fell back to the CPU clock (a switched stream, a missing event); each reason
+            is logged once.
+        device_pending: steps whose device events were still pending at their window's
+            gather (their device columns NaN, the CPU clock used).
+        heartbeat: the heartbeat threads' counters (:class:`~laggard.integrations.heartbeat.
+            HeartbeatStats`: datagrams, store writes and reads, bad keys, hangs reported);
+            None with the heartbeat and the store exchange off.
+        bad_notes: ``note("tokens" | "samples", value)`` calls whose value was not a finite
+            number >= 0 (negative, NaN, infinite, a bool, not a number): ignored.
+        gc: the GC timer's counters (:class:`~laggard.integrations.gc_timing.GcStats`:
+            collections per generation, other threads' and between-step collections); None
+            with ``Config(gc_timing=False)``.
+    """
+
+    records_sent: int = 0
+    send_dropped: int = 0
+    send_errors: int = 0
+    windows: int = 0
+    gather_errors: int = 0
+    save_errors: int = 0
+    internal_errors: int = 0
+    device_fallbacks: int = 0
+    device_pending: int = 0
+    heartbeat: Any = None
+    bad_notes: int = 0
+    gc: Any = None
+
+
+@dataclass(kw_only=True, slots=True)
+class MonitorConfig:
+    """Configuration of :class:`~laggard.integrations.monitor.TrainingMonitor` (also reached as
+    ``TrainingMonitor.Config``); every field is checked at construction.
+
+    Raises:
+        ValueError: a field out of its range (each field says its range), an intake target
+            that is neither a socket path nor ``host:port``, an unknown ``phase_clock``.
+    """
+
+    agent_address: str = DEFAULT_INTAKE_SOCKET
+    """Where the node agent takes step records: the agent's socket, a Unix datagram socket (a
+    path, or ``unix:PATH``; the default, falling back to UDP on loopback, ``127.0.0.1:9478``,
+    while the socket is not there), or a UDP ``host:port``. ``$LAGGARD_INTAKE`` overrides it;
+    an empty string sends nothing (``laggard.integrations.agent_socket``)."""
+
+    run: str = ""
+    """The training run's id on every StepRecord and WindowReport (the ``run`` label of the
+    agent's series). Empty: ``$TORCHELASTIC_RUN_ID``, else ``$SLURM_JOB_ID`` (with
+    ``.$SLURM_STEP_ID``), else one rank 0 makes; rank 0's is broadcast so every rank agrees
+    (``laggard.integrations.run_identity``)."""
+
+    window_steps: int = 20
+    """K: steps per detection window (one ``all_gather`` every K steps)."""
+
+    detect: bool = True
+    """Gather windows and run the straggler detector; False sends step records only."""
+
+    straggler: Any = None
+    """``StragglerDetector.Config`` of the detector on rank 0; None for its defaults."""
+
+    peer_groups: Sequence[Sequence[int]] | None = None
+    """Ranks doing the same work, compared only with each other (a partition of
+    ``range(world_size)``: every rank in exactly one group; checked at construction); a
+    heavier group is a stage imbalance, not a straggler (docs/integrations.md, "Peer
+    groups"). None: the ``mesh`` given to the monitor, else every rank in one group."""
+
+    history_windows: int = 256
+    """Window records rank 0 keeps: their width-1 columns, an R x C float64 table each (R ranks,
+    C = the 16 step columns of ``laggard.detectors.window.STEP_COLUMNS`` plus the participants'
+    width-1 columns)."""
+
+    node: str = ""
+    """``node`` of the StepRecords; defaults to the host name."""
+
+    phase_clock: str = "auto"
+    """What phases measure (docs/gpu.md): ``"wall"`` (``time.perf_counter``: on a GPU,
+    the time the CPU took to *launch* the phase's kernels; the exposed collective wait is
+    moved out of the phase it fell in), ``"thread_cpu"`` (``time.thread_time``, CPU
+    seconds of the training thread: for CPU-only emulations whose ranks share cores, where
+    wall time mostly measures the scheduler; nothing is moved), ``"device"`` (a pooled
+    timing event on the current stream at each phase boundary, read without blocking,
+    beside the wall clock; the detector ranks ``max(device, wall)`` per phase, and the
+    window's device columns are gathered one window late), or ``"auto"``: ``"device"``
+    when the job's tensors are on CUDA (``model`` on a CUDA device, a ``device`` module
+    given, or ``torch.cuda`` initialised), else ``"wall"``. Step time and collective
+    times stay wall time."""
+
+    gc_timing: bool = True
+    """Time the training thread's Python garbage collections (``gc.callbacks``,
+    :mod:`laggard.integrations.gc_timing`; two clock reads per collection): each phase loses
+    the collections that fell in it to a phase ``"gc"`` (on the CPU clocks), and the window
+    gets ``gc_seconds`` and ``gc_generation``, from which a straggler slowed by its
+    collections is reported as ``kind="gc"`` rather than as a slow GPU."""
+
+    link_probe_bytes: int | None = None
+    """Payload of the per-window link probe (``laggard.integrations.link_probe``): each
+    rank times a round trip to its ring successor so rank 0 can name a slow link. None:
+    256 KiB when a tracer is given, else off; 0: off."""
+
+    link: Any = None
+    """``laggard.detectors.link.LinkDetector.Config`` for rank 0; None for defaults."""
+
+    windows_path: str = ""
+    """On rank 0, append every gathered window to this file as one JSON line (step,
+    ``stat_names``, per-rank values, scores, findings raised or cleared, and the values
+    given to :meth:`TrainingMonitor.note`): what ``laggard report WINDOWS.jsonl --html``
+    reads. Empty: nothing is written. A write error is counted and logged once."""
+
+    integrity: Any = None
+    """A ``laggard.integrations.integrity.GradientIntegrity`` whose window fingerprints ride
+    in this gather (its ``integrity_words`` column, int64), checked on every rank so its
+    policy acts alike everywhere; None: no integrity check."""
+
+    device_pool_events: int = 1024
+    """Timing events the device clock makes up front (never on the hot path). A step takes
+    2 per phase, 1 per DDP model and 2 per FSDP2 wait point (4 per FSDP2 unit and step,
+    about); a few steps are in flight at once. An empty pool leaves steps on the CPU clock,
+    counted."""
+
+    heartbeat_seconds: float = 1.0
+    """Seconds between two heartbeat datagrams to the agent, sent by a daemon thread
+    whatever the training thread does (:mod:`laggard.integrations.heartbeat`); 0: none."""
+
+    hang_store_seconds: float = 2.0
+    """Seconds between two writes of this rank's state to the job's ``torch.distributed``
+    store, from which rank 0 names the ranks that hold a hung job up (its own daemon
+    thread); 0: no in-job hang attribution."""
+
+    hang_store_writes_per_second: float = 500.0
+    """Store writes per second the job's ranks make together at most: in a job of more
+    than ``hang_store_seconds x`` this many ranks the interval is ``world_size /`` it
+    (16,384 ranks: 33 s)."""
+
+    hang_seconds: float | None = None
+    """A job whose ranks have all made no progress for this long, seconds, with ranks the
+    hang rules name, is reported hung (rank 0: one ``laggard.hang`` log line, ``on_hang``);
+    None: ``max(10, 5 x`` rank 0's typical step)."""
+
+    on_hang: Callable[[Any], Any] | None = None
+    """Called on rank 0, on the store thread, once per hang episode with a
+    :class:`~laggard.integrations.heartbeat.HangReport` (verdict, step, seconds since
+    progress, message); what it raises is counted and ignored."""
+
+    def __post_init__(self) -> None:
+        for name in ("heartbeat_seconds", "hang_store_seconds"):
+            value = getattr(self, name)
+            if not (value == 0 or 0.05 <= value <= 3600):
+                raise ValueError(f"{name} must be 0 (off) or in [0.05, 3600]")
+        if not self.hang_store_writes_per_second > 0:
+            raise ValueError("hang_store_writes_per_second must be > 0")
+        if self.hang_seconds is not None and not self.hang_seconds > 0:
+            raise ValueError("hang_seconds must be > 0 (or None)")
+        if not 2 <= self.device_pool_events <= 1 << 20:
+            raise ValueError("device_pool_events must be in [2, 2**20]")
+        if self.agent_address:
+            check_intake_target(self.agent_address)
+        if not 2 <= self.window_steps <= 10_000:
+            raise ValueError(f"window_steps {self.window_steps} outside [2, 10000]")
+        if self.history_windows < 0:
+            raise ValueError("history_windows must be >= 0")
+        if self.link_probe_bytes is not None and not 0 <= self.link_probe_bytes <= 64 << 20:
+            raise ValueError("link_probe_bytes must be in [0, 64 MiB]")
+        if self.phase_clock not in PHASE_CLOCK_NAMES:
+            raise ValueError(f"phase_clock must be one of {list(PHASE_CLOCK_NAMES)}")
+
+
+__all__ = ["PHASE_CLOCK_NAMES", "MonitorConfig", "MonitorStats"]
