@@ -160,7 +160,8 @@ def _entry_seconds(entry: dict[str, Any]) -> float | None:
 def _torch_fr_dump() -> str:
     import torch
 
-    return str(torch._C._distributed_c10d._dump_fr_trace_json(
+    # private, absent from torch's stubs
+    return str(torch._C._distributed_c10d._dump_fr_trace_json(  # type: ignore[attr-defined]
         includeCollectives=True, onlyActive=False))
 
 

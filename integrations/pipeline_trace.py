@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from laggard.integrations.collective_bytes import tensor_bytes
 
@@ -99,8 +99,9 @@ def instrument_pipeline(tracer: CollectiveTracer) -> PipelineInstrumentation:
         return PipelineInstrumentation(tracer)
     if all(getattr(f, "_laggard_tracer", None) is tracer for f in current):
         return PipelineInstrumentation(tracer, schedules, (current[0], current[1]))
-    batch, wait = (getattr(f, "__wrapped__", f) if hasattr(f, "_laggard_tracer") else f
-                   for f in current)
+    # all callable (checked above); a wrapper of another tracer is unwrapped to torch's own
+    batch, wait = (cast("Callable[..., Any]", getattr(f, "__wrapped__", f)
+                        if hasattr(f, "_laggard_tracer") else f) for f in current)
     wrappers = (_traced_batch(batch, tracer), _traced_wait(wait, tracer))
     for name, wrapper in zip(PIPELINE_FUNCTIONS, wrappers, strict=True):
         setattr(schedules, name, wrapper)
