@@ -46,7 +46,8 @@ from laggard.demo.injections import (
 )
 from laggard.demo.model import BUCKET_CAP_MB, ByteBatches, ByteLM, load_stdlib_text, split_stages
 from laggard.integrations.monitor import TrainingMonitor
-from laggard.integrations.trace_sources import instrument_pipeline, wire_bytes
+from laggard.integrations.trace_ops import wire_bytes
+from laggard.integrations.trace_sources import instrument_pipeline
 from laggard.integrations.tracer import CollectiveTracer
 
 #: Pipeline stages (the mesh's ``pp`` size).

@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from laggard.integrations.collective_bytes import ring_allreduce_bytes, tensor_bytes
 from laggard.integrations.device_events import PendingIntervals
-from laggard.integrations.tracer import union_seconds
+from laggard.integrations.trace_records import union_seconds
 from laggard.wire import CollectiveTiming
 
 if TYPE_CHECKING:

@@ -69,7 +69,7 @@ STALL_START, STALL_END = "stall_start", "stall_end"
 
 class StepCollectives(Protocol):
     """One step's collectives as :class:`~laggard.integrations.comm_timing.CommStep` and
-    :class:`~laggard.integrations.tracer.TraceStep` give them (seconds, bytes)."""
+    :class:`~laggard.integrations.trace_records.TraceStep` give them (seconds, bytes)."""
 
     @property
     def exposed_seconds(self) -> float: ...

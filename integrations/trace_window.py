@@ -26,7 +26,8 @@ from laggard.integrations.link_probe import PROBE_COLUMN
 from laggard.integrations.participants import MonitorContext, WindowOutcome, WindowParticipant
 
 if TYPE_CHECKING:
-    from laggard.integrations.tracer import CollectiveTracer, TraceStep
+    from laggard.integrations.trace_records import TraceStep
+    from laggard.integrations.tracer import CollectiveTracer
 
 #: The window record's column of the tracer's block.
 TRACE_COLUMN = "trace_group_seconds"
@@ -110,7 +111,7 @@ class TraceParticipant(WindowParticipant):
 
     Attributes:
         groups: on rank 0, the last window's ``(label, GroupWait)`` per watched group.
-        last_step: the latest :class:`~laggard.integrations.tracer.TraceStep`.
+        last_step: the latest :class:`~laggard.integrations.trace_records.TraceStep`.
         detector: the :class:`~laggard.detectors.link.LinkDetector` (rank 0 only).
     """
 

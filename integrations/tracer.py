@@ -48,25 +48,26 @@ their waits as *exposed P2P wait* per peer (:attr:`TraceStep.p2p_wait_seconds`, 
 ``p2p_wait_seconds``, taken out of compute on the wall clock); plain ``isend`` / ``irecv`` go
 through :meth:`CollectiveTracer.track` with ``peer=`` and :meth:`CollectiveTracer.wait`.
 
-**Progress per group** (for the heartbeat, :mod:`laggard.integrations.heartbeat`): per watched
-group a sequence number of the collectives this rank issued, the completed count in issue order
-(the highest ``n`` such that ``1..n`` completed), the last op, and the monotonic
-(``time.perf_counter``) times of the last issue and completion, read as ages
-(:class:`TracerProgress`: the wire's :class:`laggard.wire.GroupProgress` and the group's
-members); point-to-point ``send`` /
-``recv`` (``track(..., peer=R)``) counted per (group, peer) pair, never in the group's own
-count, since P2P sequence numbers count per pair and their completion is not a watermark
-(``../shared/ENVIRONMENT.md``, flight-recorder format facts). :meth:`CollectiveTracer.progress`
-copies these few integers under the tracer's short lock, from any thread. Python-side sources
-count at issue (``begin``, ``timed``, ``track``, :meth:`CollectiveTracer.issue` from the DDP
-hook); the backend-side ones (completion hook, flight recorder) only see completions, and a
-group they alone feed is counted issued and completed at once.
+**Progress per group** (for the heartbeat): issued and completed counts per watched group and
+per P2P pair, counted by :mod:`laggard.integrations.trace_progress`; the records the tracer
+fills (:class:`GroupInfo`, :class:`TraceStep`, :class:`TracerProgress`) are in
+:mod:`laggard.integrations.trace_records`.
 
 Memory is bounded: at most ``Config.max_in_flight`` collectives in flight (a collective that has
 not completed after ``Config.stall_seconds`` is dropped and counted in ``never_completed``) and
 at most ``Config.max_completed`` completed ones between two :meth:`take_step` calls. Bad input (a
 group created after the tracer, a group this rank is not in, an unknown backend) is counted in
 :attr:`CollectiveTracer.stats`, logged once, and never raises.
+
+This module is over 600 lines as **one cohesive class**: every path of :class:`CollectiveTracer`
+(synchronous calls, ``Work`` futures, futureless P2P works, device events, backend-side
+records) begins and ends in the same in-flight table and completed queue under one short lock,
+and :meth:`CollectiveTracer.take_step` drains them all at once; split across modules, that
+private state and its locking would be handed between them. What is not that state lives
+apart: the records (:mod:`laggard.integrations.trace_records`), the progress counters
+(:mod:`laggard.integrations.trace_progress`), the device event pool
+(:mod:`laggard.integrations.device_events`) and the sources
+(:mod:`laggard.integrations.trace_sources`).
 """
 
 from __future__ import annotations
@@ -78,203 +79,25 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from laggard.wire import CollectiveTiming, GroupProgress, group_desc
+from laggard.integrations.trace_progress import IssueHandle, ProgressTable
+from laggard.integrations.trace_records import (
+    P2P_OPS,
+    GroupInfo,
+    GroupStep,
+    TracerProgress,
+    TraceStep,
+    union_seconds,
+)
+from laggard.log_once import LogOnce
+from laggard.wire import CollectiveTiming
 
 log = logging.getLogger(__name__)
 
 #: Backends whose collectives a source of this package can time.
 KNOWN_BACKENDS = frozenset({"gloo", "nccl", "fake", "cpu:gloo,cuda:nccl"})
-
-
-@dataclass(frozen=True, slots=True)
-class GroupInfo:
-    """One watched process group.
-
-    Attributes:
-        index: position in :attr:`CollectiveTracer.groups` (the same on every rank when every
-            rank creates its groups in the same order, as torch.distributed requires).
-        name: torch's group name (``"0"`` for the default group).
-        backend: ``gloo``, ``nccl``... as ``torch.distributed.get_backend`` says.
-        ranks: the group's members as global ranks, in group-rank order.
-    """
-
-    index: int
-    name: str
-    backend: str
-    ranks: tuple[int, ...]
-    desc: str = ""
-
-    @property
-    def label(self) -> str:
-        """Short label for reports: ``world`` or ``g<index>[r0,r1,...]``."""
-        return f"g{self.index}[{','.join(map(str, self.ranks))}]"
-
-    @property
-    def key(self) -> str:
-        """The group's name on the wire, the same on every member and unique in the job:
-        ``DESC:NAME`` (torch's ``group_desc`` and ``group_name``: ``dp:3``,
-        ``default_pg:0``), ``pgNAME`` without a description; at most
-        :data:`MAX_GROUP_KEY_LEN` characters. ``index`` and ``label`` are not: a rank numbers
-        only the groups it is in (ranks 0 and 2 of two TP pairs both call theirs index 1)."""
-        desc = "" if self.desc in ("", "undefined") else self.desc
-        if not desc:
-            return f"pg{self.name}"[:MAX_GROUP_KEY_LEN]
-        room = MAX_GROUP_KEY_LEN - len(self.name) - 1
-        return f"{desc[:room]}:{self.name}" if room > 0 else self.name[:MAX_GROUP_KEY_LEN]
-
-    @property
-    def short_desc(self) -> str:
-        """What a person calls the group: its description (``dp``), else ``pgNAME``."""
-        return group_desc(self.key)
-
-
-#: Longest group key (the wire's name limit).
-MAX_GROUP_KEY_LEN = 64
-#: P2P pairs (group, peer) whose progress is kept; beyond it new pairs are not counted.
-MAX_P2P_PAIRS = 16
-#: Completions ahead of the issue-order watermark remembered per group (out-of-order
-#: completions, async work); beyond it the oldest gap is given up as completed.
-_MAX_AHEAD = 1024
-#: Ops counted per (group, peer) pair rather than in the group's sequence.
-P2P_OPS = frozenset({"send", "recv"})
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TracerProgress(GroupProgress):
-    """The wire's :class:`laggard.wire.GroupProgress` of one group (or P2P pair) as this rank's
-    tracer reads it, plus what only this process knows: the heartbeat sends the wire fields
-    as they are and keeps the rest for the hang store key.
-
-    The inherited fields: ``group`` is the group's :attr:`GroupInfo.key` (the same on every
-    member), ``issued`` / ``completed`` the sequence numbers (``completed <= issued``), ``op``
-    the last issued op, ``issued_age_seconds`` / ``completed_age_seconds`` the seconds from the
-    last issue / completion to the moment :meth:`CollectiveTracer.progress` was read (None:
-    none yet), ``peer`` the other rank of a P2P pair.
-
-    Attributes:
-        desc: the group's :attr:`GroupInfo.short_desc`, for messages.
-        ranks: its members (global ranks, group-rank order).
-        pending_age_seconds: seconds since the issue of the oldest collective not completed
-            (``completed + 1``); None when none is pending (or its time was dropped).
-    """
-
-    desc: str = ""
-    ranks: tuple[int, ...] = ()
-    pending_age_seconds: float | None = None
-
-
-class _Counter:
-    """One group's (or pair's) progress; mutated under the tracer's lock only."""
-
-    __slots__ = ("ahead", "completed", "completed_at", "issued", "issued_at", "op", "times")
-
-    def __init__(self) -> None:
-        self.issued = 0
-        self.completed = 0
-        self.op: str | None = None
-        self.issued_at: float | None = None
-        self.completed_at: float | None = None
-        self.ahead: set[int] = set()
-        self.times: dict[int, float] = {}  # seq -> issue time, for the collectives pending
-
-    def issue(self, op: str, now: float) -> int:
-        self.issued += 1
-        self.op = op
-        self.issued_at = now
-        self.times[self.issued] = now
-        if len(self.times) > 2 * _MAX_AHEAD:
-            del self.times[min(self.times)]  # bounded: the oldest pending's age is then unknown
-        return self.issued
-
-    @property
-    def pending_at(self) -> float | None:
-        return self.times.get(self.completed + 1) if self.issued > self.completed else None
-
-    def complete(self, seq: int, now: float) -> None:
-        if seq <= self.completed or seq > self.issued:
-            return  # already counted, or issued before a reset
-        self.completed_at = now
-        self.ahead.add(seq)
-        if len(self.ahead) > _MAX_AHEAD:
-            # a completion never reported (lost for good): give the oldest gap up, bounded
-            self.completed = min(self.ahead) - 1
-        while self.completed + 1 in self.ahead:
-            self.completed += 1
-            self.ahead.discard(self.completed)
-            self.times.pop(self.completed, None)
-        if len(self.times) > self.issued - self.completed:
-            self.times = {s: t for s, t in self.times.items() if s > self.completed}
-
-
-@dataclass(slots=True)
-class GroupStep:
-    """One group's collectives in one step on this rank.
-
-    Attributes:
-        count: collectives completed (P2P ``send`` / ``recv`` included).
-        seconds: sum of their issue-to-completion seconds, P2P ops left out
-            (:attr:`TraceStep.p2p_seconds` says why; their seconds are in ``by_op``).
-        bytes: bytes this rank put on the wire for them (bandwidth-optimal algorithm).
-        by_op: op -> [count, seconds, bytes].
-    """
-
-    count: int = 0
-    seconds: float = 0.0
-    bytes: int = 0
-    by_op: dict[str, list[float]] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class TraceStep:
-    """Every traced collective of one step on this rank.
-
-    Attributes:
-        groups: group index -> :class:`GroupStep`.
-        total_seconds: wall time during which a collective was in flight (union of intervals).
-        exposed_seconds: wall time the training thread spent blocked in synchronous collective
-            calls (union; FSDP2 on gloo issues its all-gathers synchronously).
-        bytes: bytes on the wire, all groups.
-        collectives: per op, count merged: op, seconds, bytes.
-        p2p_seconds: wall time during which a point-to-point ``send`` / ``recv`` was in flight
-            (union). P2P ops are kept out of ``total_seconds`` and of each group's
-            ``seconds`` (:class:`GroupStep`): a receive's issue-to-completion time includes
-            the sender's lateness, so the arrived-last rule of synchronous collectives does
-            not hold for it; they stay in ``by_op``, ``bytes`` and ``collectives``.
-        p2p_wait_seconds: exposed P2P wait: wall time the training thread was blocked waiting
-            for sends and receives (:meth:`CollectiveTracer.p2p_wait`; the pipeline schedules'
-            ``_wait_batch_p2p`` through :func:`~laggard.integrations.trace_sources.
-            instrument_pipeline`).
-        p2p_wait_by_peer: that wait per peer (global rank; None: a work of unknown peer).
-    """
-
-    groups: dict[int, GroupStep] = field(default_factory=dict)
-    total_seconds: float = 0.0
-    exposed_seconds: float = 0.0
-    bytes: int = 0
-    collectives: list[CollectiveTiming] = field(default_factory=list)
-    p2p_seconds: float = 0.0
-    p2p_wait_seconds: float = 0.0
-    p2p_wait_by_peer: dict[int | None, float] = field(default_factory=dict)
-
-    @property
-    def hidden_seconds(self) -> float:
-        """Collective time overlapped with the training thread's own work (>= 0)."""
-        return max(0.0, self.total_seconds - self.exposed_seconds)
-
-    def op_seconds(self, op: str) -> float:
-        """Summed seconds of one op over every group (``allgather``, ``reduce_scatter``,
-        ``send``, ``recv``...)."""
-        return sum(g.by_op.get(op, [0, 0.0, 0])[1] for g in self.groups.values())
-
-    def summary(self) -> dict[str, float]:
-        """The ``comm`` object of a StepRecord."""
-        return {"total_seconds": self.total_seconds, "exposed_seconds": self.exposed_seconds,
-                "hidden_seconds": self.hidden_seconds, "bytes": float(self.bytes),
-                "raw_bytes": float(self.bytes)}
-
 
 #: (group index, op, start, end, bytes, blocking) of one completed collective.
 _Done = tuple[int, str, float, float, int, bool]
@@ -302,7 +125,9 @@ class CollectiveTracer:
             a start time), ``unsampled`` (device collectives not sampled), ``device_unread``
             (device intervals dropped unread: events still pending behind
             ``device_events // 2 - 2`` newer ones, or unreadable), ``p2p_pairs_dropped``
-            (P2P ops of a pair beyond :data:`MAX_P2P_PAIRS`, not counted in the progress),
+            (P2P ops of a pair beyond
+            :data:`~laggard.integrations.trace_progress.MAX_P2P_PAIRS`, not counted in the
+            progress),
             ``futureless`` (P2P works without a future, gloo's: completed when waited for or
             seen completed at a later :meth:`take_step`), ``p2p_unmapped`` (pipeline P2P ops
             whose kind or works the pipeline source could not read: issued, not traced).
@@ -363,12 +188,11 @@ class CollectiveTracer:
         self._device_done: collections.deque[tuple[int, _Done]] = collections.deque()
         self._steps = 0
         self._lock = threading.Lock()
-        self._logged: set[str] = set()
+        self._log_once = LogOnce(log)
         self._tokens = itertools.count()
         self._in_flight: collections.OrderedDict[int, _InFlight] = collections.OrderedDict()
-        # progress per (group index, peer): peer None for the group's own collectives
-        self._progress: dict[tuple[int, int | None], tuple[GroupInfo, _Counter]] = {}
-        self._issue_sourced: set[int] = set()  # groups counted at issue, not by record()
+        # progress per (group index, peer), mutated under self._lock
+        self._progress = ProgressTable(self.stats)
         self._done: collections.deque[_Done] = collections.deque()
         # P2P works without a future (gloo's send / recv): id(work) -> (work, token, group
         # index, peer), completed by p2p_wait() or by a take_step() that sees them completed;
@@ -491,31 +315,15 @@ class CollectiveTracer:
             return self._issue(info, op, peer, time.perf_counter())
 
     def _issue(self, info: GroupInfo, op: str, peer: int | None,
-               now: float) -> tuple[_Counter, int] | None:
+               now: float) -> IssueHandle | None:
         """Count one issue in the group's (or pair's) progress; the handle for
         :meth:`_complete`, None when not counted. Caller holds the lock."""
-        if op in P2P_OPS:
-            if peer is None:
-                return None  # a pair without its peer cannot be compared with anyone
-            key: tuple[int, int | None] = (info.index, int(peer))
-        else:
-            key = (info.index, None)
-        entry = self._progress.get(key)
-        if entry is None:
-            if key[1] is not None and sum(k[1] is not None for k in self._progress) >= (
-                    MAX_P2P_PAIRS):
-                self.stats["p2p_pairs_dropped"] += 1
-                return None
-            entry = self._progress[key] = (info, _Counter())
-        self._issue_sourced.add(info.index)
-        counter = entry[1]
-        return counter, counter.issue(op, now)
+        return self._progress.issue(info, op, peer, now)
 
     @staticmethod
-    def _complete(issued: tuple[_Counter, int] | None, now: float) -> None:
+    def _complete(issued: IssueHandle | None, now: float) -> None:
         """Count the completion of an issued collective. Caller holds the lock."""
-        if issued is not None:
-            issued[0].complete(issued[1], now)
+        ProgressTable.complete(issued, now)
 
     def progress(self, now: float | None = None) -> list[TracerProgress]:
         """This rank's progress per watched group (those with a collective issued so far),
@@ -528,18 +336,12 @@ class CollectiveTracer:
 
         Returns:
             One :class:`TracerProgress` per group and pair (at most ``Config.max_groups +
-            MAX_P2P_PAIRS``), its ages at ``now`` (never negative).
+            trace_progress.MAX_P2P_PAIRS``), its ages at ``now`` (never negative).
         """
         now = time.perf_counter() if now is None else now
         try:
             with self._lock:
-                return [TracerProgress(
-                    group=info.key, issued=c.issued, completed=c.completed, op=c.op,
-                    issued_age_seconds=_age_at(now, c.issued_at),
-                    completed_age_seconds=_age_at(now, c.completed_at), peer=peer,
-                    desc=info.short_desc, ranks=info.ranks,
-                    pending_age_seconds=_age_at(now, c.pending_at))
-                    for (_, peer), (info, c) in self._progress.items()]
+                return self._progress.snapshot(now)
         except Exception:  # noqa: BLE001 - a reader on another thread never fails
             return []
 
@@ -579,11 +381,8 @@ class CollectiveTracer:
         with self._lock:
             if issued is not None:
                 self._complete(issued, now)
-            elif (info is not None and op not in P2P_OPS
-                  and info.index not in self._issue_sourced):
-                key = (info.index, None)
-                counter = self._progress.setdefault(key, (info, _Counter()))[1]
-                counter.complete(counter.issue(op, now), now)
+            elif info is not None:
+                self._progress.completed_unissued(info, op, now)
             self._append((index, op, start, end, int(nbytes), blocking))
 
     @contextmanager
@@ -990,31 +789,10 @@ class CollectiveTracer:
         self._done.append(entry)
 
     def _count(self, counter: str, key: str, msg: str, *args: object) -> None:
+        """Count ``stats[counter]`` and log ``msg % args`` once per ``key`` (the sources of
+        this package report their failures through it)."""
         self.stats[counter] += 1
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning(msg, *args)
+        self._log_once(key, msg, *args)
 
 
-def union_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of ``(start, end)`` intervals, seconds (overlaps counted once)."""
-    if not intervals:
-        return 0.0
-    ordered = sorted(intervals)
-    covered, cur_start, cur_end = 0.0, ordered[0][0], ordered[0][1]
-    for start, end in ordered[1:]:
-        if start > cur_end:
-            covered += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    return covered + cur_end - cur_start
-
-
-def _age_at(now: float, at: float | None) -> float | None:
-    """Seconds from ``at`` to ``now`` (``perf_counter``), never negative; None for None."""
-    return None if at is None else max(0.0, now - at)
-
-
-__all__ = ["CollectiveTracer", "GroupInfo", "GroupStep", "TraceStep", "TracerProgress",
-           "union_seconds"]
+__all__ = ["KNOWN_BACKENDS", "CollectiveTracer"]

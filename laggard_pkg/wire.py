@@ -396,7 +396,7 @@ class GroupProgress:
 
     Attributes:
         group: the group's key, the same on every member and unique in the job (the tracer's
-            :attr:`~laggard.integrations.tracer.GroupInfo.key`: ``dp:3``, ``pg3``...;
+            :attr:`~laggard.integrations.trace_records.GroupInfo.key`: ``dp:3``, ``pg3``...;
             :func:`group_desc` gives what a person calls it).
         issued: sequence number of the last collective this rank issued in the group (0: none).
         completed: collectives of the group completed on this rank, in issue order (the

@@ -26,7 +26,8 @@ from laggard.integrations.heartbeat import (  # noqa: E402
 )
 from laggard.integrations.heartbeat_key import RankSnapshot, encode_key  # noqa: E402
 from laggard.integrations.monitor import TrainingMonitor  # noqa: E402
-from laggard.integrations.tracer import CollectiveTracer, GroupInfo  # noqa: E402
+from laggard.integrations.trace_records import GroupInfo  # noqa: E402
+from laggard.integrations.tracer import CollectiveTracer  # noqa: E402
 from laggard.wire import CLOSED_PHASE, GroupProgress, Heartbeat, decode_datagram  # noqa: E402
 
 DP = GroupInfo(index=0, name="0", backend="gloo", ranks=(0, 1, 2, 3), desc="dp")
@@ -122,7 +123,7 @@ def test_the_oldest_pending_collective_keeps_its_issue_time():
     works[1].finish()
     works[2].finish()
     [p] = tracer.progress(now)
-    assert p.pending_age_seconds is None and tracer._progress[(0, None)][1].times == {}
+    assert p.pending_age_seconds is None and tracer._progress.counters[(0, None)][1].times == {}
 
 
 def test_a_call_that_raises_or_an_evicted_collective_is_not_left_pending():
@@ -187,7 +188,7 @@ def test_a_snapshot_takes_the_tracers_progress_as_the_wires_groups():
     tracer, (dp, pp) = _tracer(DP, PP)
     tracer.track(FakeWork(), "allreduce", dp, 64)
     tracer.track(FakeWork(), "send", pp, 8, peer=1)
-    issued = max(c.issued_at for _, c in tracer._progress.values())
+    issued = max(c.issued_at for _, c in tracer._progress.counters.values())
     source = SimpleNamespace(where=("backward", issued - 5.0), step_index=3, tracer=tracer,
                              typical_step_seconds=lambda: 0.2)
     snap = take_snapshot(source, now=issued + 2.0)

@@ -18,14 +18,13 @@ pytest.importorskip("torch")
 import fr_schema  # noqa: E402
 from nccl_fakes import NcclWork, StreamCuda  # noqa: E402
 
-from laggard.integrations.trace_sources import (  # noqa: E402
-    FlightRecorderReader,
-    NcclCompletionHook,
-    _timed_comm_classes,
-    attach,
-    wire_bytes,
-)
-from laggard.integrations.tracer import CollectiveTracer, GroupInfo  # noqa: E402
+from laggard.integrations.flight_recorder_source import FlightRecorderReader  # noqa: E402
+from laggard.integrations.fsdp_trace import _timed_comm_classes  # noqa: E402
+from laggard.integrations.nccl_completion import NcclCompletionHook  # noqa: E402
+from laggard.integrations.trace_ops import wire_bytes  # noqa: E402
+from laggard.integrations.trace_records import GroupInfo  # noqa: E402
+from laggard.integrations.trace_sources import attach  # noqa: E402
+from laggard.integrations.tracer import CollectiveTracer  # noqa: E402
 
 NCCL = GroupInfo(index=0, name="0", backend="nccl", ranks=(0, 1, 2))
 GLOO = GroupInfo(index=0, name="0", backend="gloo", ranks=(0, 1, 2))

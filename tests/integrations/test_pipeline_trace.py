@@ -13,9 +13,10 @@ from support import torchrun
 
 torch = pytest.importorskip("torch")
 
-from laggard.integrations import trace_sources  # noqa: E402
+from laggard.integrations import pipeline_trace  # noqa: E402
 from laggard.integrations.phases import step_times  # noqa: E402
-from laggard.integrations.tracer import CollectiveTracer, TraceStep  # noqa: E402
+from laggard.integrations.trace_records import TraceStep  # noqa: E402
+from laggard.integrations.tracer import CollectiveTracer  # noqa: E402
 
 HERE = Path(__file__).parent
 MICROBATCHES, DELAY = 4, 0.02  # pipeline_trace_worker.py's
@@ -102,7 +103,7 @@ class _Work:
 
 def _tracer_with_group() -> tuple[CollectiveTracer, object]:
     """A tracer watching one fake group (no process group needed)."""
-    from laggard.integrations.tracer import GroupInfo
+    from laggard.integrations.trace_records import GroupInfo
 
     tracer = CollectiveTracer(groups=[])
     group = object()
@@ -145,8 +146,8 @@ def test_a_torch_without_the_schedules_functions_is_counted_and_logged_once(monk
     monkeypatch.delattr(schedules, "_wait_batch_p2p")
     tracer = CollectiveTracer(groups=[])
     with caplog.at_level(logging.WARNING):
-        first = trace_sources.instrument_pipeline(tracer)
-        second = trace_sources.instrument_pipeline(tracer)
+        first = pipeline_trace.instrument_pipeline(tracer)
+        second = pipeline_trace.instrument_pipeline(tracer)
     assert not first and not second and not first.undo()
     assert tracer.stats["errors"] == 2
     assert sum("_wait_batch_p2p" in r.getMessage() for r in caplog.records) == 1
@@ -156,15 +157,15 @@ def test_a_batch_the_wrapper_cannot_read_is_issued_untraced_and_counted():
     tracer, group = _tracer_with_group()
     works = [_Work(), _Work()]
     odd = [SimpleNamespace(op=print, tensor=torch.zeros(2), group=group, peer=1)]
-    assert trace_sources.track_p2p_ops(tracer, odd, works[:1]) == 0
+    assert pipeline_trace.track_p2p_ops(tracer, odd, works[:1]) == 0
     ops = [SimpleNamespace(op=torch.distributed.isend, tensor=torch.zeros(4), group=group,
                            peer=1)] * 3
-    assert trace_sources.track_p2p_ops(tracer, ops, works) == 0  # 3 ops, 2 works
+    assert pipeline_trace.track_p2p_ops(tracer, ops, works) == 0  # 3 ops, 2 works
     assert tracer.stats["p2p_unmapped"] == 2 and tracer.in_flight == 0
     # a coalesced batch (one work): one recv of the summed bytes, the shared peer
     recv = SimpleNamespace(op=torch.distributed.irecv, tensor=torch.zeros(4), group=group,
                            peer=1)
-    assert trace_sources.track_p2p_ops(tracer, [ops[0], recv], works[:1]) == 1
+    assert pipeline_trace.track_p2p_ops(tracer, [ops[0], recv], works[:1]) == 1
     tracer.wait(works[0])
     step = tracer.take_step()
     assert step.groups[0].by_op["recv"][2] == 32 and step.p2p_wait_by_peer.keys() == {1}
@@ -174,11 +175,11 @@ def test_instrument_and_undo_around_a_fake_schedule_call():
     from torch.distributed.pipelining import schedules
 
     tracer, group = _tracer_with_group()
-    handle = trace_sources.instrument_pipeline(tracer)
+    handle = pipeline_trace.instrument_pipeline(tracer)
     try:
         assert handle and schedules._batch_p2p._laggard_tracer is tracer
         other = CollectiveTracer(groups=[])
-        replaced = trace_sources.instrument_pipeline(other)
+        replaced = pipeline_trace.instrument_pipeline(other)
         assert replaced and not handle  # the new tracer's wrappers replaced these
         assert schedules._batch_p2p.__wrapped__ is handle._wrappers[0].__wrapped__
         assert replaced.undo() and not handle.undo()

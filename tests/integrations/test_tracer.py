@@ -15,12 +15,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from laggard.integrations.trace_sources import (  # noqa: E402
-    FlightRecorderReader,
-    attach,
-    wire_bytes,
-)
-from laggard.integrations.tracer import CollectiveTracer, GroupInfo, union_seconds  # noqa: E402
+from laggard.integrations.flight_recorder_source import FlightRecorderReader  # noqa: E402
+from laggard.integrations.trace_ops import wire_bytes  # noqa: E402
+from laggard.integrations.trace_records import GroupInfo, union_seconds  # noqa: E402
+from laggard.integrations.trace_sources import attach  # noqa: E402
+from laggard.integrations.tracer import CollectiveTracer  # noqa: E402
 
 HERE = Path(__file__).parent
 
