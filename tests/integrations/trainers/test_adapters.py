@@ -36,7 +36,9 @@ def _check(ranks: list[dict], phases: list[str], ops: tuple[str, ...] = ("allred
         assert rank["monitored"] == rank["baseline"]  # bitwise: same floats
         assert len(rank["baseline"]) == 12
         assert rank["steps"] == list(range(12))
-        assert rank["phases"] == phases
+        # "gc" is a phase only where a collection fell inside a step on the training thread
+        # (issue 23's GC timer): the interpreter decides when, so it may or may not be there.
+        assert [p for p in rank["phases"] if p != "gc"] == phases
         assert rank["ops"] == list(ops)
         assert rank["tracer"]["recorded"] >= 12 and rank["tracer"]["errors"] == 0
         assert rank["internal_errors"] == 0
