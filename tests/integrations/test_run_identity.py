@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from support import torchrun
+from support import budget, torchrun
 
 from laggard.integrations import run_identity
 from laggard.integrations.run_identity import (
@@ -103,6 +103,6 @@ def test_device_identity_never_raises(monkeypatch):
 def test_the_module_imports_no_torch():
     proc = subprocess.run(
         [sys.executable, "-c", "import sys, laggard.integrations.run_identity as m; "
-         "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=60)
+         "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=budget(60))
     assert proc.stdout.strip() == "False", proc.stderr
     assert run_identity.__doc__
