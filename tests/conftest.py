@@ -8,6 +8,18 @@ from collections.abc import Iterator
 import pytest
 from support import AgentProcess, budget, start_agent, stop_agent
 
+#: Fixtures that start a real server process: a test using one is ``slow`` (it runs a real
+#: ``laggard agent``), whether or not its own file marks it.
+SERVER_FIXTURES = frozenset({"agent_factory"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every test that starts a real agent through a shared fixture, so that
+    ``-m "not slow"`` (``make test-fast``) runs no server process."""
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> object:

@@ -30,6 +30,7 @@ def test_wait_until_ready_times_out_with_the_url() -> None:
         wait_until_ready(url, timeout=0.3)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="apt-get install prometheus")
 def test_prometheus_dies_with_a_starter_killed_by_sigkill(tmp_path: Path) -> None:
     starter = subprocess.Popen(

@@ -58,6 +58,7 @@ def test_agree_run_without_a_process_group_keeps_or_makes_one():
     assert check_run(agree_run(None, dist))
 
 
+@pytest.mark.slow
 def test_agree_run_on_a_real_three_rank_gloo_job(tmp_path):
     proc = torchrun(HERE / "run_identity_worker.py", 3, str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
