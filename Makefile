@@ -2,6 +2,7 @@
 #   make demo   # train a 4-rank job with one slowed rank and watch laggard name it
 #   make test   # the whole test suite (what CI runs), a progress line per test file
 #   make test-fast  # the pure packages' tests without the slow (multi-process) ones
+#   make test-slow  # only the slow ones: real multi-process jobs, agents, Prometheus, namespaces
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ PY := $(VENV)/bin/python
 # Any other torch specification pulls a multi-gigabyte CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv demo test test-fast lint bench clean
+.PHONY: venv demo test test-fast test-slow lint bench clean
 
 venv: $(VENV)/.installed
 
@@ -28,7 +29,8 @@ demo: venv
 	$(VENV)/bin/laggard demo $(ARGS)
 
 # A line per test file with its progress, the skips and failures explained at the end, and
-# the ten slowest tests.
+# the ten slowest tests. Every wait in the tests has a ceiling scaled by the load average per
+# CPU (tests/support.py: budget), pytest-timeout's included: a loaded machine is slower, not red.
 PYTEST_REPORT := -rfEs --durations=10
 
 test: venv
@@ -49,6 +51,10 @@ MYPY_INTEGRATIONS := $(addprefix integrations/,monitor.py monitor_config.py devi
 	integrity_records.py participants.py gpu_state.py tracer.py trace_records.py \
 	trace_progress.py trace_ops.py trace_sources.py fsdp_trace.py pipeline_trace.py \
 	nccl_completion.py flight_recorder_source.py)
+
+test-slow: venv
+	scripts/ensure-prometheus.sh
+	$(PY) -m pytest $(PYTEST_REPORT) -m slow $(ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check laggard_pkg agent collectors parsers detectors analyze dashboards nvml \

@@ -42,21 +42,48 @@ def free_port(kind: int = socket.SOCK_STREAM, host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def load_factor() -> float:
+    """How many times slower than idle this machine runs now: the 1-minute load average per
+    usable CPU (``os.getloadavg()[0] / len(os.sched_getaffinity(0))``), at least 1.0.
+
+    A wait whose ceiling is only there to stop a real hang multiplies its idle-machine figure by
+    this (see :func:`scaled`): at a load average of 20 on 2 cores a start-up that takes 3 s
+    alone takes about 30 s, and a fixed 30 s budget fails a server that was coming up.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        return 1.0
+    return max(1.0, load / max(1, cpus))
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` (a budget measured on an idle machine) times :func:`load_factor` now."""
+    return seconds * load_factor()
+
+
 def wait_until_ready(url: str, *, timeout: float, what: str = "server",
                      procs: Iterable[subprocess.Popen[Any]] = ()) -> None:
     """Poll ``url`` every 0.1 s until it answers HTTP 2xx.
 
     Args:
         url: what to GET (``/metrics``, ``/-/ready``).
-        timeout: seconds to wait in all.
+        timeout: seconds to wait in all on an idle machine; the wait is ``scaled`` by the
+            machine's load, re-measured while it waits (a ceiling against a real hang, not a
+            start-up time to meet: the processes in ``procs`` exiting ends it at once).
         what: the server's name in the error message.
         procs: processes that must stay alive meanwhile (the server, its launcher).
 
     Raises:
-        NotReadyError: ``timeout`` passed, or one of ``procs`` exited before the server answered.
+        NotReadyError: the scaled ``timeout`` passed, or one of ``procs`` exited before the
+            server answered.
     """
     procs = list(procs)
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
     while True:
         try:
             with urllib.request.urlopen(url, timeout=1):
@@ -66,8 +93,10 @@ def wait_until_ready(url: str, *, timeout: float, what: str = "server",
         for proc in procs:
             if proc.poll() is not None:
                 raise NotReadyError(f"{what} exited {proc.returncode} before answering at {url}")
-        if time.monotonic() > deadline:
-            raise NotReadyError(f"{what} did not answer at {url} within {timeout:g} s")
+        waited = time.monotonic() - started
+        if waited > scaled(timeout):
+            raise NotReadyError(f"{what} did not answer at {url} within {waited:.0f} s "
+                                f"({timeout:g} s on an idle machine, scaled by the load)")
         time.sleep(0.1)
 
 

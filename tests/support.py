@@ -17,10 +17,10 @@ from typing import TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from laggard.demo.harness import NotReadyError, free_port, wait_until_ready
+from laggard.demo.harness import NotReadyError, free_port, load_factor, wait_until_ready
 
-__all__ = ["FIXTURES", "REPO", "AgentProcess", "free_port", "parse_file", "registry_of", "scrape",
-           "start_agent", "stop_agent", "torchrun", "wait_for"]
+__all__ = ["FIXTURES", "REPO", "AgentProcess", "budget", "free_port", "parse_file",
+           "registry_of", "scrape", "start_agent", "stop_agent", "torchrun", "wait_for"]
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -33,11 +33,23 @@ def parse_file(parse: Callable[[Iterable[str]], T], path: Path) -> T:
         return parse(f)
 
 
+def budget(seconds: float) -> float:
+    """A wall-clock ceiling for the tests: ``seconds`` (enough on an idle machine) times the
+    machine's load per CPU now (:func:`laggard.demo.harness.load_factor`, at least 1).
+
+    Every wait in the tests waits on its event and uses this only as the ceiling that stops a
+    real hang, so that a test passing alone also passes at a load average of 20 on 2 cores
+    (where everything runs about 10 times slower). Pytest-timeout's limits are scaled the same
+    way (``tests/conftest.py``).
+    """
+    return seconds * load_factor()
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    """Poll ``predicate`` every 10 ms until it holds or ``timeout`` seconds pass; its last
-    value (for ``assert wait_for(...)``)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Poll ``predicate`` every 10 ms until it holds or ``budget(timeout)`` seconds pass (the
+    load re-measured while waiting); its last value (for ``assert wait_for(...)``)."""
+    started = time.monotonic()
+    while time.monotonic() - started < budget(timeout):
         if predicate():
             return True
         time.sleep(0.01)
@@ -58,8 +70,9 @@ def registry_of(collector: object) -> CollectorRegistry:
 
 
 def scrape(url: str, timeout: float = 5.0) -> str:
-    """GET ``url`` and return the body as text."""
-    with urllib.request.urlopen(url, timeout=timeout) as response:
+    """GET ``url`` and return the body as text (``timeout``: idle-machine seconds, ``budget``-ed).
+    """
+    with urllib.request.urlopen(url, timeout=budget(timeout)) as response:
         return response.read().decode()
 
 
@@ -81,7 +94,12 @@ class AgentProcess:
 
 def start_agent(*extra: str, timeout: float = 15.0) -> AgentProcess:
     """Start ``python -m laggard.cli agent`` and wait until /metrics answers (UDP intake on a
-    free port; no Unix socket unless ``extra`` gives ``--intake.socket PATH``)."""
+    free port; no Unix socket unless ``extra`` gives ``--intake.socket PATH``). ``timeout`` is
+    idle-machine seconds; ``wait_until_ready`` scales it by the load.
+
+    Raises:
+        RuntimeError: the agent exited, or did not answer within the scaled ``timeout``.
+    """
     port, intake_port = free_port(), free_port(socket.SOCK_DGRAM)
     cmd = [sys.executable, "-m", "laggard.cli", "agent",
            "--web.listen-address", f"127.0.0.1:{port}",
@@ -100,17 +118,15 @@ def start_agent(*extra: str, timeout: float = 15.0) -> AgentProcess:
 
 
 def stop_agent(agent: AgentProcess) -> tuple[int, str]:
-    """SIGTERM the agent; return its exit status and output."""
+    """SIGTERM the agent; return its exit status and output (SIGKILL after ``budget(10)`` s)."""
     if agent.proc.poll() is None:
         agent.proc.send_signal(signal.SIGTERM)
     try:
-        out, _ = agent.proc.communicate(timeout=10)
+        out, _ = agent.proc.communicate(timeout=budget(10))
     except subprocess.TimeoutExpired:
         agent.proc.kill()
         out, _ = agent.proc.communicate()
     return agent.proc.returncode, out
-
-
 
 
 def analyze_json(*paths: str) -> tuple[int, list[dict]]:
@@ -131,9 +147,14 @@ def analyze_json(*paths: str) -> tuple[int, list[dict]]:
 def torchrun(script: Path, nproc: int, *args: str, timeout: float = 120.0
              ) -> subprocess.CompletedProcess[str]:
     """Run ``script`` as a ``torchrun --standalone`` job of ``nproc`` CPU ranks (one OpenMP
-    thread each), its output captured."""
+    thread each), its output captured; killed after ``budget(timeout)`` seconds (``timeout``:
+    enough on an idle machine).
+
+    Raises:
+        subprocess.TimeoutExpired: the job ran past the scaled ceiling (a hang).
+    """
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
          str(nproc), str(script), *args],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-        timeout=timeout)
+        timeout=budget(timeout))

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import budget
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "lint-imports.sh"
@@ -30,7 +31,8 @@ MIRROR_EXCEPTIONS = {
 
 def _lint(src: Path) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "LAGGARD_SRC": str(src), "LINT_IMPORTS": str(LINT_IMPORTS)}
-    return subprocess.run([str(SCRIPT)], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([str(SCRIPT)], capture_output=True, text=True, env=env,
+                          timeout=budget(120))
 
 
 @needs_import_linter

@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+from laggard.demo.harness import scaled
+
 WORLD = 4
 STEPS = 5
 
@@ -27,7 +29,7 @@ def _barrier_files(out: str, rank: int, name: str) -> None:
     # A file barrier: the recorder must be dumped while the others' operation is pending,
     # and a collective barrier would itself be recorded (and block on the held-up rank).
     open(os.path.join(out, f".{name}.{rank}"), "w").close()
-    deadline = time.time() + 60
+    deadline = time.time() + scaled(60)
     while time.time() < deadline:
         if all(os.path.exists(os.path.join(out, f".{name}.{r}")) for r in range(WORLD)):
             return
@@ -41,7 +43,7 @@ def _dump(out: str, rank: int, settled: bool = False) -> None:
     a loaded machine the held-up rank's last finished all-reduce could still read as pending."""
     import torch
 
-    deadline = time.time() + 20
+    deadline = time.time() + scaled(20)
     while True:
         data = torch._C._distributed_c10d._dump_fr_trace(includeCollectives=True,
                                                          includeStackTraces=False)

@@ -36,6 +36,8 @@ import sys
 import threading
 import time
 
+from laggard.demo.harness import scaled
+
 WORLD = 8
 STEPS = 2
 FAULT_STEP = 2
@@ -44,8 +46,9 @@ SCENARIOS: dict[str, dict[int, str]] = {
     "python": {1: "python"}, "data": {6: "data"}, "skip": {2: "skip"},
     "two": {1: "python", 6: "data"}, "clean": {},
 }
-JOB_TIMEOUT_S = 150.0
-DUMP_TIMEOUT_S = 60.0
+#: Ceilings against a real hang, idle-machine seconds scaled by the load when the job starts.
+JOB_TIMEOUT_S = scaled(150.0)
+DUMP_TIMEOUT_S = scaled(60.0)
 SETTLE_S = 3.0
 #: The optimizer step between the dp all-reduce and the loss's: it orders the skip scenario's
 #: waits (the skipping rank waits in the loss all-reduce well after its dp peer began waiting).
@@ -118,7 +121,7 @@ def _dump_when_told(out: str, rank: int, p2p: P2PLog, groups: dict) -> None:
     if not _wait_for([os.path.join(out, ".dump")], JOB_TIMEOUT_S + DUMP_TIMEOUT_S):
         return
     raw = _snapshot(p2p, groups)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + scaled(15)
     while time.monotonic() < deadline:
         time.sleep(STABLE_S)
         again = _snapshot(p2p, groups)
@@ -266,7 +269,7 @@ def drive(out: str, scenario: str, port: int) -> list[str]:
         for p in procs:
             p.kill()
         for p in procs:
-            p.join(timeout=30)
+            p.join(timeout=scaled(30))
 
 
 def main() -> None:

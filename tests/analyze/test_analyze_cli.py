@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from support import FIXTURES, REPO, analyze_json
+from support import FIXTURES, REPO, analyze_json, budget
 
 DIR = FIXTURES / "analyze"
 
@@ -298,7 +298,7 @@ def test_bad_inputs_are_answered_with_messages_not_tracebacks(tmp_path):
     assert any("notes.txt: unknown kind" in e for e in errors)
     assert "Xid 119" in result.stdout
     result = subprocess.run([sys.executable, "-m", "laggard.cli", "analyze", "--bogus"],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=budget(60))
     assert result.returncode == 2 and "Traceback" not in result.stderr
 
 
@@ -322,7 +322,7 @@ def test_a_large_log_streams_in_bounded_memory(tmp_path):
             "print(re.search(r'VmHWM:\\s+(\\d+) kB', status).group(1), file=sys.stderr)\n"
             "sys.exit(rc)\n")
     result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
-                            text=True, timeout=600)
+                            text=True, timeout=budget(600))
     assert result.returncode == 1, result.stderr
     (f,) = json.loads(result.stdout)
     assert f["evidence"]["xid"] == 48 and f["evidence"]["count"] > 20_000

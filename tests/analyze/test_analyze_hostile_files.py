@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 
-from support import FIXTURES, REPO
+from support import FIXTURES, REPO, budget
 
 XID79 = FIXTURES / "analyze" / "xid03_xid79_then_nvswitch_sxid20034_dmesg_uptime.log"
 HOSTILE = {
@@ -24,7 +24,7 @@ HOSTILE = {
 
 def _run(*paths: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "laggard.cli", "analyze", "--json", *paths],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+                          capture_output=True, text=True, timeout=budget(120), cwd=REPO)
 
 
 def test_a_hostile_file_beside_a_real_xid_costs_only_itself(tmp_path):

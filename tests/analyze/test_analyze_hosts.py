@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from support import FIXTURES, REPO, analyze_json
+from support import FIXTURES, REPO, analyze_json, budget
 
 HOSTS = FIXTURES / "analyze_hosts"
 SYSLOG = HOSTS / "two_hosts_syslog.log"
@@ -26,7 +26,7 @@ XID119 = FIXTURES / "analyze" / "xid01_gsp_rpc_timeout_xid119_dmesg_ctime.log"
 
 def analyze(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "laggard.cli", "analyze", *args],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+                          capture_output=True, text=True, timeout=budget(120), cwd=REPO)
 
 
 def keyed(items: list[dict]) -> dict[tuple[str, str | None, str], dict]:

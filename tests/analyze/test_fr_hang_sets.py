@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from fr_schema import Rank, write
-from support import analyze_json, free_port
+from support import analyze_json, budget, free_port
 
 from laggard.detectors.flight_recorder import analyze_dumps, hang_states
 from laggard.parsers.flight_recorder import load_dump
@@ -39,7 +39,7 @@ def gloo_sets(tmp_path_factory) -> dict[str, Path]:
     failed = {}
     for name, job in jobs.items():
         try:
-            _, err = job.communicate(timeout=300)
+            _, err = job.communicate(timeout=budget(300))
         except subprocess.TimeoutExpired:
             job.kill()
             _, err = job.communicate()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from fr_schema import Rank, write
-from support import REPO, analyze_json, free_port
+from support import REPO, analyze_json, budget, free_port
 
 from laggard.detectors.flight_recorder import analyze_dumps
 from laggard.parsers.flight_recorder import load_dump
@@ -152,7 +152,7 @@ def test_dumps_with_unknown_fields_and_a_newer_version_are_read_with_a_note(tmp_
 
 def run_gloo(out: Path, scenario: str) -> Path:
     proc = subprocess.run([sys.executable, str(HERE / "fr_gloo_worker.py"), str(out), scenario,
-                           str(free_port())], capture_output=True, text=True, timeout=240,
+                           str(free_port())], capture_output=True, text=True, timeout=budget(240),
                           cwd=REPO, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out

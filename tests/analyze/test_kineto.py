@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from kineto_events import document, x
-from support import REPO, analyze_json, free_port
+from support import REPO, analyze_json, budget, free_port
 
 from laggard.demo.traces import synthesize_gpu_traces
 from laggard.detectors.kineto import RankTrace, StepBreakdown, find_straggler
@@ -137,7 +137,7 @@ def test_bad_traces_each_get_a_message_and_the_rest_is_analysed(tmp_path):
 def test_real_gloo_job_with_a_slow_rank_cpu_form(tmp_path):
     proc = subprocess.run([sys.executable, str(HERE / "kineto_gloo_worker.py"), str(tmp_path),
                            "3", "1", str(free_port()), "0.08", "1"], capture_output=True,
-                          text=True, timeout=280, cwd=REPO,
+                          text=True, timeout=budget(280), cwd=REPO,
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     rc, found = analyze_json(str(tmp_path))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import budget
 
 pytest.importorskip("matplotlib")
 
@@ -154,7 +155,7 @@ def test_report_renders_in_headless_chromium_without_network(tmp_path: Path) -> 
         ["chromium", "--headless", "--no-sandbox", "--disable-gpu",
          "--host-resolver-rules=MAP * ~NOTFOUND", "--window-size=1000,2400",
          f"--screenshot={shot}", page.as_uri()],
-        capture_output=True, timeout=120, check=True, cwd=tmp_path,
+        capture_output=True, timeout=budget(120), check=True, cwd=tmp_path,
     )
     pixels = matplotlib.image.imread(shot)  # (H, W, 3 or 4) floats in [0, 1]
     assert pixels.shape[0] >= 2000 and pixels.shape[1] >= 900

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+from support import budget
 
 from laggard.demo.netns import EmulatedCluster, LinkShape, NamespaceError
 
@@ -15,7 +16,7 @@ def _namespaces_unavailable() -> str | None:
     try:
         with EmulatedCluster(1, LinkShape(rate_bps=0, delay_s=0),
                              handle_signals=False) as cluster:
-            done = cluster.run(cluster.nodes[0], ["true"], timeout=10)
+            done = cluster.run(cluster.nodes[0], ["true"], timeout=budget(10))
             if done.returncode != 0:
                 return f"`ip netns exec` fails here: {done.stderr.strip()}"
             return None

@@ -1,8 +1,9 @@
 """A bounded TCP transfer between two emulated nodes, run inside their namespaces.
 
 ``tcp_probe.py serve ADDR PORT`` accepts one connection, reads to EOF (at most 64 MiB, at most
-30 s) and prints ``{"bytes": n, "seconds": t}`` (t from the first byte to EOF).
-``tcp_probe.py send ADDR PORT NBYTES`` connects (retrying for 10 s) and sends NBYTES.
+30 s idle-machine seconds) and prints ``{"bytes": n, "seconds": t}`` (t from the first byte to
+EOF). ``tcp_probe.py send ADDR PORT NBYTES`` connects (retrying for 10 s) and sends NBYTES.
+Both ceilings are scaled by the machine's load (``laggard.demo.harness.scaled``).
 """
 
 from __future__ import annotations
@@ -12,17 +13,19 @@ import socket
 import sys
 import time
 
+from laggard.demo.harness import scaled
+
 MAX_BYTES = 64 << 20
 MAX_SECONDS = 30.0
 
 
 def serve(addr: str, port: int) -> None:
     with socket.create_server((addr, port)) as server:
-        server.settimeout(MAX_SECONDS)
+        server.settimeout(scaled(MAX_SECONDS))
         print("listening", flush=True)
         conn, _ = server.accept()
         with conn:
-            conn.settimeout(MAX_SECONDS)
+            conn.settimeout(scaled(MAX_SECONDS))
             total, first = 0, None
             while total < MAX_BYTES:
                 chunk = conn.recv(1 << 20)
@@ -35,17 +38,17 @@ def serve(addr: str, port: int) -> None:
 
 
 def send(addr: str, port: int, nbytes: int) -> None:
-    deadline = time.monotonic() + 10
+    started = time.monotonic()
     while True:
         try:
-            conn = socket.create_connection((addr, port), timeout=5)
+            conn = socket.create_connection((addr, port), timeout=scaled(5))
             break
         except OSError:
-            if time.monotonic() > deadline:
+            if time.monotonic() - started > scaled(10):
                 raise
             time.sleep(0.05)
     with conn:
-        conn.settimeout(MAX_SECONDS)
+        conn.settimeout(scaled(MAX_SECONDS))
         block = b"\0" * (1 << 20)
         left = min(nbytes, MAX_BYTES)
         while left > 0:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import budget
 
 from laggard.demo.netns import (
     BENCHMARK_NET,
@@ -34,9 +35,9 @@ def transfer(cluster: EmulatedCluster, nbytes: int, port: int = 5201) -> tuple[f
     assert server.stdout is not None
     assert server.stdout.readline().strip() == "listening"
     sent = cluster.run(sender, [sys.executable, PROBE, "send", receiver.address, str(port),
-                                str(nbytes)])
+                                str(nbytes)], timeout=budget(30))
     assert sent.returncode == 0, sent.stderr
-    report = json.loads(server.communicate(timeout=30)[0])
+    report = json.loads(server.communicate(timeout=budget(30))[0])
     assert report["bytes"] == nbytes
     counted = (cluster.link_counters(sender) - before).tx_bytes
     return report["bytes"] * 8 / report["seconds"], counted
@@ -94,12 +95,13 @@ def _names_present(names: list[str]) -> set[str]:
 
 
 def _pids_in(netns: str, timeout: float = 10.0) -> list[int]:
-    """Pids in ``netns``, waiting for the first (``ip netns exec`` enters it after fork)."""
-    deadline = time.monotonic() + timeout
+    """Pids in ``netns``, waiting for the first (``ip netns exec`` enters it after fork) at most
+    ``budget(timeout)`` seconds."""
+    started = time.monotonic()
     while True:
         pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True,
                               text=True).stdout.split()
-        if pids or time.monotonic() > deadline:
+        if pids or time.monotonic() - started > budget(timeout):
             return [int(p) for p in pids]
         time.sleep(0.05)
 
@@ -114,7 +116,7 @@ def test_a_signal_removes_everything(sig: signal.Signals) -> None:
         sleepers = _pids_in(names[1])
         assert sleepers
         holder.send_signal(sig)
-        holder.wait(timeout=30)
+        holder.wait(timeout=budget(30))
     finally:
         if holder.poll() is None:
             holder.kill()
@@ -128,7 +130,7 @@ def test_what_a_killed_run_left_is_swept_by_the_next() -> None:
     assert holder.stdout is not None
     names = holder.stdout.readline().split()
     holder.kill()  # SIGKILL: no cleanup runs in the holder
-    holder.wait(timeout=10)
+    holder.wait(timeout=budget(10))
     assert _names_present(names) == set(names)
     removed = sweep_stale()
     assert set(names) <= set(removed)

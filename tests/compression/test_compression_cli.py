@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from support import budget
 
 from laggard.compression import COMPRESSORS, make_hook
 from laggard.demo import flags as demo_flags
@@ -18,7 +19,8 @@ def test_demo_offers_every_compressor() -> None:
 
 def test_unknown_compressor_is_refused_with_the_choices() -> None:
     proc = subprocess.run([sys.executable, "-m", "laggard.cli", "demo",
-                           "--compression", "zip"], capture_output=True, text=True, timeout=60)
+                           "--compression", "zip"], capture_output=True, text=True,
+                          timeout=budget(60))
     assert proc.returncode == 2
     assert "invalid choice: 'zip'" in proc.stderr and "powersgd" in proc.stderr
     assert "Traceback" not in proc.stderr

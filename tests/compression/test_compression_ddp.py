@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import free_port
+from support import budget, free_port
 
 from laggard.integrations.collective_bytes import ring_allreduce_bytes
 
@@ -34,7 +34,7 @@ def run_ranks(mode: str, out: Path) -> None:
     outputs = []
     for proc in procs:
         try:
-            outputs.append(proc.communicate(timeout=240)[0])
+            outputs.append(proc.communicate(timeout=budget(240))[0])
         except subprocess.TimeoutExpired:
             for p in procs:
                 p.kill()

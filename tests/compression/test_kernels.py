@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import budget
 
 from laggard.compression import kernels
 
@@ -126,7 +127,7 @@ def test_kernels_compile_in_a_read_only_install_with_a_read_only_home(tmp_path: 
               "'import numpy as np; from laggard.compression import kernels; "
               "print(kernels.l1_norm(np.ones(16, np.float32)))'")
     proc = subprocess.run(["unshare", "-m", "bash", "-c", script], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path)
+                          text=True, timeout=budget(120), cwd=tmp_path)
     if proc.returncode and "mount" in proc.stderr:
         pytest.skip(f"read-only mounts not permitted here: {proc.stderr.strip()[-200:]}")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import yaml
+from support import budget
 
 from laggard.dashboards import catalog
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "laggard.cli", "dashboards", *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=budget(60))
 
 
 def test_writes_dashboards_provisioning_and_rules(tmp_path: Path) -> None:
@@ -84,7 +85,7 @@ def test_without_the_sdk_writes_the_packaged_copies(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, "-m", "laggard.cli", "dashboards", "--out", str(out)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=budget(60),
         env={**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(shadow.parent), os.environ.get("PYTHONPATH", "")])})
     assert result.returncode == 0, result.stderr

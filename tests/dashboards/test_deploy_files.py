@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support import budget
 
 from laggard.cli import build_parser
 from laggard.dashboards.catalog import RULE_FILES, RULES_DIR, prometheus_rule_text
@@ -65,7 +66,7 @@ def _verify(unit_text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     unit = tmp_path / UNIT.name
     unit.write_text(unit_text.replace(_unit_exec_start()[0], _laggard_binary()))
     return subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=budget(60))
 
 
 @needs_systemd_analyze
@@ -209,5 +210,5 @@ def test_prometheus_rule_groups_pass_promtool(tmp_path: Path) -> None:
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump({"groups": _manifests()["PrometheusRule"]["spec"]["groups"]}))
     result = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=budget(60))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import budget
 
 from laggard.dashboards.catalog import RULE_FILES, RULES_DIR
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 def _promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["promtool", *map(str, args)], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=budget(60))
 
 
 def _alert_names() -> set[str]:

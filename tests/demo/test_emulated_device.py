@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from support import budget
 
 from laggard.demo.emulated_device import EmulatedDevice, schedstat_available
 from laggard.integrations.device_events import EventPool, PendingIntervals
@@ -48,12 +49,12 @@ def test_launch_returns_at_once_and_runs_in_order(device: EmulatedDevice) -> Non
     gate = threading.Event()
     order: list[int] = []
     started = time.perf_counter()
-    first = device.launch(lambda: (gate.wait(5), order.append(1)))
+    first = device.launch(lambda: (gate.wait(budget(5)), order.append(1)))
     second = device.launch(order.append, 2)
     assert time.perf_counter() - started < 0.5  # launching never waits for the work
     assert not first.done() and not second.done()
     gate.set()
-    second.result(timeout=5)
+    second.result(timeout=budget(5))
     assert order == [1, 2]
 
 
@@ -61,7 +62,7 @@ def test_marker_completes_when_the_stream_reaches_it(device: EmulatedDevice) -> 
     gate = threading.Event()
     start, end = device.Event(enable_timing=True), device.Event(enable_timing=True)
     start.record()
-    device.launch(lambda: (gate.wait(5), _spin(0.05)))
+    device.launch(lambda: (gate.wait(budget(5)), _spin(0.05)))
     end.record()
     time.sleep(0.05)
     assert not end.query()  # behind the blocked work: pending, and query() did not block
@@ -128,14 +129,14 @@ def test_event_recorded_on_the_stream_thread_takes_its_time_there(device: Emulat
 
 def test_current_stream_on_the_stream_thread(device: EmulatedDevice) -> None:
     other = device.Stream()
-    seen = other.launch(device.current_stream).result(timeout=5)
+    seen = other.launch(device.current_stream).result(timeout=budget(5))
     assert seen is other
 
 
 def test_errors_surface_at_the_synchronisation(device: EmulatedDevice) -> None:
     failed = device.launch(lambda: 1 / 0)
     after = device.launch(lambda: 7)
-    assert after.result(timeout=5) == 7  # the stream goes on
+    assert after.result(timeout=budget(5)) == 7  # the stream goes on
     with pytest.raises(ZeroDivisionError):
         failed.result()
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
@@ -148,7 +149,7 @@ def test_item_waits_for_everything_launched_before_it(device: EmulatedDevice) ->
     loss = device.launch(lambda: (order.append("forward"), torch.tensor(2.5))[1])
     device.launch(lambda: (_spin(0.02), order.append("backward")))
     device.launch(order.append, "optimizer")
-    assert loss.item(timeout=5) == 2.5
+    assert loss.item(timeout=budget(5)) == 2.5
     assert order == ["forward", "backward", "optimizer"]
 
 
@@ -201,7 +202,7 @@ def test_clock_not_stretched_by_a_busy_sibling_stream(clock: str) -> None:
     # thread waiting for its OpenMP team is blocked, which the busy clock would count (OpenMP's
     # thread count is per thread: the test process's setting does not reach new threads).
     for stream in (dev.default_stream(), *siblings):
-        stream.launch(torch.set_num_threads, 1).result(timeout=10)
+        stream.launch(torch.set_num_threads, 1).result(timeout=budget(10))
     try:
         for sibling in siblings:
             sibling.launch(torch.mm, big, big)  # ~1 s each on a core of its own here
@@ -292,7 +293,7 @@ def test_event_pool_and_pending_intervals_on_the_device(device: EmulatedDevice) 
     seen: list[float] = []
     gate = threading.Event()
     start = pool.record(device.current_stream())
-    device.launch(lambda: (gate.wait(5), _spin(0.03)))
+    device.launch(lambda: (gate.wait(budget(5)), _spin(0.03)))
     end = pool.record(device.current_stream())
     pending.add(start, end, seen.append)
     assert pending.harvest() == 0 and seen == []  # still pending: nothing read, nothing waited
@@ -316,7 +317,7 @@ def test_rerecord_replaces_the_pending_marker(device: EmulatedDevice) -> None:
 
 def test_closed_stream_refuses() -> None:
     dev = EmulatedDevice("closed")
-    dev.launch(lambda: None).result(timeout=5)
+    dev.launch(lambda: None).result(timeout=budget(5))
     dev.close()
     with pytest.raises(RuntimeError, match="closed"):
         dev.launch(lambda: None)
@@ -339,7 +340,7 @@ def test_demo_on_the_emulated_device(tmp_path) -> None:  # type: ignore[no-untyp
         [sys.executable, "-m", "laggard.cli", "demo", "--device", "emulated-async",
          "--world-size", "3", "--steps", "60", "--window", "10", "--slow-rank", "1",
          "--slowdown", "1.5", "--report", str(report_path)],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=budget(300), check=False,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "compute on each clock" in proc.stdout
@@ -375,7 +376,7 @@ def test_the_monitors_device_clock_on_the_emulated_device(tmp_path) -> None:  # 
                     loss = dev.launch(lambda: model(torch.ones(4, 8)).sum())
                 with monitor.phase("backward"):
                     dev.launch(lambda loss=loss: (loss.result().backward(), _spin(0.01)))
-                loss.item(timeout=10)
+                loss.item(timeout=budget(10))
         # one rank gathers nothing: read what the monitor would gather at step 8 (steps 4-7,
         # one window late)
         dev.synchronize()

@@ -11,6 +11,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from support import budget
 
 from laggard.cli import main as laggard_main
 from laggard.demo.injections import (
@@ -34,7 +35,7 @@ def test_the_pipeline_demo_runs_end_to_end_and_reports_peer_groups_and_p2p_waits
          "--window", "10", "--slow-rank", "2", "--slowdown", "1.5", "--slow-from", "10",
          "--inject", "tokens=rank:1,factor:1.3", "--report", str(report_path),
          "--html", str(html_path)],
-        capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=budget(240), stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     out = proc.stdout

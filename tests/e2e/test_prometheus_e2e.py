@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import FIXTURES, AgentProcess, start_agent, stop_agent
+from support import FIXTURES, AgentProcess, budget, start_agent, stop_agent
 
 from laggard.dashboards.catalog import render_dashboards
 from laggard.demo.harness import PrometheusServer, laggard_rules
@@ -237,7 +237,7 @@ def test_every_panel_has_data_and_the_alerts_fire(
                   "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has "
                   "fallen off the bus.\n")
     with RankFeeder(agent.intake_port) as feeder:
-        deadline = time.monotonic() + DATA_DEADLINE_S
+        deadline = time.monotonic() + budget(DATA_DEADLINE_S)
         dead = _dead_queries(prometheus)
         while dead and time.monotonic() < deadline:
             time.sleep(1.0)
@@ -247,7 +247,7 @@ def test_every_panel_has_data_and_the_alerts_fire(
 
         expected = {str(SLOW_RANK)}
         alerts = ("LaggardStragglerDetected", "LaggardStragglerRank")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + budget(10)
         while any(_firing(prometheus, a) != expected for a in alerts):
             assert time.monotonic() < deadline, {a: _firing(prometheus, a) for a in alerts}
             time.sleep(0.5)
@@ -260,7 +260,7 @@ def test_every_panel_has_data_and_the_alerts_fire(
         ("LaggardGpuXidCritical", {"gpu": "0", "xid": "79"}),
         ("LaggardGpuXid", {"gpu": "1", "xid": "13"}),
     ]
-    deadline = time.monotonic() + 25
+    deadline = time.monotonic() + budget(25)
     for alertname, labels in expected_alerts:
         while not _ever_fired(prometheus, alertname, **labels):
             assert time.monotonic() < deadline, f"{alertname} never fired for {labels}"
@@ -306,10 +306,10 @@ def test_demo_training_job_straggler_named_by_prometheus(
             dead = _dead_queries(prometheus, per_rank)
         if dead:  # the job ended first: one more look, while its last samples are recent
             dead = _dead_queries(prometheus, per_rank)
-        output, _ = launcher.communicate(timeout=240)
+        output, _ = launcher.communicate(timeout=budget(240))
         assert launcher.returncode == 0, output.decode()[-3000:]
         assert not dead, "queries without data while the job ran:\n" + "\n".join(dead)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + budget(15)
         for alertname in ("LaggardStragglerDetected", "LaggardStragglerRank"):
             while not _ever_fired(prometheus, alertname, rank="1"):
                 assert time.monotonic() < deadline, (

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import budget
 
 from laggard.integrations.agent_socket import AgentSocket, check_intake_target
 from laggard.wire import DEFAULT_INTAKE_ADDRESS
@@ -18,7 +19,7 @@ from laggard.wire import DEFAULT_INTAKE_ADDRESS
 def _receiver(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(path))
-    sock.settimeout(2)
+    sock.settimeout(budget(2))
     return sock
 
 
@@ -26,7 +27,7 @@ def _receiver(path: Path) -> socket.socket:
 def udp_receiver():
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        sock.settimeout(2)
+        sock.settimeout(budget(2))
         yield sock
 
 

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 from fake_cuda import FakeCuda
+from support import budget
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -392,7 +393,7 @@ def _run_job(tmp_path, clock: str) -> tuple[list[dict], list[dict]]:
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
          str(here / "device_clock_worker.py"), str(tmp_path), clock],
-        env=env, capture_output=True, text=True, timeout=240)
+        env=env, capture_output=True, text=True, timeout=budget(240))
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}-{clock}.json").read_text()) for r in range(3)]
     windows = [json.loads(line) for line in

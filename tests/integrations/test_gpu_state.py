@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from support import budget
 
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.gpu_state import (
@@ -106,7 +107,7 @@ def test_cpu_job_has_nan_columns(monkeypatch) -> None:
     p = participant(None, fake_cuda(uuid=None, available=False), interval=0.05)
     values = window(p)
     assert p._thread is not None
-    p._thread.join(timeout=2)  # a CPU job's sampler resolves and ends
+    p._thread.join(timeout=budget(2))  # a CPU job's sampler resolves and ends
     assert not p._thread.is_alive()
     values = dict(p.contribute(9))
     assert values["gpu_state_source"] == SOURCE_NONE and values["gpu_state_samples"] == 0
@@ -145,7 +146,7 @@ def test_fake_nvml_hook_from_the_environment(monkeypatch) -> None:
 def test_sampler_thread_fills_the_window_without_the_training_thread() -> None:
     p = participant(FakeNvml(2, scenario="throttle:0"), fake_cuda(uuid=torch_uuid(0)),
                     interval=0.01)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + budget(5)
     while p.stats["samples"] < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     values = dict(p.contribute(19))

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import budget
 
 pytest.importorskip("torch")
 
@@ -73,7 +74,7 @@ class Job:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)  # the rank's own session: only ours
         for proc in self.procs:
-            proc.wait(10)
+            proc.wait(budget(10))
 
 
 @pytest.fixture
@@ -95,8 +96,9 @@ def _hang_lines(job: Job) -> list[str]:
 
 def _assert_named(job: Job, kind: str, phase: str, within: float) -> dict:
     """Rank 0 reported the hung rank, of ``kind``, in ``phase``, ``within`` seconds of the hang
-    starting, with one log line."""
-    start = job.wait_for_file("hang_start.json", timeout=180)
+    starting (idle-machine seconds, ``budget``-ed by the load), with one log line."""
+    within = budget(within)
+    start = job.wait_for_file("hang_start.json", timeout=budget(180))
     assert start is not None, job.stderr(0)[-3000:]
     report = job.wait_for_file("report.json", timeout=within + 60)
     assert report is not None, job.stderr(0)[-3000:]
@@ -148,7 +150,7 @@ def test_a_rank_spinning_in_python_keeps_its_heartbeat_and_is_named(job, tmp_pat
         running = job(scenario="python", agent=path, hang_seconds=3.0, store_seconds=0.5)
         _assert_named(running, "missing", "forward", within=30)
         start = json.loads((tmp_path / "hang_start.json").read_text())
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + budget(20)
         while time.monotonic() < deadline and not any(
                 t > start["time"] + 3 and b.rank == HUNG_RANK for t, b in beats):
             time.sleep(0.2)
@@ -185,9 +187,9 @@ def test_a_long_step_on_every_rank_is_slow_not_hung(job):
     reads the keys and classifies a quiet, level job, and reports nothing."""
     running = job(scenario="long", steps=16, step=8, step_sleep=0.3, long_seconds=6.0,
                   hang_seconds=3.0, store_seconds=0.5)
-    result = running.wait_for_file("rank0.json", timeout=240)
+    result = running.wait_for_file("rank0.json", timeout=budget(240))
     assert result is not None, running.stderr(0)[-3000:]
-    assert all(p.wait(60) == 0 for p in running.procs)
+    assert all(p.wait(budget(60)) == 0 for p in running.procs)
     assert not (running.out / "report.json").exists() and not _hang_lines(running)
     assert result["hangs_reported"] == 0 and result["classifications"] >= 1
     assert result["store_errors"] == 0 and result["bad_keys"] == 0

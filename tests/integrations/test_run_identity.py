@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from support import torchrun
+from support import budget, torchrun
 
 from laggard.integrations import run_identity
 from laggard.integrations.run_identity import (
@@ -79,6 +79,7 @@ def test_job_run_agrees_only_when_asked_and_a_failed_broadcast_keeps_the_ranks_o
     assert errors == ["run"]
 
 
+@pytest.mark.slow
 def test_agree_run_on_a_real_three_rank_gloo_job(tmp_path):
     proc = torchrun(HERE / "run_identity_worker.py", 3, str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -124,6 +125,6 @@ def test_device_identity_never_raises(monkeypatch):
 def test_the_module_imports_no_torch():
     proc = subprocess.run(
         [sys.executable, "-c", "import sys, laggard.integrations.run_identity as m; "
-         "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=60)
+         "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=budget(60))
     assert proc.stdout.strip() == "False", proc.stderr
     assert run_identity.__doc__

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from support import budget
 
 pytest.importorskip("torch")
 
@@ -30,7 +31,7 @@ def gloo_job(tmp_path_factory) -> list[dict]:
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
          str(HERE / "tracer_worker.py"), str(out)],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True, text=True, timeout=budget(240),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(3)]
@@ -213,7 +214,7 @@ def test_flight_recorder_reader_runs_on_its_own_thread():
     tracer = _tracer(WORLD)
     reader = FlightRecorderReader(tracer, interval_s=0.01,
                                   dump=lambda: _fr([_entry(0, "completed")])).start()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + budget(5)
     while reader.seen == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     reader.stop()

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import AgentProcess, free_port, start_agent, stop_agent
+from support import AgentProcess, budget, free_port, start_agent, stop_agent
 
 # every test spawns rank_worker.py, a torch.distributed (gloo) job
 pytest.importorskip("torch", reason="the rank workers need torch (pip install 'laggard[torch]')")
@@ -36,7 +36,7 @@ def spawn(world: int, scenarios: list[str], tmp_path: Path, intake: str = "") ->
     out = tmp_path / f"w{world}.json"
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(world), str(out), str(free_port()), *scenarios],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=budget(900),
         env={**os.environ, "OMP_NUM_THREADS": "1", "LAGGARD_TEST_INTAKE": intake})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
