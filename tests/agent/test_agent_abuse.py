@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, scrape, stop_agent
+from support import budget, free_port, scrape, stop_agent
 
 from laggard.wire import StepRecord, WindowReport
 
@@ -32,7 +32,7 @@ def _send(port, payloads, host="127.0.0.1", family=socket.AF_INET):
 
 
 def _poll(fetch, predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + budget(timeout)
     value = fetch()
     while not predicate(value) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import stop_agent
+from support import budget, stop_agent
 
 from laggard.wire import StepRecord, WindowReport
 
@@ -22,7 +22,7 @@ def _value(text, name, labels=None):
 
 
 def _wait_for(agent, name, labels, want, timeout=5.0):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + budget(timeout)
     while time.monotonic() < deadline:
         value = _value(agent.scrape(), name, labels)
         if value == want:
@@ -101,7 +101,7 @@ def test_bad_flags_give_a_clear_error_and_status_2():
 
     for flags in (["--collector.interval", "0.01"], ["--web.listen-address", "nonsense"]):
         result = subprocess.run([sys.executable, "-m", "laggard.cli", "agent", *flags],
-                                capture_output=True, text=True, timeout=30)
+                                capture_output=True, text=True, timeout=budget(30))
         assert result.returncode == 2
         assert "laggard agent:" in result.stderr
         assert "Traceback" not in result.stderr
@@ -116,7 +116,7 @@ def test_promtool_accepts_the_exposition(agent_factory):
                               WindowReport(step=0, world_size=1, scores={0: 0.0}).encode()])
     _wait_for(agent, "laggard_intake_datagrams_total", {}, 2)
     result = subprocess.run(["promtool", "check", "metrics"], input=agent.scrape(),
-                            capture_output=True, text=True, timeout=30)
+                            capture_output=True, text=True, timeout=budget(30))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -127,7 +127,7 @@ def test_naming_the_inspector_directory_enables_its_collector(agent_factory, tmp
     (tmp_path / "rank2.log").write_text(source.read_text())
     agent = agent_factory("--collector.interval", "0.1",
                           "--collector.nccl_inspector.dir", str(tmp_path))
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + budget(5)
     count = None
     while time.monotonic() < deadline and not count:
         text = agent.scrape()
@@ -144,7 +144,7 @@ def test_an_address_in_use_is_named_in_the_error(agent_factory):
     result = subprocess.run(
         [sys.executable, "-m", "laggard.cli", "agent",
          "--web.listen-address", f"127.0.0.1:{agent.port}", "--intake.address", "127.0.0.1:0"],
-        capture_output=True, text=True, timeout=30)
+        capture_output=True, text=True, timeout=budget(30))
     assert result.returncode == 2
     assert f"--web.listen-address 127.0.0.1:{agent.port}: Address already in use" in result.stderr
 
@@ -153,7 +153,7 @@ def test_an_unknown_agent_flag_shows_the_agent_usage():
     import sys
 
     result = subprocess.run([sys.executable, "-m", "laggard.cli", "agent", "--bogus"],
-                            capture_output=True, text=True, timeout=30)
+                            capture_output=True, text=True, timeout=budget(30))
     assert result.returncode == 2
     assert "usage: laggard agent" in result.stderr
     assert "unrecognized arguments: --bogus" in result.stderr

@@ -5,6 +5,7 @@ import socket
 import time
 
 from prometheus_client.parser import text_string_to_metric_families
+from support import budget
 
 from laggard.wire import StepRecord, WindowReport
 
@@ -34,7 +35,7 @@ def test_two_runs_on_one_agent_stay_apart_and_name_their_gpus(agent_factory):
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for record in records:
             s.sendto(record.encode(), ("127.0.0.1", agent.intake_port))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + budget(10)
     while True:
         text = agent.scrape()
         steps = {(x.labels["run"], x.labels["rank"]): x.value

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import wait_for
+from support import budget, wait_for
 
 from laggard.agent.config import AgentConfig
 from laggard.integrations.agent_socket import AgentSocket
@@ -30,7 +30,7 @@ def _value(text: str, name: str, labels: dict[str, str]) -> float | None:
 def _run_agent(*flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "laggard.cli", "agent", "--web.listen-address",
                            "127.0.0.1:0", "--no-collector.host", *flags],
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=budget(30))
 
 
 def test_the_socket_has_the_flags_mode_and_takes_the_senders_records(agent_factory,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import AgentProcess, wait_for
+from support import AgentProcess, budget, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -73,7 +73,7 @@ class Rank:
         if text != "exit":
             assert self.proc.stdout.readline() == f"ok {text}\n"
         else:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=budget(10))
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -6,7 +6,7 @@ import socket
 import time
 
 from prometheus_client.parser import text_string_to_metric_families
-from support import FIXTURES, REPO
+from support import FIXTURES, REPO, budget
 
 from laggard.wire import CollectiveTiming, GroupProgress, Heartbeat, StepRecord, WindowReport
 
@@ -75,7 +75,7 @@ def _exported(agent_factory, tmp_path) -> dict[str, str]:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for payload in (record.encode(), report.encode(), heartbeat.encode()):
             s.sendto(payload, ("127.0.0.1", agent.intake_port))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + budget(10)
     names: dict[str, str] = {}
     while time.monotonic() < deadline:
         families = list(text_string_to_metric_families(agent.scrape()))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from support import FIXTURES
+from support import FIXTURES, budget
 
 
 class _Adapter:
@@ -43,7 +43,7 @@ def promtool() -> Callable[[str], None]:
 
     def check(text: str) -> None:
         result = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
-                                capture_output=True, timeout=30)
+                                capture_output=True, timeout=budget(30))
         assert result.returncode == 0, result.stdout + result.stderr
 
     return check

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from support import FIXTURES, scrape, stop_agent
+from support import FIXTURES, budget, scrape, stop_agent
 
 from laggard.agent.context import FindingLog
 from laggard.collectors.base import NoDataError
@@ -112,7 +112,7 @@ def test_nvml_event_and_kernel_line_of_one_xid_count_once(tmp_path, expose, valu
         expose(collector)
         fake.advance(20)
         append(log, LINE.replace("0000:18:00", "0000:28:00"))
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + budget(5)
         text = expose(collector)
         while value(text, "laggard_xid_events_merged_total") != 1.0 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -263,7 +263,7 @@ def test_agent_reports_an_xid_79_of_the_history_logs_it_once_with_times(tmp_path
                           "--collector.nvml.fake-gpus-scenario", "steady",
                           "--node.name", "gpu-node-07")
     lost = 'laggard_gpu_lost{gpu="",pci_bus_id="0000:3b:00"}'
-    deadline = time.monotonic() + 10.0
+    deadline = time.monotonic() + budget(10.0)
     while value(text := agent.scrape(), lost) is None:
         assert time.monotonic() < deadline, "the Xid 79 of the history was never exported"
         time.sleep(0.1)
@@ -291,7 +291,7 @@ def test_agent_counts_appended_lines_within_two_seconds(tmp_path, agent_factory,
     log = tmp_path / "syslog"
     log.write_text("Dec  2 11:38:27 node01 kernel: [  199.2] NVRM: unrelated line\n")
     agent = agent_factory("--collector.interval", "0.1", "--path.kmsg", str(log))
-    deadline = time.monotonic() + 5.0  # the log is read from its end as of the first round
+    deadline = time.monotonic() + budget(5.0)  # the log is read from its end as of the first round
     while value(agent.scrape(), "laggard_kernel_log_lines_total") is None:
         assert time.monotonic() < deadline, "the xid collector never ran"
         time.sleep(0.05)

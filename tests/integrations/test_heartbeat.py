@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 
 from heartbeat_data import hung_job, make_keys, make_snapshot  # noqa: E402
-from support import wait_for  # noqa: E402
+from support import budget, wait_for  # noqa: E402
 
 from laggard.integrations.hang_watch import HangWatch  # noqa: E402
 from laggard.integrations.heartbeat import (  # noqa: E402
@@ -292,7 +292,7 @@ def test_closing_sends_a_goodbye_heartbeat_the_agent_lets_expire():
     threads = HeartbeatThreads(_source(phase="optimizer"), rank=1, world_size=2, run="r1",
                                send=sent.append, heartbeat_seconds=0.05, store_seconds=0)
     threads.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + budget(10)
     while not sent and time.monotonic() < deadline:
         time.sleep(0.01)
     threads.close()

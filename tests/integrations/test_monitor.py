@@ -17,6 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from support import budget  # noqa: E402
+
 from laggard.detectors.finding import Finding, Severity  # noqa: E402
 from laggard.detectors.window import (  # noqa: E402
     STEP_COLUMN_NAMES,
@@ -304,7 +306,7 @@ def test_comm_timing_hook_on_a_real_two_rank_gloo_job(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(HERE / "comm_timing_worker.py"), str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env, capture_output=True, text=True, timeout=budget(120),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
