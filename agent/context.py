@@ -44,7 +44,8 @@ _RANK = {"info": 0, "warning": 1, "critical": 2}
 _SUBJECT_FIELDS = ("run", "node", "rank", "gpu", "subject")
 _SUBJECT_EVIDENCE = ("pci_bus_id", "xid", "sxid", "link", "pg")
 #: Fields named in a log line (``name=value``), in this order.
-_WHERE_FIELDS = ("run", "node", "rank", "local_rank", "gpu", "subject")
+_WHERE_FIELDS = ("run", "node", "rank", "local_rank", "gpu", "subject", "sender_pid",
+                 "sender_uid")
 
 log = logging.getLogger("laggard.findings")
 

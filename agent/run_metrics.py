@@ -29,7 +29,8 @@ __all__ = ["DROP_WHATS", "FORGET_REASONS", "GPU_UNRESOLVED_REASONS", "GROUP_RESE
 #: What the intake counts in ``laggard_intake_rejected_total{reason}`` (whole datagrams).
 REJECT_REASONS = ("oversized", "too_deep", "not_json", "version", "schema", "range",
                   "run_length", "run_charset", "decoder_error", "rank_limit", "run_limit",
-                  "series_limit", "internal_error", "sender_not_allowed", "heartbeat_conflict")
+                  "series_limit", "internal_error", "sender_not_allowed", "heartbeat_conflict",
+                  "foreign_sender")
 #: What ``laggard_intake_dropped_total{what}`` counts: parts of accepted datagrams not exported
 #: (``group``: a heartbeat's group or P2P pair past the per-rank cap or the budget).
 DROP_WHATS = ("phase", "op", "score", "flag", "finding_label", "group")
@@ -95,6 +96,12 @@ class RunMetrics:
         yield _counter_by("laggard_intake_rejected_total",
                           "Datagrams dropped by the intake, by reason.",
                           "reason", REJECT_REASONS, table.rejected)
+        admin = CounterMetricFamily(
+            "laggard_intake_admin_records_total",
+            "Records root (uid 0, the node's admin) wrote into a run another uid owns "
+            "(accepted; another uid's are refused as foreign_sender).")
+        admin.add_metric([], table.admin_records)
+        yield admin
         yield _counter_by(
             "laggard_intake_dropped_total",
             "Parts of accepted datagrams not exported as series of their own: phase and op "

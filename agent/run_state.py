@@ -15,7 +15,7 @@ from laggard.agent.progress import PROGRESS_SAMPLES, RankProgress
 from laggard.collectors.histogram import DURATION_BUCKETS_SECONDS, Histogram
 
 __all__ = ["COMM_KEYS", "HISTOGRAM_SAMPLES", "JOB_SAMPLES", "RANK_SAMPLES", "JobState",
-           "RankState", "RunState", "TableReading"]
+           "RankState", "RunOwner", "RunState", "TableReading"]
 
 #: ``StepRecord.comm`` keys the table sums per rank (seconds or bytes over steps); each is one
 #: counter of :mod:`laggard.agent.run_metrics`, and any other key is ignored.
@@ -70,6 +70,23 @@ class JobState:
     detector_stats: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class RunOwner:
+    """Who owns a run label on this agent: the first sender the kernel named (docs/agent.md,
+    "Threat model").
+
+    Attributes:
+        uid: the owner's user id (``SCM_CREDENTIALS``).
+        cgroup: the owner's workload (:meth:`laggard.agent.sender.SenderIdentity.owner_cgroup`:
+            its Slurm job), None where its cgroup names none.
+        pid: the process that claimed the run (for the log), None where unknown.
+    """
+
+    uid: int
+    cgroup: str | None = None
+    pid: int | None = None
+
+
 @dataclass(slots=True)
 class RunState:
     """One training run's ranks and WindowReport state, apart from every other run's.
@@ -78,11 +95,13 @@ class RunState:
         ranks: rank -> state; rank 0 of this run is not rank 0 of another.
         job: what this run's WindowReports set, None before the first (or after a reset).
         series: exposition samples this run holds (its share of the budget in use).
+        owner: who owns the run label; None for a run first heard over UDP (no identity).
     """
 
     ranks: dict[int, RankState] = field(default_factory=dict)
     job: JobState | None = None
     series: int = 0
+    owner: RunOwner | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,15 @@ series stay (``laggard.agent.progress``). Every datagram sent ends up in exactly
 accepted, rejected by reason, or dropped by the kernel before the agent read it. Nothing a sender
 does can grow the agent's memory or its exposition without bound.
 
+A run belongs to its senders (docs/agent.md, "Threat model"): the first sender the kernel names
+(its uid, and its Slurm job where its cgroup names one) owns the run label; records of another
+uid for that run, and UDP records (no identity) for a run owned over the socket, are refused
+(``foreign_sender``) and logged once per uid with pid and uid, so one datagram of another user
+can neither write the run's verdict nor reset its ranks. Root (uid 0) is the node's admin and may
+write any run (counted: ``laggard_intake_admin_records_total``). A run none of whose ranks is
+alive any more may be claimed by a new owner. Every finding a WindowReport carries is kept and
+logged with the ``sender_pid`` and ``sender_uid`` the kernel gave (None over UDP).
+
 State only (its data in :mod:`laggard.agent.run_state`): the metric families are rendered from
 it by :class:`laggard.agent.run_metrics.RunMetrics`, as client_python's ``process_collector.py``
 reads and ``exposition.py`` renders.
@@ -26,6 +35,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from laggard.agent.config import (
@@ -50,6 +60,7 @@ from laggard.agent.run_state import (
     RANK_SAMPLES,
     JobState,
     RankState,
+    RunOwner,
     RunState,
     TableReading,
 )
@@ -65,6 +76,10 @@ log = logging.getLogger(__name__)
 #: Label value for a finding's detector, kind or severity outside the known vocabulary.
 OTHER_LABEL = "other"
 _SEVERITIES = frozenset(s.value for s in Severity)
+#: ``laggard_intake_rejected_total`` reason of a record for a run another sender owns.
+FOREIGN_SENDER = "foreign_sender"
+#: uid of the node's admin, who may write any run (counted, not refused).
+ROOT_UID = 0
 
 #: ``(uuid, pci_bus_id)`` -> NVML index as a label value, ``""`` for a device NVML does not
 #: list, None when NVML is not available. See :class:`laggard.agent.gpu_index.GpuIndex`.
@@ -154,6 +169,7 @@ class RankTable:
         self._rank_count = 0
         self._series = 0
         self._log_once = LogOnce(log, logging.ERROR)
+        self._refusal_once = LogOnce(log)
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
@@ -162,6 +178,8 @@ class RankTable:
         self.runs_forgotten: Counter[str] = Counter()
         self.gpu_unresolved: Counter[str] = Counter()
         self.group_resets: Counter[str] = Counter()
+        #: records root (uid 0) wrote into a run another uid owns.
+        self.admin_records = 0
 
     @property
     def max_runs(self) -> int:
@@ -216,11 +234,14 @@ class RankTable:
         Args:
             payload: one datagram's bytes.
             sender: who sent it, as the kernel says (Unix-socket intake); None over UDP. Its
-                pid detects a rank that moves to another run; its workload labels go on the
-                rank's ``laggard_rank_info``.
+                uid (and Slurm job) own a run it is the first to write, and a record of another
+                owner's run is refused (``foreign_sender``); its pid detects a rank that moves to
+                another run and goes with its uid on the findings it carries; its workload
+                labels go on the rank's ``laggard_rank_info``.
 
         Never raises: whatever the payload, it ends up in ``accepted`` or ``rejected``.
         """
+        refusal: tuple[str, tuple[object, ...]] | None = None
         try:
             item = decode_datagram(payload)
             gpu = None
@@ -229,13 +250,24 @@ class RankTable:
                 # Outside the lock: the resolver may call NVML (cached, but not free).
                 gpu = self._gpu_resolver(item.uuid, item.pci_bus_id)
             with self._lock:
-                if isinstance(item, WindowReport):
-                    self._apply_window(item)
-                elif isinstance(item, Heartbeat):
-                    self._apply_heartbeat(item, sender)
+                refusal = self._refusal(item, sender)
+                if refusal is not None:
+                    self.rejected[FOREIGN_SENDER] += 1
                 else:
-                    self._apply_step(item, sender, gpu)
-                self.accepted += 1
+                    if isinstance(item, WindowReport):
+                        self._apply_window(_with_sender(item, sender))
+                    elif isinstance(item, Heartbeat):
+                        self._apply_heartbeat(item, sender)
+                    else:
+                        self._apply_step(item, sender, gpu)
+                    self._claim(item.run, sender)
+                    self.accepted += 1
+            if refusal is not None:
+                # Outside the lock (a blocked log handler must not stop the intake).
+                self._refusal_once(refusal[0], "intake: refused %s from pid %s uid %s for run "
+                                   "%r, owned by uid %s%s (pid %s) (counted as "
+                                   "laggard_intake_rejected_total{reason=\"foreign_sender\"}; "
+                                   "logged once per sender uid)", *refusal[1])
         except RecordError as exc:
             with self._lock:
                 self.rejected[exc.reason] += 1
@@ -245,6 +277,44 @@ class RankTable:
             # Outside the lock: the traceback names the bug; one is enough.
             self._log_once("internal_error", "intake failed on a datagram (counted as "
                            "internal_error):\n%s", traceback.format_exc())
+
+    def _refusal(self, item: StepRecord | WindowReport | Heartbeat,
+                 sender: SenderIdentity | None) -> tuple[str, tuple[object, ...]] | None:
+        """Why ``sender`` may not write ``item``'s run: a log key and the log line's arguments;
+        None when it may (an unowned run, its owner, root: counted; or a run whose ranks are all
+        gone, which it may then claim)."""
+        run = self._runs.get(item.run)
+        owner = run.owner if run is not None else None
+        if run is None or owner is None:
+            return None  # unowned: the first sender the kernel names claims it
+        uid = sender.uid if sender is not None else None
+        if uid is not None:
+            cgroup = sender.owner_cgroup() if sender is not None else None
+            # A sender whose cgroup is unknown (exited, another pid namespace) is its uid.
+            if uid == owner.uid and (cgroup is None or owner.cgroup is None
+                                     or cgroup == owner.cgroup):
+                return None
+            if uid == ROOT_UID:
+                self.admin_records += 1
+                return None
+        if not any(_alive(state) for state in run.ranks.values()):
+            run.owner = None  # its ranks are gone: the run label is free to claim again
+            return None
+        what = type(item).__name__
+        if uid is None:
+            return ("foreign_sender:udp", (f"a {what} without sender identity (UDP)", None,
+                                           None, item.run, owner.uid, _cgroup_note(owner),
+                                           owner.pid))
+        pid = sender.pid if sender is not None else None
+        return (f"foreign_sender:{uid}", (f"a {what}", pid, uid, item.run, owner.uid,
+                                          _cgroup_note(owner), owner.pid))
+
+    def _claim(self, name: str, sender: SenderIdentity | None) -> None:
+        """The first sender the kernel names owns run ``name`` (if the run was kept)."""
+        run = self._runs.get(name)
+        if run is not None and run.owner is None and sender is not None \
+                and sender.uid is not None:
+            run.owner = RunOwner(uid=sender.uid, cgroup=sender.owner_cgroup(), pid=sender.pid)
 
     def reject(self, reason: str) -> None:
         """Count a datagram dropped before decoding (e.g. ``oversized``)."""
@@ -589,6 +659,26 @@ class RankTable:
         self.dropped["finding_label"] += 1
         return {**doc, "detector": labels[0], "kind": labels[1], "severity": labels[2],
                 "labels_as_sent": [str(detector), str(kind), str(severity)]}
+
+
+def _alive(state: RankState) -> bool:
+    """A rank whose process may still send: not said goodbye, not found exited."""
+    return not state.progress.closed and state.progress.process != "exited"
+
+
+def _cgroup_note(owner: RunOwner) -> str:
+    return f" ({owner.cgroup})" if owner.cgroup else ""
+
+
+def _with_sender(report: WindowReport, sender: SenderIdentity | None) -> WindowReport:
+    """``report`` with each finding stamped with the kernel's ``sender_pid`` and ``sender_uid``
+    (None over UDP); whatever the datagram wrote in those fields is replaced."""
+    if not report.findings:
+        return report
+    pid = sender.pid if sender is not None else None
+    uid = sender.uid if sender is not None else None
+    return replace(report, findings=[{**doc, "sender_pid": pid, "sender_uid": uid}
+                                     for doc in report.findings])
 
 
 def _normalised_bus_id(bus_id: str) -> str:

@@ -6,6 +6,8 @@ Kubernetes pod UID and container id, Slurm job id). The optional UDP intake know
 and passes ``None``.
 
 The labels become labels of ``laggard_rank_info`` only, so that no other series multiplies.
+The uid (and the Slurm job of the cgroup) also own a run label on the agent: see
+:meth:`SenderIdentity.owner_cgroup` and docs/agent.md, "Threat model".
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ class SenderIdentity:
 
     def __hash__(self) -> int:
         return hash((self.pid, self.uid, self.gid, tuple(sorted(self.labels.items()))))
+
+    def owner_cgroup(self) -> str | None:
+        """The part of the sender's cgroup that owns a run with its uid: ``slurm_job_id=<J>``
+        where the cgroup names a Slurm job, else None.
+
+        Only the job, not the whole cgroup path: under Slurm's ``task/cgroup`` each rank has a
+        cgroup of its own (``job_J/step_S/task_T``), and a Kubernetes job runs one pod (one
+        cgroup) per rank or per group of ranks; the ranks of one run must all own it. Two Slurm
+        jobs of one user on a node are told apart; Kubernetes pods only by their uid.
+        """
+        job = self.labels.get("slurm_job_id")
+        return f"slurm_job_id={job}" if isinstance(job, str) and job else None
 
     def workload_labels(self) -> dict[str, str]:
         """The labels safe to export: valid names not reserved, at most

@@ -245,7 +245,7 @@ def test_a_pid_claimed_over_the_unix_socket_is_not_looked_up(clock, proc):
     assert _process_state(table) == "unknown"
     # The kernel's pid wins over a claimed one.
     proc.start(4242, start_ticks=5)
-    table.ingest(_beat(rank=1, step=1, pid=57), SenderIdentity(pid=4242))
+    table.ingest(_beat(rank=1, step=1, pid=57), SenderIdentity(pid=4242, uid=1000, gid=1000))
     clock.now += 30
     assert _process_state(table, rank=1) == "alive"
     assert _process_state(table, rank=0) is None

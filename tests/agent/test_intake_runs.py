@@ -124,7 +124,8 @@ def test_a_rank_that_changes_run_mid_way_moves_and_is_counted():
     sender = SenderIdentity(pid=1234, uid=1000, gid=1000, labels={"slurm_job_id": "77"})
     for step in range(5):
         table.ingest(_step("a", 1, 2, step), sender)
-        table.ingest(_step("a", 0, 2, step), SenderIdentity(pid=1233))
+        # The kernel names every socket sender's uid: rank 0 is the same user's process.
+        table.ingest(_step("a", 0, 2, step), SenderIdentity(pid=1233, uid=1000, gid=1000))
     for step in range(2):
         table.ingest(_step("b", 1, 4, step), sender)
     r = registry_of(RunMetrics(table))
