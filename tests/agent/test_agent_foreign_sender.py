@@ -28,11 +28,10 @@ from laggard.wire import StepRecord, WindowReport
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 def _value(text: str, name: str, labels: dict[str, str]) -> float | None:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return None
+    """The first sample ``name`` whose labels include ``labels``, or None."""
+    return next((sample.value for family in text_string_to_metric_families(text)
+                 for sample in family.samples
+                 if sample.name == name and labels.items() <= sample.labels.items()), None)
 
 
 @pytest.fixture
