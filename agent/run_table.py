@@ -103,7 +103,9 @@ class RankTable:
     state; a run with nothing left is forgotten. Within a run, a rank whose world size changes
     or whose step goes back is a restart and starts afresh (so does the run's job state). A
     sender whose pid the kernel gave (:class:`SenderIdentity`) and that reports for another run
-    or rank moves: its old rank is forgotten (``moved``).
+    or rank moves: its old rank is forgotten (``moved``). The first sender the kernel names owns
+    its run (:class:`~laggard.agent.run_state.RunOwner`); another owner's records for it are
+    refused (``foreign_sender``), root's accepted and counted (``admin_records``).
 
     Heartbeats keep a rank that stopped stepping visible (:mod:`laggard.agent.progress`): a rank
     is forgotten for staleness only when nothing (no step, no heartbeat) came for the TTL *and*

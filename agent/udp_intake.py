@@ -3,7 +3,9 @@
 The default transport is the agent's socket, a Unix datagram socket
 (:mod:`laggard.agent.unix_intake`), which carries the sender's pid and uid from the kernel. UDP
 (``--intake.address``) is the option for senders that cannot reach that socket; it carries no
-sender identity, so any local process can send.
+sender identity, so any local process can send: it is for nodes whose users are all trusted. A
+run first heard over UDP has no owner; a run a socket sender owns refuses UDP records
+(``foreign_sender``, docs/agent.md, "Threat model").
 """
 
 from __future__ import annotations

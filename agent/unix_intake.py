@@ -7,7 +7,9 @@ on: the kernel attaches ``SCM_CREDENTIALS`` (``struct ucred``: pid, uid, gid, th
 every datagram. A sender cannot claim another process's pid or another user's ids unless it has
 ``CAP_SYS_ADMIN`` or ``CAP_SETUID`` (``man 7 unix``), so these are the identity the agent trusts:
 the optional allow-list (``--intake.allow-uids``, ``--intake.allow-gids``) is checked on them,
-and the pid is turned into workload labels from its cgroup (``agent/workload.py``).
+and the pid is turned into workload labels from its cgroup (``agent/workload.py``). The uid (and
+the Slurm job of the cgroup) then own the runs the sender is the first to write: the run table
+refuses another uid's records for them (``foreign_sender``; docs/agent.md, "Threat model").
 
 Who can send at all is decided by the file system: write permission on the socket file
 (``--intake.socket-mode``) and search permission on its directory (in Kubernetes, a pod must
