@@ -266,8 +266,8 @@ class RankTable:
                     self.accepted += 1
             if refusal is not None:
                 # Outside the lock (a blocked log handler must not stop the intake).
-                self._refusal_once(refusal[0], "intake: refused %s from pid %s uid %s for run "
-                                   "%r, owned by uid %s%s (pid %s) (counted as "
+                self._refusal_once(refusal[0], "intake: refused %s for run %r, owned by uid "
+                                   "%s%s (pid %s) (counted as "
                                    "laggard_intake_rejected_total{reason=\"foreign_sender\"}; "
                                    "logged once per sender uid)", *refusal[1])
         except RecordError as exc:
@@ -304,12 +304,11 @@ class RankTable:
             return None
         what = type(item).__name__
         if uid is None:
-            return ("foreign_sender:udp", (f"a {what} without sender identity (UDP)", None,
-                                           None, item.run, owner.uid, _cgroup_note(owner),
-                                           owner.pid))
+            return ("foreign_sender:udp", (f"a {what} without sender identity (UDP)", item.run,
+                                           owner.uid, _cgroup_note(owner), owner.pid))
         pid = sender.pid if sender is not None else None
-        return (f"foreign_sender:{uid}", (f"a {what}", pid, uid, item.run, owner.uid,
-                                          _cgroup_note(owner), owner.pid))
+        return (f"foreign_sender:{uid}", (f"a {what} from pid {pid} uid {uid}", item.run,
+                                          owner.uid, _cgroup_note(owner), owner.pid))
 
     def _claim(self, name: str, sender: SenderIdentity | None) -> None:
         """The first sender the kernel names owns run ``name`` (if the run was kept)."""
