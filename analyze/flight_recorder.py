@@ -39,6 +39,8 @@ def fr_findings(source: str, analysis: FrAnalysis, locations: dict[int, str]) ->
             for stall in analysis.p2p]
     out += [_silent_finding(source, c.rank) for c in analysis.verdict.culprits
             if c.kind == "silent" and not c.group]
+    if analysis.verdict.undetermined:
+        out.append(_undetermined_finding(source, analysis))
     for mm in analysis.mismatches:
         parts = "; ".join(f"{ranks_text(r)}: {s[0]} {s[1:] if len(s) > 1 else ''}"
                           for s, r in mm.signatures.items())
@@ -85,7 +87,8 @@ def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
     issued = ranks_text(lag.present) if lag.present else "the other members"
     msg = (f"{what} of {_group(lag.pg, lag.pg_desc)} was issued by {issued} but never by "
            f"{ranks_text(lag.missing)}" + (f" ({missing_status})" if missing_status else "")
-           + (f"; no dump from {ranks_text(lag.no_dump)}" if lag.no_dump else ""))
+           + (f"; no dump from {ranks_text(lag.no_dump)}: stopped or dead (its process "
+              f"wrote nothing)" if lag.no_dump else ""))
     if lag.hung_cpu:
         msg += f"; {ranks_text(lag.hung_cpu)} has {_HUNG_CPU}"
     if device:
@@ -148,6 +151,28 @@ def _p2p_finding(source: str, stall: P2PStall, kind: str | None) -> Finding:
                 f"{stall.recvs} receive(s); rank {stall.waiting} waits in {stall.op} "
                 f"({_shape(stall.input_sizes, stall.input_dtypes)}; the op as recorded, in "
                 f"group ranks) for rank {stall.stalled}, {why}")
+
+
+def _undetermined_finding(source: str, analysis: FrAnalysis) -> Finding:
+    """Ranks blocked outside every recorded collective in groups that carry send/recv the
+    dumps do not list (gloo): who waits on whom cannot be told, and nobody is named."""
+    verdict = analysis.verdict
+    ranks = list(verdict.undetermined)
+    one = len(ranks) == 1
+    waiting = [r for r in verdict.waiting if r not in ranks]
+    return incident(
+        source=source, kind="hang_undetermined", severity=Severity.WARNING,
+        subject=ranks_text(ranks),
+        evidence={"ranks": ranks, "waiting": waiting, "reason": "p2p_not_recorded"},
+        message=f"{ranks_text(ranks).capitalize()} {'has' if one else 'have'} no recorded "
+                f"collective pending and {'does' if one else 'do'} send/recv that the dumps do "
+                f"not record (gloo records no point-to-point operation)"
+                + (f"; {ranks_text(waiting)} wait{'s' if len(waiting) == 1 else ''} on "
+                   f"{'it' if one else 'them'}" if waiting else "")
+                + f": {'it' if one else 'they'} may wait in a receive whose send never came "
+                  f"(or a send nobody receives), or be stopped outside communication; which "
+                  f"peer did not post its side cannot be told from these dumps, so no rank is "
+                  f"named (py-spy dump {'its' if one else 'their'} process)")
 
 
 def _silent_finding(source: str, rank: int) -> Finding:
