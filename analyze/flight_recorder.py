@@ -60,6 +60,7 @@ def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
     stragglers = list(analysis.stragglers)
     kinds = {r: analysis.verdict.kind_of(r) for r in lag.missing}
     verdicts = {str(r): "hung_cpu" if r in lag.hung_cpu else
+                "skipped" if r in lag.skipped else
                 "no_dump" if r in lag.no_dump else
                 "device" if kinds[r] == "device" else "missing" for r in lag.missing}
     device = [r for r in lag.missing if kinds[r] == "device"]
@@ -69,6 +70,7 @@ def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
         "missing_ranks": list(lag.missing), "not_enqueued": list(lag.not_enqueued),
         "no_dump": list(lag.no_dump), "unknown": list(lag.unknown),
         "hung_cpu": list(lag.hung_cpu), "trailing": list(lag.trailing), "verdicts": verdicts,
+        "skipped": list(lag.skipped),
         "kinds": {str(r): k for r, k in kinds.items()},
         "input_sizes": [list(s) for s in lag.input_sizes],
         "input_dtypes": list(lag.input_dtypes), "state": list(lag.state),
@@ -91,6 +93,11 @@ def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
               f"wrote nothing)" if lag.no_dump else ""))
     if lag.hung_cpu:
         msg += f"; {ranks_text(lag.hung_cpu)} has {_HUNG_CPU}"
+    if lag.skipped:
+        one = len(lag.skipped) == 1
+        msg += (f"; {ranks_text(lag.skipped)} went past it without issuing it (it waits in a "
+                f"later collective of another group, which the ranks waiting here never reach): "
+                f"{'it' if one else 'they'} skipped it")
     if device:
         msg += (f"; {ranks_text(device)} {'is' if len(device) == 1 else 'are'} stuck on the "
                 f"device: work {'its' if len(device) == 1 else 'their'} peers completed is "
@@ -101,7 +108,9 @@ def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
                 f"{len(analysis.lagging)} process group(s) "
                 f"({', '.join(x.pg for x in analysis.lagging)}): "
                 f"{'it is the likely straggler' if one else 'they are the likely stragglers'}; "
-                f"look at {'its GPU and host' if one else 'their GPUs and hosts'} first")
+                f"look at {'its' if one else 'their'} "
+                f"{('GPU and host' if one else 'GPUs and hosts') if analysis.device else 'process'}"
+                f" first")
     return incident(
         source=source, kind="collective_timeout",
         severity=Severity.CRITICAL if primary else Severity.WARNING,
@@ -161,8 +170,8 @@ def _undetermined_finding(source: str, analysis: FrAnalysis) -> Finding:
     one = len(ranks) == 1
     waiting = [r for r in verdict.waiting if r not in ranks]
     return incident(
-        source=source, kind="hang_undetermined", severity=Severity.WARNING,
-        subject=ranks_text(ranks),
+        source=source, kind="p2p_stall", severity=Severity.WARNING,
+        subject="send/recv not recorded",  # the blocked ranks are not the culprits: no subject
         evidence={"ranks": ranks, "waiting": waiting, "reason": "p2p_not_recorded"},
         message=f"{ranks_text(ranks).capitalize()} {'has' if one else 'have'} no recorded "
                 f"collective pending and {'does' if one else 'do'} send/recv that the dumps do "

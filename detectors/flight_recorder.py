@@ -117,6 +117,8 @@ class LaggingCollective(GroupCollective):
         hung_cpu: the ``not_enqueued`` ranks with no pending work in the group
             (``last_enqueued == last_completed``): their host side stopped issuing.
         trailing: members behind the others too, but past ``seq`` (they issued it).
+        skipped: the ``not_enqueued`` ranks that wait in a later collective of another group:
+            they went past this one without issuing it.
     """
 
     present: tuple[int, ...]
@@ -127,6 +129,7 @@ class LaggingCollective(GroupCollective):
     time_created_ns: int | None
     hung_cpu: tuple[int, ...] = ()
     trailing: tuple[int, ...] = ()
+    skipped: tuple[int, ...] = ()
 
     @property
     def missing(self) -> tuple[int, ...]:
@@ -201,6 +204,7 @@ class FrAnalysis:
         verdict: the culprits by :func:`~laggard.detectors.hang.classify_hang` (kinds: missing,
             device, silent); ``lagging``, ``stuck`` and ``p2p`` describe their groups only.
         unmapped_status: ``pg_status`` records that could not be tied to a group (left out).
+        device: whether the job's collectives ran on a device (False: every entry is gloo's).
     """
 
     lagging: list[LaggingCollective] = field(default_factory=list)
@@ -212,6 +216,7 @@ class FrAnalysis:
     ranks: tuple[int, ...] = ()
     verdict: HangVerdict = field(default_factory=HangVerdict)
     unmapped_status: int = 0
+    device: bool = True
 
 
 @dataclass(slots=True)
@@ -246,8 +251,9 @@ def analyze_dumps(dumps: Iterable[FlightRecorderDump], *,
         if mismatch is not None:
             result.mismatches.append(mismatch)
     states, result.unmapped_status = _hang_states(by_rank, groups)
+    result.device = not _host_only(by_rank)
     result.verdict = classify_hang(states, absent_are_silent=absent_dumps_lag,
-                                   device=not _host_only(by_rank))
+                                   device=result.device)
     lookup = _EntryLookup(by_rank)
     result.lagging = _lagging_groups(result.verdict, states, groups, lookup)
     result.stuck = _stuck_groups(result.verdict, states, groups, lookup)
@@ -540,6 +546,8 @@ def _lagging_groups(verdict: HangVerdict, states: dict[int, RankState],
         created = [e.time_created_ns for e in issued if e.time_created_ns]
         sample = issued[0] if issued else None
         not_enqueued = tuple(sorted(r for r, enq in behind.items() if enq is not None))
+        waits_elsewhere = {r for r in not_enqueued if r in states
+                           and any(g.pending or g.issued > g.completed for g in states[r].groups)}
         out.append(LaggingCollective(
             pg=pg, pg_desc=groups[pg].desc if pg in groups else "",
             members=groups[pg].members if pg in groups else (), seq=seq,
@@ -549,8 +557,10 @@ def _lagging_groups(verdict: HangVerdict, states: dict[int, RankState],
             not_enqueued=not_enqueued,
             no_dump=tuple(sorted(r for r, enq in behind.items() if enq is None)), unknown=(),
             status=status, time_created_ns=min(created) if created else None,
-            hung_cpu=tuple(c.rank for c in culprits
-                           if c.kind == "missing" and c.rank in not_enqueued)))
+            hung_cpu=tuple(c.rank for c in culprits if c.kind == "missing"
+                           and c.rank in not_enqueued and c.rank not in waits_elsewhere),
+            skipped=tuple(c.rank for c in culprits if c.kind == "missing"
+                          and c.rank in waits_elsewhere)))
     # Earliest-created first; groups whose entries for that collective were evicted from every
     # ring buffer (known from pg_status only) come last: their time is unknown.
     out.sort(key=lambda lag: (lag.time_created_ns is None, lag.time_created_ns or 0, lag.pg))
