@@ -17,8 +17,15 @@ Per collective group, with ``C`` the highest ``completed`` among its members:
 * a member is **stuck on the device** when it issued ``s`` and did not complete it while another
   member did (``issued >= s`` and ``C >= s``): a collective cannot complete at the peers without
   every member's part, so its part ran and its completion never came (ENVIRONMENT.md: "enqueued
-  and never completed while its peers completed"; NVRx's ``gpu_error`` sets). On gloo this
-  cannot happen.
+  and never completed while its peers completed"; NVRx's ``gpu_error`` sets). Only where the
+  collectives run on a device: on the host (gloo, ``device=False``) a collective completes at
+  some members before others (its ring's last exchanges), so the member is **in progress**; it
+  waits on the members that stopped reporting (silent) without completing it, and is a victim,
+  never a culprit (:attr:`HangVerdict.in_progress` when no such member is known).
+* a rank that lists no pending work but whose source counts operations it does not list (gloo
+  records no send/recv: :attr:`RankState.unrecorded`) may be blocked in one: it is
+  **undetermined** (:attr:`HangVerdict.undetermined`), never named, and the ranks waiting on it
+  name nobody through it: which peer did not post its side cannot be told.
 
 P2P traffic is compared per (sender, receiver) pair only, never across the group (P2P sequence
 numbers count per pair and their completion is not a watermark: ENVIRONMENT.md): a side with
@@ -40,9 +47,13 @@ is a victim of whom it waits on; the culprits are
    is not completed elsewhere, in any group or pair, and a lower issued count than its peers
    (ENVIRONMENT.md: a rank hung on the CPU has no pending work and is behind).
 4. A **wait cycle** with none of the above (a rank that skipped a collective and went on to wait
-   in the next one, while its peers wait for the skipped one): the oldest wait of the cycle is
-   where the hang began, so the ranks *it* waits on are named (missing); without wait ages every
-   rank the cycle's waits point at is named. :attr:`HangVerdict.cycle` says so.
+   in the next one, while its peers wait for the skipped one): where the ranks' issue orders are
+   known (:attr:`RankState.history`, from whole-history dumps), the rank of the cycle that left
+   the order the job kept until then (a step no earlier step took) is named (missing);
+   otherwise the oldest wait *of the cycle* is where the hang began, so the ranks it waits on
+   are named (waits of ranks outside the cycle, its victims, say nothing of where it began);
+   without wait ages every rank the cycle's waits point at is named. :attr:`HangVerdict.cycle`
+   says so. A rank blocked in one group is never named missing from another.
 
 Bad input never raises: a state with negative counters or ``completed > issued`` is dropped and
 counted (:attr:`HangVerdict.bad_states`); a rank of another world size is left out and listed
