@@ -284,6 +284,7 @@ def _hang_states(by_rank: dict[int, FlightRecorderDump],
     newest = max((e.time_created_ns or 0 for d in by_rank.values() for e in d.entries),
                  default=0)
     history = {r: _whole_history(d) for r, d in by_rank.items()}
+    host = _host_only(by_rank)  # gloo: send/recv counted and not recorded (ENVIRONMENT.md)
     unmapped = 0
     states = {}
     for rank, dump in sorted(by_rank.items()):
@@ -296,7 +297,8 @@ def _hang_states(by_rank: dict[int, FlightRecorderDump],
         kept = tuple(g for g in collective if g)
         states[rank] = RankState(
             rank=rank, groups=kept,
-            unrecorded=_unrecorded(dump, kept, status, p2p_pgs) if history[rank] else (),
+            unrecorded=_unrecorded(dump, kept, status, p2p_pgs)
+            if history[rank] and host else (),
             history=tuple(e.pg for e in dump.entries if not _p2p_match(e) and e.seq > 0)
             if history[rank] else ())
     pairs = _pair_states(by_rank, groups, history, newest)
