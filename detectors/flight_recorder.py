@@ -477,8 +477,9 @@ def _groups(by_rank: dict[int, FlightRecorderDump]) -> dict[str, _Group]:
             seen_in[name].add(rank)
     # gloo (torch 2.13) keys pg_config by an empty name; a rank without subgroups lists the
     # world's ranks there, so a rank that left no dump (stopped, dead) is still a member
-    world = set(by_rank) | {m for d in by_rank.values()
-                            for m in d.groups.get("", ("", ()))[1]}
+    # (and ranks run 0..W-1: a gap below the highest dumped rank is a rank without a dump)
+    world = set(range(max(by_rank) + 1)) if by_rank else set()
+    world |= {m for d in by_rank.values() for m in d.groups.get("", ("", ()))[1]}
     for name, group in groups.items():
         if not group.members and (seen_in[name] or name == "0"):
             # pg_config did not name the members: the ranks that know the group, and the
