@@ -39,6 +39,8 @@ def fr_findings(source: str, analysis: FrAnalysis, locations: dict[int, str]) ->
             for stall in analysis.p2p]
     out += [_silent_finding(source, c.rank) for c in analysis.verdict.culprits
             if c.kind == "silent" and not c.group]
+    if analysis.verdict.undetermined:
+        out.append(_undetermined_finding(source, analysis))
     for mm in analysis.mismatches:
         parts = "; ".join(f"{ranks_text(r)}: {s[0]} {s[1:] if len(s) > 1 else ''}"
                           for s, r in mm.signatures.items())
@@ -58,6 +60,7 @@ def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
     stragglers = list(analysis.stragglers)
     kinds = {r: analysis.verdict.kind_of(r) for r in lag.missing}
     verdicts = {str(r): "hung_cpu" if r in lag.hung_cpu else
+                "skipped" if r in lag.skipped else
                 "no_dump" if r in lag.no_dump else
                 "device" if kinds[r] == "device" else "missing" for r in lag.missing}
     device = [r for r in lag.missing if kinds[r] == "device"]
@@ -67,6 +70,7 @@ def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
         "missing_ranks": list(lag.missing), "not_enqueued": list(lag.not_enqueued),
         "no_dump": list(lag.no_dump), "unknown": list(lag.unknown),
         "hung_cpu": list(lag.hung_cpu), "trailing": list(lag.trailing), "verdicts": verdicts,
+        "skipped": list(lag.skipped),
         "kinds": {str(r): k for r, k in kinds.items()},
         "input_sizes": [list(s) for s in lag.input_sizes],
         "input_dtypes": list(lag.input_dtypes), "state": list(lag.state),
@@ -85,9 +89,15 @@ def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
     issued = ranks_text(lag.present) if lag.present else "the other members"
     msg = (f"{what} of {_group(lag.pg, lag.pg_desc)} was issued by {issued} but never by "
            f"{ranks_text(lag.missing)}" + (f" ({missing_status})" if missing_status else "")
-           + (f"; no dump from {ranks_text(lag.no_dump)}" if lag.no_dump else ""))
+           + (f"; no dump from {ranks_text(lag.no_dump)}: stopped or dead (its process "
+              f"wrote nothing)" if lag.no_dump else ""))
     if lag.hung_cpu:
         msg += f"; {ranks_text(lag.hung_cpu)} has {_HUNG_CPU}"
+    if lag.skipped:
+        one = len(lag.skipped) == 1
+        msg += (f"; {ranks_text(lag.skipped)} went past it without issuing it (it waits in a "
+                f"later collective of another group, which the ranks waiting here never reach): "
+                f"{'it' if one else 'they'} skipped it")
     if device:
         msg += (f"; {ranks_text(device)} {'is' if len(device) == 1 else 'are'} stuck on the "
                 f"device: work {'its' if len(device) == 1 else 'their'} peers completed is "
@@ -98,7 +108,9 @@ def _lagging_finding(source: str, lag: LaggingCollective, analysis: FrAnalysis,
                 f"{len(analysis.lagging)} process group(s) "
                 f"({', '.join(x.pg for x in analysis.lagging)}): "
                 f"{'it is the likely straggler' if one else 'they are the likely stragglers'}; "
-                f"look at {'its GPU and host' if one else 'their GPUs and hosts'} first")
+                f"look at {'its' if one else 'their'} "
+                f"{('GPU and host' if one else 'GPUs and hosts') if analysis.device else 'process'}"
+                f" first")
     return incident(
         source=source, kind="collective_timeout",
         severity=Severity.CRITICAL if primary else Severity.WARNING,
@@ -148,6 +160,28 @@ def _p2p_finding(source: str, stall: P2PStall, kind: str | None) -> Finding:
                 f"{stall.recvs} receive(s); rank {stall.waiting} waits in {stall.op} "
                 f"({_shape(stall.input_sizes, stall.input_dtypes)}; the op as recorded, in "
                 f"group ranks) for rank {stall.stalled}, {why}")
+
+
+def _undetermined_finding(source: str, analysis: FrAnalysis) -> Finding:
+    """Ranks blocked outside every recorded collective in groups that carry send/recv the
+    dumps do not list (gloo): who waits on whom cannot be told, and nobody is named."""
+    verdict = analysis.verdict
+    ranks = list(verdict.undetermined)
+    one = len(ranks) == 1
+    waiting = [r for r in verdict.waiting if r not in ranks]
+    return incident(
+        source=source, kind="p2p_stall", severity=Severity.WARNING,
+        subject="send/recv not recorded",  # the blocked ranks are not the culprits: no subject
+        evidence={"ranks": ranks, "waiting": waiting, "reason": "p2p_not_recorded"},
+        message=f"{ranks_text(ranks).capitalize()} {'has' if one else 'have'} no recorded "
+                f"collective pending and {'does' if one else 'do'} send/recv that the dumps do "
+                f"not record (gloo records no point-to-point operation)"
+                + (f"; {ranks_text(waiting)} wait{'s' if len(waiting) == 1 else ''} on "
+                   f"{'it' if one else 'them'}" if waiting else "")
+                + f": {'it' if one else 'they'} may wait in a receive whose send never came "
+                  f"(or a send nobody receives), or be stopped outside communication; which "
+                  f"peer did not post its side cannot be told from these dumps, so no rank is "
+                  f"named (py-spy dump {'its' if one else 'their'} process)")
 
 
 def _silent_finding(source: str, rank: int) -> Finding:

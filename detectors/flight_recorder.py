@@ -31,6 +31,18 @@ jobs"; PyTorch ``torch/csrc/distributed/c10d/FlightRecorder.cpp``):
   a watermark). From pending-only dumps a pair is counted relative to what is listed: issued =
   listed pending operations, completed = 0, on both sides alike.
 * Wait ages come from ``time_created_ns``, relative to the newest entry of the set.
+* A whole-history dump gives the rank's issue order across groups
+  (:attr:`~laggard.detectors.hang.RankState.history`), so the rank of a wait cycle that skipped
+  a collective is told from the one that waits for it.
+* gloo records no send/recv (``../shared/ENVIRONMENT.md``, "Flight-recorder dumps from real
+  gloo hangs"), but its ``op_id`` and ``pg_status`` count them: a group whose ``op_id`` runs
+  past its ``collective_seq_id`` carries unrecorded operations. A rank with no listed pending
+  work that has such a group may be blocked in a receive or send nobody recorded: it is
+  *undetermined* (:attr:`~laggard.detectors.hang.RankState.unrecorded`), never named missing,
+  and the peer it waits on is not named either (the dumps cannot tell it).
+* A job whose entries are all gloo's runs its collectives on the host: no device verdict
+  (``classify_hang(device=False)``); an entry not yet retired on a rank whose peers retired it
+  is a collective in progress, and a set where nobody is behind is no hang.
 
 Members of a group come from ``pg_config``; where it does not name them (gloo dumps of torch 2.13
 key it by an empty name with no ranks) they are the ranks whose dumps know the group, and every
@@ -44,7 +56,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from laggard.detectors.hang import (
     GroupState,
@@ -105,6 +117,8 @@ class LaggingCollective(GroupCollective):
         hung_cpu: the ``not_enqueued`` ranks with no pending work in the group
             (``last_enqueued == last_completed``): their host side stopped issuing.
         trailing: members behind the others too, but past ``seq`` (they issued it).
+        skipped: the ``not_enqueued`` ranks that wait in a later collective of another group:
+            they went past this one without issuing it.
     """
 
     present: tuple[int, ...]
@@ -115,6 +129,7 @@ class LaggingCollective(GroupCollective):
     time_created_ns: int | None
     hung_cpu: tuple[int, ...] = ()
     trailing: tuple[int, ...] = ()
+    skipped: tuple[int, ...] = ()
 
     @property
     def missing(self) -> tuple[int, ...]:
@@ -189,6 +204,7 @@ class FrAnalysis:
         verdict: the culprits by :func:`~laggard.detectors.hang.classify_hang` (kinds: missing,
             device, silent); ``lagging``, ``stuck`` and ``p2p`` describe their groups only.
         unmapped_status: ``pg_status`` records that could not be tied to a group (left out).
+        device: whether the job's collectives ran on a device (False: every entry is gloo's).
     """
 
     lagging: list[LaggingCollective] = field(default_factory=list)
@@ -200,6 +216,7 @@ class FrAnalysis:
     ranks: tuple[int, ...] = ()
     verdict: HangVerdict = field(default_factory=HangVerdict)
     unmapped_status: int = 0
+    device: bool = True
 
 
 @dataclass(slots=True)
@@ -234,7 +251,9 @@ def analyze_dumps(dumps: Iterable[FlightRecorderDump], *,
         if mismatch is not None:
             result.mismatches.append(mismatch)
     states, result.unmapped_status = _hang_states(by_rank, groups)
-    result.verdict = classify_hang(states, absent_are_silent=absent_dumps_lag)
+    result.device = not _host_only(by_rank)
+    result.verdict = classify_hang(states, absent_are_silent=absent_dumps_lag,
+                                   device=result.device)
     lookup = _EntryLookup(by_rank)
     result.lagging = _lagging_groups(result.verdict, states, groups, lookup)
     result.stuck = _stuck_groups(result.verdict, states, groups, lookup)
@@ -265,6 +284,7 @@ def _hang_states(by_rank: dict[int, FlightRecorderDump],
     newest = max((e.time_created_ns or 0 for d in by_rank.values() for e in d.entries),
                  default=0)
     history = {r: _whole_history(d) for r, d in by_rank.items()}
+    host = _host_only(by_rank)  # gloo: send/recv counted and not recorded (ENVIRONMENT.md)
     unmapped = 0
     states = {}
     for rank, dump in sorted(by_rank.items()):
@@ -274,12 +294,43 @@ def _hang_states(by_rank: dict[int, FlightRecorderDump],
                                         newest)
                       for pg in sorted(_pgs_of(dump, status, groups, rank))
                       if pg not in p2p_pgs or history[rank]]
-        states[rank] = RankState(rank=rank, groups=tuple(g for g in collective if g))
+        kept = tuple(g for g in collective if g)
+        states[rank] = RankState(
+            rank=rank, groups=kept,
+            unrecorded=_unrecorded(dump, kept, status, p2p_pgs)
+            if history[rank] and host else (),
+            history=tuple(e.pg for e in dump.entries if not _p2p_match(e) and e.seq > 0)
+            if history[rank] else ())
     pairs = _pair_states(by_rank, groups, history, newest)
     for rank, extra in pairs.items():
         if rank in states:
-            states[rank] = RankState(rank=rank, groups=states[rank].groups + tuple(extra))
+            states[rank] = replace(states[rank], groups=states[rank].groups + tuple(extra))
     return states, unmapped
+
+
+def _host_only(by_rank: dict[int, FlightRecorderDump]) -> bool:
+    """Whether every entry of the set that names its backend is gloo's (a CPU job)."""
+    backends = {e.backend for d in by_rank.values() for e in d.entries if e.backend}
+    return backends == {"gloo"}
+
+
+def _unrecorded(dump: FlightRecorderDump, groups: tuple[GroupState, ...],
+                status: dict[str, PgStatus], p2p_pgs: set[str]) -> tuple[str, ...]:
+    """Groups in which the rank may be blocked in an operation its dump does not list: it has
+    no listed pending work at all, and the group's operation count (``op_id``, ``pg_status``'s
+    enqueued) runs past its collectives (send/recv that gloo counts and does not record)."""
+    if any(g.pending for g in groups):
+        return ()  # it waits in a recorded collective: that is where it is blocked
+    out = []
+    for g in groups:
+        if g.group in p2p_pgs:
+            continue  # its P2P entries are listed: the pairs tell who waits on whom
+        ops = [e.op_id for e in dump.entries if e.pg == g.group and e.op_id is not None]
+        st = status.get(g.group)
+        counted = max(ops + ([st.last_enqueued] if st is not None else []), default=0)
+        if counted > g.issued:
+            out.append(g.group)
+    return tuple(out)
 
 
 def _whole_history(dump: FlightRecorderDump) -> bool:
@@ -424,12 +475,18 @@ def _groups(by_rank: dict[int, FlightRecorderDump]) -> dict[str, _Group]:
         for name, st in d.status.items():
             groups.setdefault(name, _Group("", (), defaultdict(dict), {})).status[rank] = st
             seen_in[name].add(rank)
+    # gloo (torch 2.13) keys pg_config by an empty name; a rank without subgroups lists the
+    # world's ranks there, so a rank that left no dump (stopped, dead) is still a member
+    # (and ranks run 0..W-1: a gap below the highest dumped rank is a rank without a dump)
+    world = set(range(max(by_rank) + 1)) if by_rank else set()
+    world |= {m for d in by_rank.values() for m in d.groups.get("", ("", ()))[1]}
     for name, group in groups.items():
         if not group.members and (seen_in[name] or name == "0"):
-            # pg_config did not name the members: the ranks that know the group, and every
-            # dumped rank for the default group
+            # pg_config did not name the members: the ranks that know the group, and the
+            # world (every dumped rank, and the ranks an unnamed pg_config lists) for the
+            # default group
             default = name == "0" and group.desc in _DEFAULT_GROUP_DESCS
-            group.members = tuple(sorted(set(by_rank) if default else seen_in[name]))
+            group.members = tuple(sorted(world if default else seen_in[name]))
     return {name: g for name, g in groups.items() if name}
 
 
@@ -492,6 +549,8 @@ def _lagging_groups(verdict: HangVerdict, states: dict[int, RankState],
         created = [e.time_created_ns for e in issued if e.time_created_ns]
         sample = issued[0] if issued else None
         not_enqueued = tuple(sorted(r for r, enq in behind.items() if enq is not None))
+        waits_elsewhere = {r for r in not_enqueued if r in states
+                           and any(g.pending or g.issued > g.completed for g in states[r].groups)}
         out.append(LaggingCollective(
             pg=pg, pg_desc=groups[pg].desc if pg in groups else "",
             members=groups[pg].members if pg in groups else (), seq=seq,
@@ -501,8 +560,10 @@ def _lagging_groups(verdict: HangVerdict, states: dict[int, RankState],
             not_enqueued=not_enqueued,
             no_dump=tuple(sorted(r for r, enq in behind.items() if enq is None)), unknown=(),
             status=status, time_created_ns=min(created) if created else None,
-            hung_cpu=tuple(c.rank for c in culprits
-                           if c.kind == "missing" and c.rank in not_enqueued)))
+            hung_cpu=tuple(c.rank for c in culprits if c.kind == "missing"
+                           and c.rank in not_enqueued and c.rank not in waits_elsewhere),
+            skipped=tuple(c.rank for c in culprits if c.kind == "missing"
+                          and c.rank in waits_elsewhere)))
     # Earliest-created first; groups whose entries for that collective were evicted from every
     # ring buffer (known from pg_status only) come last: their time is unknown.
     out.sort(key=lambda lag: (lag.time_created_ns is None, lag.time_created_ns or 0, lag.pg))

@@ -17,8 +17,15 @@ Per collective group, with ``C`` the highest ``completed`` among its members:
 * a member is **stuck on the device** when it issued ``s`` and did not complete it while another
   member did (``issued >= s`` and ``C >= s``): a collective cannot complete at the peers without
   every member's part, so its part ran and its completion never came (ENVIRONMENT.md: "enqueued
-  and never completed while its peers completed"; NVRx's ``gpu_error`` sets). On gloo this
-  cannot happen.
+  and never completed while its peers completed"; NVRx's ``gpu_error`` sets). Only where the
+  collectives run on a device: on the host (gloo, ``device=False``) a collective completes at
+  some members before others (its ring's last exchanges), so the member is **in progress**; it
+  waits on the members that stopped reporting (silent) without completing it, and is a victim,
+  never a culprit (:attr:`HangVerdict.in_progress` when no such member is known).
+* a rank that lists no pending work but whose source counts operations it does not list (gloo
+  records no send/recv: :attr:`RankState.unrecorded`) may be blocked in one: it is
+  **undetermined** (:attr:`HangVerdict.undetermined`), never named, and the ranks waiting on it
+  name nobody through it: which peer did not post its side cannot be told.
 
 P2P traffic is compared per (sender, receiver) pair only, never across the group (P2P sequence
 numbers count per pair and their completion is not a watermark: ENVIRONMENT.md): a side with
@@ -40,9 +47,13 @@ is a victim of whom it waits on; the culprits are
    is not completed elsewhere, in any group or pair, and a lower issued count than its peers
    (ENVIRONMENT.md: a rank hung on the CPU has no pending work and is behind).
 4. A **wait cycle** with none of the above (a rank that skipped a collective and went on to wait
-   in the next one, while its peers wait for the skipped one): the oldest wait of the cycle is
-   where the hang began, so the ranks *it* waits on are named (missing); without wait ages every
-   rank the cycle's waits point at is named. :attr:`HangVerdict.cycle` says so.
+   in the next one, while its peers wait for the skipped one): where the ranks' issue orders are
+   known (:attr:`RankState.history`, from whole-history dumps), the rank of the cycle that left
+   the order the job kept until then (a step no earlier step took) is named (missing);
+   otherwise the oldest wait *of the cycle* is where the hang began, so the ranks it waits on
+   are named (waits of ranks outside the cycle, its victims, say nothing of where it began);
+   without wait ages every rank the cycle's waits point at is named. :attr:`HangVerdict.cycle`
+   says so. A rank blocked in one group is never named missing from another.
 
 Bad input never raises: a state with negative counters or ``completed > issued`` is dropped and
 counted (:attr:`HangVerdict.bad_states`); a rank of another world size is left out and listed
@@ -137,6 +148,11 @@ class RankState:
             how long (heartbeats only).
         world_size: the world size the rank reported (None: unknown); a rank of another world
             size than the job's is left out.
+        unrecorded: groups in which the rank has pending operations its source does not list
+            (gloo's dumps record no send/recv, but their ``pg_status`` counts them): the rank is
+            blocked there on a peer the source cannot name.
+        history: the groups of its collectives in the order it issued them (whole-history
+            dumps; empty: unknown), to tell which rank of a wait cycle left the job's order.
     """
 
     rank: int
@@ -147,6 +163,8 @@ class RankState:
     phase: str | None = None
     phase_seconds: float | None = None
     world_size: int | None = None
+    unrecorded: tuple[str, ...] = ()
+    history: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +214,12 @@ class HangVerdict:
         foreign_ranks: ranks left out for another world size (or a rank outside it).
         restarted: (rank, group) pairs not compared: counters gone backwards since the previous
             snapshot, or an older generation than the group's other members.
+        undetermined: ranks blocked in an operation their source does not record (gloo's
+            send/recv): whom they wait on cannot be told, so neither they nor the ranks waiting
+            on them name a culprit through them.
+        in_progress: ranks in a collective that a peer completed, on a job whose collectives run
+            on the host (``device=False``): the collective is still in progress or a peer
+            stopped; never a device verdict.
     """
 
     culprits: list[HangCulprit] = field(default_factory=list)
@@ -205,6 +229,8 @@ class HangVerdict:
     bad_states: int = 0
     foreign_ranks: tuple[int, ...] = ()
     restarted: list[tuple[int, str]] = field(default_factory=list)
+    undetermined: tuple[int, ...] = ()
+    in_progress: tuple[int, ...] = ()
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -257,7 +283,7 @@ def classify_hang(ranks: Mapping[int, RankState], *,
                   world_size: int | None = None,
                   previous: Mapping[int, RankState] | None = None,
                   silent_after_seconds: float = 10.0,
-                  absent_are_silent: bool = True) -> HangVerdict:
+                  absent_are_silent: bool = True, device: bool = True) -> HangVerdict:
     """Name the ranks that hold the job's groups up (rules in the module doc).
 
     Args:
@@ -270,6 +296,10 @@ def classify_hang(ranks: Mapping[int, RankState], *,
         silent_after_seconds: a heartbeat older than this makes its rank silent.
         absent_are_silent: name absent ranks silent; False where the caller sees only part of
             the job (the node agent reads its node's dumps only).
+        device: whether the job's collectives run on a device (NCCL); False for a CPU/gloo
+            job, where a collective a peer completed and this rank did not is still in progress
+            (or waits on a stopped peer): no rank is named stuck on the device, the rank waits
+            on the silent members that did not complete it (:attr:`HangVerdict.in_progress`).
 
     Returns:
         The verdict; empty for a job where every member of every group is level. Never raises
@@ -284,25 +314,33 @@ def classify_hang(ranks: Mapping[int, RankState], *,
         views.absent = {}
         views.unknown = set(range(world or 0)) - set(reporting) | {
             m for key in views.groups for m in key[1] or () if m not in reporting}
-    waits, stuck = _read_views(views, silent)
+    in_progress: set[int] = set()
+    waits, stuck = _read_views(views, silent, device, in_progress)
     verdict.groups_checked = len(views.groups)
-    kinds = _kinds(waits, stuck, silent, verdict)
+    undetermined = {r for r, st in reporting.items() if st.unrecorded} - silent
+    verdict.undetermined = tuple(sorted(undetermined))
+    histories = {r: st.history for r, st in reporting.items() if st.history}
+    # a rank in a collective still in progress is blocked there, like one in an unrecorded op:
+    # never named missing from another group, and nobody is named through it
+    kinds = _kinds(waits, stuck, silent, undetermined | in_progress, histories, verdict)
     verdict.culprits = _culprits(kinds, waits, stuck, views)
     verdict.waiting = tuple(sorted({w.waiter for w in waits} - set(kinds)))
+    verdict.in_progress = tuple(sorted(in_progress - set(kinds) - set(verdict.waiting)))
     return verdict
 
 
-def _kinds(waits: list[_Wait], stuck: list[_Stuck], silent: set[int],
+def _kinds(waits: list[_Wait], stuck: list[_Stuck], silent: set[int], undetermined: set[int],
+           histories: Mapping[int, tuple[str, ...]],
            verdict: HangVerdict) -> dict[int, CulpritKind]:
     """Rules 1-4 of the module doc: each culprit rank and its kind."""
-    blocked = {w.waiter for w in waits}
+    blocked = {w.waiter for w in waits} | undetermined
     device = {s.rank for s in stuck} - silent
     free_targets = {t for w in waits for t in w.targets
                     if t not in blocked and t not in device and t not in silent}
     kinds: dict[int, CulpritKind] = {r: "silent" for r in silent}
     kinds.update({r: "device" for r in device})
     kinds.update({r: "missing" for r in free_targets})
-    cycle_roots = _break_cycles(waits, set(kinds))
+    cycle_roots = _break_cycles(waits, set(kinds) | undetermined, histories)
     verdict.cycle = bool(cycle_roots)
     kinds.update({r: "missing" for r in cycle_roots if r not in kinds})
     return kinds
@@ -383,13 +421,14 @@ def _silent_ranks(ranks: Mapping[int, RankState], views: _Views, world: int | No
     return silent
 
 
-def _read_views(views: _Views, silent: set[int]) -> tuple[list[_Wait], list[_Stuck]]:
+def _read_views(views: _Views, silent: set[int], device: bool,
+                in_progress: set[int]) -> tuple[list[_Wait], list[_Stuck]]:
     waits: list[_Wait] = []
     stuck: list[_Stuck] = []
     for key, members in sorted(views.groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or ())):
         absent = views.absent.get(key, ())
         if key[1] is None:
-            _read_collective(key, members, absent, silent, waits, stuck)
+            _read_collective(key, members, absent, silent, waits, stuck, device, in_progress)
         else:
             _read_pair(key, members, absent, silent, views.unknown, waits)
     return waits, stuck
@@ -407,12 +446,25 @@ def _oldest_age(state: GroupState, seq: int) -> float | None:
 
 
 def _read_collective(key: _Key, members: dict[int, GroupState], absent: tuple[int, ...],
-                     silent: set[int], waits: list[_Wait], stuck: list[_Stuck]) -> None:
+                     silent: set[int], waits: list[_Wait], stuck: list[_Stuck], device: bool,
+                     in_progress: set[int]) -> None:
     top_completed = max(g.completed for g in members.values())
     for rank, state in sorted(members.items()):
         if rank in silent or state.issued <= state.completed:
             continue
         seq = state.completed + 1
+        if top_completed >= seq and not device:
+            # on the host a collective completes at a peer before every part of it ran
+            # everywhere (gloo's rings): still in progress, or a peer stopped mid-way; the
+            # members it may wait on are the silent ones that did not complete it
+            stopped = tuple(sorted([r for r, g in members.items() if r in silent
+                                    and r != rank and g.completed < seq] + list(absent)))
+            if stopped:
+                waits.append(_Wait(rank, key, seq, stopped, _oldest_age(state, seq),
+                                   _listed(state, seq)))
+            else:
+                in_progress.add(rank)
+            continue
         if top_completed >= seq:
             done = tuple(sorted(r for r, g in members.items() if g.completed >= seq))
             stuck.append(_Stuck(rank, key, seq, done, _listed(state, seq)))
@@ -454,8 +506,29 @@ def _reaches(start: int, edges: dict[int, set[int]], roots: set[int]) -> bool:
     return False
 
 
-def _break_cycles(waits: list[_Wait], roots: set[int]) -> set[int]:
-    """Culprits of wait cycles that lead to no root: where the oldest unexplained wait points."""
+def _left_order(rank: tuple[str, ...], other: tuple[str, ...]) -> bool:
+    """Whether ``rank``'s issue order left ``other``'s where they part: both projected on the
+    groups they share, agree up to a point, and there ``rank`` went to a group no earlier step
+    of the shared order went to from the same place, while ``other`` followed a step the shared
+    order made before (a skipped collective: the job's order repeats, the skip breaks it)."""
+    shared = set(rank) & set(other)
+    mine = [g for g in rank if g in shared]
+    theirs = [g for g in other if g in shared]
+    p = 0
+    while p < len(mine) and p < len(theirs) and mine[p] == theirs[p]:
+        p += 1
+    if p >= len(mine) or p >= len(theirs):
+        return False  # one is a prefix of the other: behind, not out of order
+    seen = {(theirs[i - 1] if i else None, theirs[i]) for i in range(p)}
+    before = theirs[p - 1] if p else None
+    return (before, mine[p]) not in seen and (before, theirs[p]) in seen
+
+
+def _break_cycles(waits: list[_Wait], roots: set[int],
+                  histories: Mapping[int, tuple[str, ...]]) -> set[int]:
+    """Culprits of wait cycles that lead to no root: the rank of a cycle that left the job's
+    issue order (:func:`_left_order`, where histories are known), else where the oldest wait
+    of the cycle points (waits outside the cycle, its victims', say nothing of its start)."""
     edges: dict[int, set[int]] = defaultdict(set)
     for w in waits:
         edges[w.waiter].update(w.targets)
@@ -465,6 +538,15 @@ def _break_cycles(waits: list[_Wait], roots: set[int]) -> set[int]:
         open_waits = [w for w in waits if w.targets and not _reaches(w.waiter, edges, known)]
         if not open_waits:
             break
+        in_cycle = [w for w in open_waits
+                    if any(_reaches(t, edges, {w.waiter}) for t in w.targets)]
+        open_waits = in_cycle or open_waits
+        left = {t for w in open_waits for t in w.targets
+                if t in histories and w.waiter in histories
+                and _left_order(histories[t], histories[w.waiter])}
+        if left:
+            found |= left
+            continue
         aged = [w for w in open_waits if w.age is not None]
         if aged:
             oldest = max(w.age for w in aged if w.age is not None)
@@ -489,10 +571,9 @@ def _culprits(kinds: dict[int, CulpritKind], waits: list[_Wait], stuck: list[_St
             if key in held:
                 continue
             state = views.groups.get(key, {}).get(rank)
-            if key[1] is None and state is not None:
-                seq = state.issued + 1
-            else:  # a pair, or a rank without a state: what its waiters wait for
-                seq = min(w.seq for w in on_it)
+            seq = min(w.seq for w in on_it)  # what its waiters wait for
+            if key[1] is None and state is not None and state.issued < seq:
+                seq = state.issued + 1  # the first collective it never issued
             sample = next((w.work for w in on_it if w.work is not None and w.work.seq == seq),
                           next((w.work for w in on_it if w.work is not None), None))
             held[key] = _culprit(rank, kind, key, seq, sample,

@@ -14,11 +14,20 @@ spread of the write times (:meth:`HangWatch.quiet_after`, at least the silence t
 the keys describe one moment of a job in which nothing moved. A rank whose key has not changed
 for :attr:`HangWatch.silent_after` seconds of rank 0's clock (3 write intervals and a second) is
 *silent*. A job that is level (every rank at the same counts) is slow, not hung: no report.
+
+**Host jobs.** On a gloo job (the default group's backend, read from ``torch.distributed`` when
+it is loaded and initialised, or given as ``device=False``) the rules give no device verdict: a
+collective a peer completed is still in progress, or waits on a stopped (silent) peer.
+
+**Cleared.** When rank 0 makes progress again after a report
+(:meth:`HangWatch.end_episode`), the watch logs one line, ``laggard: hang cleared after N s:
+the job moves again``, to the ``laggard.hang`` logger the report went to.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -35,6 +44,21 @@ __all__ = ["HangReport", "HangWatch", "HeartbeatStats"]
 # The heartbeat's logger, which the watch's warnings have always gone to (the heartbeat and its
 # watch are one component to a reader of the job's log).
 log = logging.getLogger("laggard.integrations.heartbeat")
+#: The hang report's logger (the heartbeat logs the report there; the cleared line follows it).
+hang_log = logging.getLogger("laggard.hang")
+
+
+def _device_job() -> bool:
+    """Whether the job's collectives may run on a device: False only when ``torch.distributed``
+    is loaded, initialised, and its default group's backend is ``gloo`` alone (a CPU job);
+    True where that cannot be read (no device verdict is then ruled out)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return str(dist.get_backend()).lower() != "gloo"
+    except Exception:  # noqa: BLE001 - an unreadable backend: keep every verdict possible
+        return True
+    return True
 
 
 @dataclass(slots=True)
@@ -118,6 +142,8 @@ class HangWatch:
         classify: the hang rules; None: :func:`laggard.detectors.hang.classify_hang`, looked up
             at each call (tests pass a stand-in).
         stats: where to count (a :class:`HeartbeatStats`; None: a new one).
+        device: whether the job's collectives run on a device; None: read from
+            ``torch.distributed`` at each classification (:func:`_device_job`).
 
     Attributes:
         silent_after: seconds a key must stay unchanged on rank 0's clock (while it watches)
@@ -126,7 +152,7 @@ class HangWatch:
 
     def __init__(self, *, run: str, world_size: int, interval: float,
                  classify: Callable[..., HangVerdict] | None = None,
-                 stats: HeartbeatStats | None = None) -> None:
+                 stats: HeartbeatStats | None = None, device: bool | None = None) -> None:
         self.run = run
         self.world_size = world_size
         self.interval = interval
@@ -140,6 +166,9 @@ class HangWatch:
         self._restarted: set[str] = set()  # groups whose counters went back this episode
         self._watch_since: float | None = None
         self._reported = False
+        self._reported_at: float | None = None  # perf_counter of the episode's report
+        self._quiet_at_report = 0.0  # how long rank 0 had been quiet then
+        self.device = device
         self._log_once = LogOnce(log)
 
     def quiet_after(self, hang_after: float) -> float:
@@ -148,8 +177,19 @@ class HangWatch:
         the write times of keys that are not silent)."""
         return max(hang_after / 2.0, self.silent_after)
 
-    def end_episode(self) -> None:
-        """Rank 0 made progress again: the next stop is a new episode (reported anew)."""
+    def end_episode(self, now: float | None = None) -> None:
+        """Rank 0 made progress again: the next stop is a new episode (reported anew). After a
+        report, logs ``hang cleared after N s`` once (N: since the job last moved, on rank 0's
+        clock).
+
+        Args:
+            now: rank 0's ``perf_counter``, seconds (None: read now).
+        """
+        if self._reported and self._reported_at is not None:
+            now = time.perf_counter() if now is None else now
+            hang_log.warning("laggard: hang cleared after %.0f s: the job moves again",
+                             max(0.0, now - self._reported_at + self._quiet_at_report))
+        self._reported_at = None
         self._watch_since = None
         self._reported = False
         self._restarted.clear()
@@ -217,8 +257,10 @@ class HangWatch:
         self.stats.silent_ranks += silent
         try:
             rules = self.classify or hang_rules.classify_hang
+            device = self.device if self.device is not None else _device_job()
+            extra = {} if device else {"device": False}  # stand-in rules need not know it
             verdict = rules(states, world_size=self.world_size,
-                            silent_after_seconds=self.silent_after)
+                            silent_after_seconds=self.silent_after, **extra)
         except Exception as exc:  # noqa: BLE001 - the rules' failure is no hang
             self.stats.classify_errors += 1
             self._log_once("classify", "laggard: the hang rules failed (%r); no hang report",
@@ -227,6 +269,7 @@ class HangWatch:
         if not verdict.culprits:
             return None  # level: slow, not hung
         self._reported = True
+        self._reported_at, self._quiet_at_report = now, own_quiet
         message = hang_message(verdict, states, own_step)
         return HangReport(verdict=verdict, step=hung_step(verdict, states, own_step),
                           seconds_since_progress=own_quiet, message=message, run=self.run,

@@ -285,7 +285,11 @@ class HeartbeatThreads:
         if store is None:
             return
         watch = HangWatch(run=self.run, world_size=self.world_size, interval=self.interval,
-                          classify=self._classify, stats=self.stats) if self.rank == 0 else None
+                          classify=self._classify, stats=self.stats,
+                          # a device clock (CUDA, the demo's emulated device): device verdicts
+                          # hold even on gloo; else the watch reads the backend
+                          device=True if getattr(self.source, "device_clock", None) is not None
+                          else None) if self.rank == 0 else None
         wait = 0.0  # first key at once: it exists before rank 0 reads it
         failures = 0
         while not self._stop.wait(wait):

@@ -96,6 +96,9 @@ class FrEntry:
         time_created_ns: when it was enqueued (ns since the epoch); ``timeout_ms``.
         record_id: position in the rank's ring buffer.
         retired: whether the recorder retired it (its work finished), None when not dumped.
+        op_id: the group's count of every operation issued, send/recv included (None: not
+            dumped); ``backend``: the ``profiling_name`` prefix (``nccl``, ``gloo``; empty:
+            none).
     """
 
     rank: int | None
@@ -115,6 +118,8 @@ class FrEntry:
     timeout_ms: int | None
     record_id: int | None
     retired: bool | None = None
+    op_id: int | None = None
+    backend: str = ""
 
     @property
     def finished(self) -> bool:
@@ -247,6 +252,7 @@ def parse_dump(raw: dict[str, Any], rank: int | None = None, source: str = "") -
             state=str(e.get("state", "")), time_created_ns=_int(e.get("time_created_ns")),
             timeout_ms=_int(e.get("timeout_ms")), record_id=_int(e.get("record_id")),
             retired=e["retired"] if isinstance(e.get("retired"), bool) else None,
+            op_id=_int(e.get("op_id")), backend=op.split(":", 1)[0] if ":" in op else "",
         ))
     status_by_id = {}
     for key, st in pg_status.items():

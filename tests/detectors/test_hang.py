@@ -166,3 +166,84 @@ def test_a_wait_cycle_is_broken_at_its_oldest_wait():
     # without ages the cycle cannot be ordered: every rank its waits point at is named
     verdict = classify_hang(states(None, None))
     assert verdict.cycle and verdict.ranks == (0, 1)
+
+
+# --- issue 32: a victim is never the culprit -----------------------------------------------
+
+def subgroup_skip(history: bool) -> dict[int, RankState]:
+    """4 ranks, world group w and subgroup s = {2, 3}; each step issues w then (2, 3) s. Rank 3
+    skipped s #4 and waits in w #5; rank 2 waits in s #4, so never issues w #5, in which 0, 1
+    and 3 wait for it. Ranks 0 and 1 began their wait first (oldest), so the ages alone would
+    point at rank 2."""
+    w = tuple(range(4))
+    hist = {2: ("w", "s") * 4, 3: ("w", "s") * 3 + ("w", "w")}
+
+    def state(rank, wi, wc, si=None, sc=None, age_w=None, age_s=None):
+        groups = [GroupState("w", wi, wc, members=w, pending_seconds=age_w)]
+        if si is not None:
+            groups.append(GroupState("s", si, sc, members=(2, 3), pending_seconds=age_s))
+        return RankState(rank=rank, groups=tuple(groups),
+                         history=hist.get(rank, ()) if history else ())
+    return {0: state(0, 5, 4, age_w=9.0), 1: state(1, 5, 4, age_w=9.0),
+            2: state(2, 4, 4, 4, 3, age_s=5.0), 3: state(3, 5, 4, 3, 3, age_w=5.0)}
+
+
+def test_a_rank_that_skipped_a_subgroup_collective_is_named_not_the_one_waiting_for_it():
+    verdict = classify_hang(subgroup_skip(history=True))
+    assert kinds(verdict) == {3: {"missing"}}
+    (culprit,) = verdict.culprits
+    assert (culprit.group, culprit.seq, culprit.waiting) == ("s", 4, (2,))
+    assert verdict.waiting == (0, 1, 2)
+
+
+def test_without_histories_only_the_cycle_s_own_waits_are_aged():
+    # the victims' older waits in w (0 and 1) are outside the cycle 2 <-> 3: they say nothing
+    # of where it began; equal ages inside the cycle name both ends, never rank 0 or 1
+    verdict = classify_hang(subgroup_skip(history=False))
+    assert verdict.cycle and set(verdict.ranks) <= {2, 3} and 3 in verdict.ranks
+
+
+def test_a_host_job_has_no_device_verdict():
+    states = {r: beat(r, (11, 11), (6, 5)) for r in range(8)}
+    states[3] = beat(3, (11, 10), (5, 5))  # its tp partner completed #11, it did not
+    verdict = classify_hang(states, device=False)
+    assert "device" not in {k for ks in kinds(verdict).values() for k in ks}
+    assert 3 not in verdict.ranks and 3 in verdict.in_progress
+    # the same ranks with a stopped (silent) peer: it is named, the others are its victims
+    states = {r: beat(r, (11, 11), (6, 5)) for r in range(8)}
+    states[3] = beat(3, (10, 10), (5, 5), silent_seconds=60.0)
+    states[2] = beat(2, (11, 10), (6, 5))
+    verdict = classify_hang(states, device=False)
+    assert kinds(verdict) == {3: {"silent"}} and 2 in verdict.waiting
+
+
+def test_a_clean_host_job_dumped_before_its_barrier_retired_is_no_hang():
+    states = {r: RankState(rank=r, groups=(GroupState("w", 7, 7 if r % 2 else 6,
+                                                      members=(0, 1, 2, 3)),))
+              for r in range(4)}
+    verdict = classify_hang(states, device=False)
+    assert verdict.culprits == [] and verdict.waiting == ()
+
+
+def test_a_rank_blocked_in_an_unrecorded_operation_names_nobody():
+    # rank 2 waits in a receive gloo does not record; 0, 1 and 3 wait in w #4 for it
+    w = (0, 1, 2, 3)
+    states = {r: RankState(rank=r, groups=(GroupState("w", 4, 3, members=w),)) for r in w}
+    states[2] = RankState(rank=2, groups=(GroupState("w", 3, 3, members=w),), unrecorded=("w",))
+    verdict = classify_hang(states)
+    assert verdict.culprits == [] and verdict.undetermined == (2,)
+    assert verdict.waiting == (0, 1, 3)
+
+
+def test_on_a_host_job_a_collective_a_peer_completed_waits_on_the_stopped_member():
+    # dp1 = {1, 3, 5, 7}: 1 and 3 completed dp #6 (gloo's ring let them), 5 did not, and 7,
+    # which stopped (SIGSTOP) inside it, no longer reports
+    states = {r: beat(r, (11, 11), (6, 6)) for r in range(8)}
+    states[5] = beat(5, (11, 11), (6, 5))
+    states[7] = beat(7, (11, 11), (6, 5), silent_seconds=60.0)
+    verdict = classify_hang(states, device=False)
+    assert kinds(verdict) == {7: {"silent"}}
+    (held,) = verdict.culprits
+    assert (held.group, held.seq, held.waiting) == ("dp1", 6, (5,))
+    # with NCCL the same counters say rank 5 is stuck on the device
+    assert kinds(classify_hang(states)) == {5: {"device"}, 7: {"silent"}}

@@ -139,3 +139,34 @@ def test_bad_keys_are_logged_once_on_the_heartbeats_logger(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "laggard.integrations.heartbeat"]
     assert watch.stats.bad_keys == 2 and len(lines) == 1
     assert lines[0].startswith("laggard: a hang-store key for rank 2 is not usable (not JSON")
+
+
+def test_the_job_moving_again_after_a_report_logs_hang_cleared_once(caplog):
+    watch = _watch()
+    assert _observe(watch, 100.0, make_keys(hung_job(), beat=1)) is not None
+    with caplog.at_level("WARNING", logger="laggard.hang"):
+        watch.end_episode(now=112.0)  # reported 30 s into the stop, moved 12 s later
+        watch.end_episode(now=113.0)  # progress again: nothing more to say
+    lines = [r.getMessage() for r in caplog.records if r.name == "laggard.hang"]
+    assert lines == ["laggard: hang cleared after 42 s: the job moves again"]
+
+
+def test_a_gloo_job_gets_no_device_verdict():
+    """Rank 3 issued dp:0's #11, which ranks 0 and 1 completed (a gloo ring completes at some
+    members first) and rank 2 did not: on a device that is rank 3 stuck on it; on the host it
+    is a collective in progress, and the silent rank 2 is the one it waits on."""
+    snaps = {r: make_snapshot(phase="backward", groups=(("dp:0", 11, 11, "allreduce"),))
+             for r in (0, 1)}
+    snaps[3] = make_snapshot(phase="backward", groups=(("dp:0", 11, 10, "allreduce"),))
+    keys = [make_keys(snaps, beat=beat) for beat in (1, 2)]  # ranks 0, 1, 3 still write
+    for k in keys:
+        k[2] = None  # rank 2 stopped (SIGSTOP) before it ever wrote a key
+    nccl = HangWatch(run="r1", world_size=4, interval=2.0, device=True)
+    nccl.observe(100.0, keys[0], own_quiet=30.0, hang_after=10.0, own_step=7)
+    report = nccl.observe(110.0, keys[1], own_quiet=40.0, hang_after=10.0, own_step=7)
+    assert report is not None and report.verdict.kind_of(3) == "device"
+    gloo = HangWatch(run="r1", world_size=4, interval=2.0, device=False)
+    gloo.observe(100.0, keys[0], own_quiet=30.0, hang_after=10.0, own_step=7)
+    report = gloo.observe(110.0, keys[1], own_quiet=40.0, hang_after=10.0, own_step=7)
+    assert report is not None and report.ranks == (2,)
+    assert report.verdict.kind_of(2) == "silent" and "device" not in report.message
