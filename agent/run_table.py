@@ -545,6 +545,8 @@ class RankTable:
         if job is not None and (report.world_size != job.world_size
                                 or report.step < job.last_step):
             self._reset_job(run, "restart")
+            # the old job's clears will never come: its verdicts end (the new one re-raises)
+            self._findings.end_run(name, reason="the run restarted")
             job = None
         if job is None:
             if not self._charge(name, JOB_SAMPLES):

@@ -130,3 +130,15 @@ def test_active_and_end_on_the_wire() -> None:
         with pytest.raises(RecordError) as caught:
             decode_datagram(json.dumps(doc).encode())
         assert caught.value.reason == reason, bad
+
+
+def test_a_restarted_run_ends_the_old_jobs_findings() -> None:
+    table, findings = _table()
+    table.ingest(_window(400, findings=[RAISED], active=[RAISED]))
+    table.ingest(_window(20))  # the step went back: a new job under the same run id
+    assert _active(table) is None
+    [episode] = findings.recent()
+    assert "ended_at" in episode
+    table.ingest(_window(40, active=[RAISED]))  # still slow in the new job: held again
+    assert _active(table) == 1
+    assert [("ended_at" in e, e["count"]) for e in findings.recent()] == [(True, 1), (False, 0)]
