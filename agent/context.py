@@ -4,6 +4,11 @@ Every finding raised on this node goes through one :class:`FindingLog`: the coll
 nvml's ``gpu_lost``, throttle, flight_recorder) and the job's, from WindowReports (the intake's
 ``add``). It counts them for ``laggard_findings_total``, keeps the recent ones for ``/findings``
 and logs each one **once when raised and once when cleared**, never a flood.
+
+A job's findings are a level: rank 0 re-sends those that still hold with every window
+(:meth:`FindingLog.hold`: nothing counted or logged again; an agent that never saw the raise,
+restarted mid-run, takes it up), and the job's end ends them (:meth:`FindingLog.end_run`: kept on
+``/findings`` with ``ended_at``).
 """
 
 from __future__ import annotations
@@ -124,6 +129,13 @@ class _Episode:
     last_raised: float  # monotonic seconds, for QUIET_SECONDS
     raised_message: str | None = None
     cleared_at: float | None = None
+    job: str | None = None  # the run whose WindowReports sent it; None: this node's own
+    ended_at: float | None = None  # Unix seconds its job ended while it held
+
+    @property
+    def holds(self) -> bool:
+        """Neither cleared nor ended."""
+        return self.cleared_at is None and self.ended_at is None
 
 
 @dataclass(slots=True)
@@ -197,12 +209,15 @@ class FindingLog:
         self._counts: Counter[tuple[str, str, str]] = Counter()
         self._budget = _LogBudget(max_log_lines_per_minute)
 
-    def add(self, finding: Finding | dict[str, Any], *, at: float | None = None) -> None:
+    def add(self, finding: Finding | dict[str, Any], *, at: float | None = None,
+            job: str | None = None) -> None:
         """Record one finding (a :class:`Finding` or its ``to_dict()`` form).
 
         Args:
             finding: raised, or cleared (``cleared`` true).
             at: when it happened, Unix seconds (a kernel-log line's own time); None: now.
+            job: the run whose WindowReport carried it (``""`` for a sender that names none),
+                so that :meth:`end_run` ends it; None for the node's own findings.
         """
         doc = finding.to_dict() if isinstance(finding, Finding) else dict(finding)
         severity = str(doc.get("severity"))
@@ -215,17 +230,76 @@ class FindingLog:
                 lines = self._clear(key, doc, at, now)
             else:
                 self._counts[(str(doc.get("detector")), str(doc.get("kind")), severity)] += 1
-                lines = self._raise(key, doc, severity, at, now, wall)
+                lines = self._raise(key, doc, severity, at, now, wall, job)
             lines = self._budget.admit(now, lines)
         for level, line in lines:
             log.log(level, "%s", line)
 
+    def hold(self, doc: dict[str, Any], *, job: str) -> None:
+        """A job's finding that still holds, re-sent with a window (``WindowReport.active``).
+
+        Idempotent: while its episode holds, only its ``last_seen`` moves (nothing counted in
+        ``laggard_findings_total``, nothing logged). An agent that has no episode holding for it
+        (restarted mid-run, or the raise's datagram was lost) starts one, ``count`` 0 like a
+        clear of a finding raised before the agent started, and logs it once at its severity's
+        level ("holds ...").
+
+        Args:
+            doc: the raised finding's ``to_dict()`` form (``cleared`` is ignored).
+            job: the run whose WindowReport carried it.
+        """
+        doc = {k: v for k, v in doc.items() if k != "cleared"}
+        key = finding_key(doc)
+        now, wall = self._clock(), self._wall()
+        severity = str(doc.get("severity"))
+        with self._lock:
+            episode = self._episodes.get(self._latest.get(key, -1))
+            if episode is not None and episode.holds:
+                episode.last_seen = max(episode.last_seen, wall)
+                episode.last_raised = now  # held: it does not go quiet
+                self._touch(key)
+                return
+            self._start(key, _Episode(key, doc, wall, wall, 0, severity, now,
+                                      raised_message=_text(doc.get("message")), job=job))
+            lines = self._budget.admit(now, [(
+                LOG_LEVELS.get(severity, logging.WARNING),
+                f"holds {_clean(severity)} {_where(doc)}: {_clean(doc.get('message'))} "
+                f"(raised at step {_clean(doc.get('step'))}, not seen raised by this agent)")])
+        for level, line in lines:
+            log.log(level, "%s", line)
+
+    def end_run(self, job: str, *, reason: str = "the job ended") -> int:
+        """End the findings of run ``job`` that still hold: kept for ``/findings`` with
+        ``ended_at`` (now), logged once each (INFO), no longer active.
+
+        Args:
+            job: the run (as given to :meth:`add` / :meth:`hold`).
+            reason: the words logged for why (``the job ended``, ``no report for the TTL``).
+
+        Returns:
+            How many findings ended.
+        """
+        now, wall = self._clock(), self._wall()
+        lines: list[tuple[int, str]] = []
+        with self._lock:
+            for episode in self._episodes.values():
+                if episode.job != job or not episode.holds:
+                    continue
+                episode.ended_at = wall
+                lines.append((logging.INFO, f"ended {_where(episode.doc)}: {reason} while it "
+                                            f"held (raised {rfc3339(episode.first_seen)})"))
+            ended = len(lines)
+            lines = self._budget.admit(now, lines) if lines else []
+        for level, line in lines:
+            log.log(level, "%s", line)
+        return ended
+
     def _raise(self, key: tuple[str, ...], doc: dict[str, Any], severity: str, at: float,
-               now: float, wall: float) -> list[tuple[int, str]]:
+               now: float, wall: float, job: str | None) -> list[tuple[int, str]]:
         episode = self._episodes.get(self._latest.get(key, -1))
         level = LOG_LEVELS.get(severity, logging.WARNING)
         when = f" (at {rfc3339(at)})" if wall - at > _HISTORY_NOTE_SECONDS else ""
-        if (episode is not None and episode.cleared_at is None
+        if (episode is not None and episode.holds
                 and now - episode.last_raised < self._quiet):
             if _RANK.get(severity, 1) >= _RANK.get(episode.severity, 1):
                 # the latest raise, unless it is milder than an earlier one
@@ -241,15 +315,15 @@ class FindingLog:
             return [(level, f"raised {_clean(severity)} (was {_clean(was)}) "
                             f"{_where(doc)}: {_clean(doc.get('message'))}{when}")]
         self._start(key, _Episode(key, doc, at, at, 1, severity, now,
-                                  raised_message=_text(doc.get("message"))))
+                                  raised_message=_text(doc.get("message")), job=job))
         return [(level, f"raised {_clean(severity)} {_where(doc)}: "
                         f"{_clean(doc.get('message'))}{when}")]
 
     def _clear(self, key: tuple[str, ...], doc: dict[str, Any], at: float,
                now: float) -> list[tuple[int, str]]:
         episode = self._episodes.get(self._latest.get(key, -1))
-        if episode is not None and episode.cleared_at is not None:
-            return []  # cleared already: a repeated clear is not news
+        if episode is not None and not episode.holds:
+            return []  # cleared (or ended) already: a repeated clear is not news
         if episode is None:  # raised before this agent started, or dropped off the record
             episode = _Episode(key, doc, at, at, 0, str(doc.get("severity")), now)
             self._start(key, episode)
@@ -288,8 +362,9 @@ class FindingLog:
             once cleared) plus
             ``first_seen`` and ``last_seen`` (RFC 3339, UTC: the first and last time it was
             raised), ``count`` (times raised, repeats included; 0 for a clear of a finding
-            raised before the agent started) and, once cleared, ``cleared_at`` and
-            ``raised_message``.
+            raised before the agent started, or taken up from a re-send: :meth:`hold`) and, once
+            cleared, ``cleared_at`` and ``raised_message``; once its job ended while it held,
+            ``ended_at``.
         """
         with self._lock:
             out = []
@@ -300,6 +375,8 @@ class FindingLog:
                     doc["cleared_at"] = rfc3339(episode.cleared_at)
                     if episode.raised_message is not None:
                         doc["raised_message"] = episode.raised_message
+                if episode.ended_at is not None:
+                    doc["ended_at"] = rfc3339(episode.ended_at)
                 out.append(doc)
             return out
 

@@ -126,8 +126,9 @@ class RunMetrics:
         yield _counter_by(
             "laggard_intake_job_resets_total",
             "Times a run's state from WindowReports (scores, flags) was dropped: stale (no "
-            "report for the rank TTL), restart (new world size, or the step went back), budget.",
-            "reason", ("stale", "restart", "budget"), table.job_resets)
+            "report for the rank TTL), restart (new world size, or the step went back), budget, "
+            "ended (its monitor closed and said so).",
+            "reason", ("stale", "restart", "budget", "ended"), table.job_resets)
         yield _counter_by(
             "laggard_intake_runs_forgotten_total",
             "Runs forgotten: stale (no record for the rank TTL), empty (their last rank moved "

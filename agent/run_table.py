@@ -345,6 +345,8 @@ class RankTable:
                 self._forget_rank(name, rank, reason)
             if run.job is not None and run.job.last_report_monotonic < deadline:
                 self._reset_job(run, "stale")
+                # a job that died without closing: its verdicts end with its state
+                self._findings.end_run(name, reason="no window report for the rank TTL")
             self._drop_if_empty(name, "stale")
 
     def _note_pid(self, name: str, state: RankState) -> None:
@@ -603,12 +605,19 @@ class RankTable:
         return histogram
 
     def _apply_window(self, report: WindowReport) -> None:
+        """A WindowReport: the run's scores, findings raised or cleared, findings that hold
+        (``active``: a level, applied idempotently) or the run's end (``end``)."""
         name = report.run
+        if report.end:
+            self._end_run(name)
+            return
         run = self._run_for(name)
         job = run.job
         if job is not None and (report.world_size != job.world_size
                                 or report.step < job.last_step):
             self._reset_job(run, "restart")
+            # the old job's clears will never come: its verdicts end (the new one re-raises)
+            self._findings.end_run(name, reason="the run restarted")
             job = None
         if job is None:
             if not self._charge(name, JOB_SAMPLES):
@@ -627,26 +636,48 @@ class RankTable:
             else:
                 self.dropped["score"] += 1
         for doc in report.findings:
-            doc = self._within_vocabulary(doc)
-            if name:
-                doc = {**doc, "run": name}
-            rank = doc.get("rank")
-            kind = doc["kind"]
-            cleared = doc.get("cleared") is True
-            # A rank's straggler and link findings are the per-rank laggard_straggler_active
-            # series (kind tells them apart); the run's slowdown is its own gauge.
-            if doc["detector"] in ("straggler", "link") and kind != OTHER_LABEL:
-                if kind == "job_slowdown":
-                    job.job_slowdown = 0.0 if cleared else 1.0
-                elif isinstance(rank, int):
-                    if cleared:
-                        if job.flagged.pop((rank, kind), None) is not None:
-                            self._uncharge(run, 1)
-                    elif (rank, kind) in job.flagged or self._charge(name, 1):
-                        job.flagged[(rank, kind)] = 1.0
-                    else:
-                        self.dropped["flag"] += 1
-            self._findings.add(doc)
+            doc = self._job_finding(name, run, job, doc, cleared=doc.get("cleared") is True)
+            self._findings.add(doc, job=name)
+        for doc in report.active:
+            # Re-sent each window while it holds: the flag set again (a no-op when set), the
+            # episode taken up only if this agent has none holding (restarted mid-run).
+            doc = self._job_finding(name, run, job, doc, cleared=False)
+            self._findings.hold(doc, job=name)
+
+    def _job_finding(self, name: str, run: RunState, job: JobState, doc: dict[str, Any], *,
+                     cleared: bool) -> dict[str, Any]:
+        """Apply one finding of run ``name`` to its flags; the finding as recorded (labels
+        within the vocabulary, the run named)."""
+        doc = self._within_vocabulary(doc)
+        if name:
+            doc = {**doc, "run": name}
+        rank = doc.get("rank")
+        kind = doc["kind"]
+        # A rank's straggler and link findings are the per-rank laggard_straggler_active
+        # series (kind tells them apart); the run's slowdown is its own gauge.
+        if doc["detector"] in ("straggler", "link") and kind != OTHER_LABEL:
+            if kind == "job_slowdown":
+                job.job_slowdown = 0.0 if cleared else 1.0
+            elif isinstance(rank, int):
+                if cleared:
+                    if job.flagged.pop((rank, kind), None) is not None:
+                        self._uncharge(run, 1)
+                elif (rank, kind) in job.flagged or self._charge(name, 1):
+                    job.flagged[(rank, kind)] = 1.0
+                else:
+                    self.dropped["flag"] += 1
+        return doc
+
+    def _end_run(self, name: str) -> None:
+        """Run ``name`` ended (its monitor closed): its job state (scores, flags: the
+        ``laggard_straggler_active`` series) dropped at once (``job_resets{reason="ended"}``),
+        its findings that hold ended on ``/findings``. Its ranks stay until their heartbeats'
+        goodbye lets them expire."""
+        run = self._runs.get(name)
+        if run is not None:
+            self._reset_job(run, "ended")
+            self._drop_if_empty(name, "empty")
+        self._findings.end_run(name)
 
     def _within_vocabulary(self, doc: dict[str, Any]) -> dict[str, Any]:
         """``doc`` with a detector, kind or severity outside the known ones replaced by other."""

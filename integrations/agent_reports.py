@@ -7,6 +7,13 @@ drop (``MonitorStats.records_sent``, ``send_dropped``, ``send_errors``). A datag
 a step's collectives are merged per op beyond :data:`MAX_COLLECTIVES_PER_RECORD`, a window's
 findings are chunked :data:`~laggard.wire.MAX_REPORT_FINDINGS` to a report and its scores cut
 to the highest :data:`~laggard.wire.MAX_REPORT_RANKS`.
+
+Rank 0's verdict is sent as a level, not an edge: every window's reports carry the findings that
+still hold (``WindowReport.active``, at most :data:`MAX_ACTIVE_SENT` a window, each datagram
+under :data:`~laggard.wire.MAX_DATAGRAM_BYTES`; what does not fit is counted in
+``MonitorStats.active_left_out``), so an agent restarted mid-run has the run's verdict back
+within one window; clears are still sent once. :meth:`AgentReports.close` sends the run's end
+(``WindowReport.end``), and the agent ends the run's findings at once.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from laggard.integrations.agent_socket import AgentSocket
 from laggard.integrations.participants import WindowOutcome
 from laggard.integrations.phases import StepTimes
 from laggard.wire import (
+    MAX_DATAGRAM_BYTES,
     MAX_REPORT_FINDINGS,
     MAX_REPORT_RANKS,
     CollectiveTiming,
@@ -30,6 +38,14 @@ from laggard.wire import (
 
 #: Per-step collective entries sent in one StepRecord; beyond it they are merged per op.
 MAX_COLLECTIVES_PER_RECORD = 32
+#: Most active findings sent a window (two datagrams of :data:`~laggard.wire.MAX_REPORT_FINDINGS`):
+#: a job holds a few (one per slow rank and kind); past it the most severe, then the oldest, go.
+MAX_ACTIVE_SENT = 2 * MAX_REPORT_FINDINGS
+#: Detectors whose findings hold until their detector clears them (``Finding.clear``), so they
+#: are sent as active: the straggler's (stage imbalance included) and the link's. An integrity
+#: finding is an event (a corrupt step), raised once and never cleared: not held.
+HELD_DETECTORS = frozenset({"straggler", "link"})
+_SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
 class AgentReports:
@@ -59,6 +75,11 @@ class AgentReports:
             uuid=device_id.uuid if device_id else None,
             pci_bus_id=device_id.pci_bus_id if device_id else None)
         self.run = run
+        self.world_size = world_size
+        #: held key -> the finding's latest raised dict, oldest raise first (see
+        #: :func:`held_key`); cleared ones removed.
+        self.active: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._last_step = 0
         self.sock: Any = None
         if address:
             try:
@@ -89,11 +110,35 @@ class AgentReports:
         self.send(record.encode())
 
     def send_window(self, record: WindowRecord, outcome: WindowOutcome) -> None:
-        """Send one window's WindowReports (nothing without a socket)."""
+        """Send one window's WindowReports: its scores and findings, then the findings that
+        still hold (nothing is sent without a socket; the held ones are tracked all the same).
+        """
+        self._last_step = record.step
+        note_held(self.active, [f.to_dict() for f in outcome.findings])
         if self.sock is None:
             return
         for report in window_reports(record, outcome, self.run):
             self.send(report.encode())
+        reports, left_out = active_reports(list(self.active.values()), step=record.step,
+                                           world_size=self._world(record), run=self.run)
+        for report in reports:
+            self.send(report.encode())
+        if left_out:
+            self._stats.active_left_out += left_out
+            self._log_once("active-left-out", "laggard: %d active findings did not fit in a "
+                           "window's reports to the agent (counted in stats.active_left_out; "
+                           "more are left out each window they hold)", left_out)
+
+    def send_end(self) -> None:
+        """Tell the agent the run ended (``WindowReport.end``): it ends the run's active
+        findings at once. Sent by the rank that sends the windows (rank 0), from ``close()``."""
+        if self.sock is None:
+            return
+        self.send(WindowReport(step=self._last_step, world_size=max(self.world_size, 1),
+                               run=self.run, end=True).encode())
+
+    def _world(self, record: WindowRecord) -> int:
+        return record.world_size or int(record.ranks.size)
 
     def send(self, payload: bytes) -> None:
         """Send one datagram, counted: sent, dropped (the agent's queue is full) or failed."""
@@ -153,4 +198,71 @@ def window_reports(record: WindowRecord, outcome: WindowOutcome,
     return reports
 
 
-__all__ = ["MAX_COLLECTIVES_PER_RECORD", "AgentReports", "capped", "window_reports"]
+def held_key(doc: dict[str, Any]) -> tuple[Any, ...]:
+    """What a held finding is about, so its clear is matched to it: detector, kind, rank,
+    node, GPU, subject and its evidence's process group and link (:meth:`Finding.clear` keeps
+    them all)."""
+    evidence = doc.get("evidence")
+    evidence = evidence if isinstance(evidence, dict) else {}
+    return (doc.get("detector"), doc.get("kind"), doc.get("rank"), doc.get("node"),
+            doc.get("gpu"), doc.get("subject"), str(evidence.get("pg")),
+            str(evidence.get("link")))
+
+
+def note_held(active: dict[tuple[Any, ...], dict[str, Any]],
+              docs: list[dict[str, Any]]) -> None:
+    """Update ``active`` (held key -> raised dict) with one window's findings, in order: a
+    raise of a :data:`HELD_DETECTORS` finding holds it (its latest form), a clear ends it."""
+    for doc in docs:
+        if doc.get("detector") not in HELD_DETECTORS:
+            continue
+        key = held_key(doc)
+        if doc.get("cleared"):
+            active.pop(key, None)
+        else:
+            active[key] = doc
+
+
+def active_reports(active: list[dict[str, Any]], *, step: int, world_size: int,
+                   run: str = "") -> tuple[list[WindowReport], int]:
+    """The WindowReports that carry the findings still held, and how many were left out.
+
+    At most :data:`MAX_ACTIVE_SENT` findings (the most severe first, then the oldest), at most
+    :data:`~laggard.wire.MAX_REPORT_FINDINGS` to a report and each report's datagram within
+    :data:`~laggard.wire.MAX_DATAGRAM_BYTES` (a finding too large for a datagram alone is left
+    out).
+
+    Args:
+        active: raised finding dicts, oldest first.
+        step, world_size, run: the window's, as on its other reports.
+
+    Returns:
+        ``(reports, left_out)``: reports with ``active`` set and nothing else, and the count of
+        findings not sent.
+    """
+    order = sorted(range(len(active)),
+                   key=lambda i: (_SEVERITY_ORDER.get(str(active[i].get("severity")), 3), i))
+    chosen = [active[i] for i in order[:MAX_ACTIVE_SENT]]
+    left_out = len(active) - len(chosen)
+    reports: list[WindowReport] = []
+    chunk: list[dict[str, Any]] = []
+
+    def report(docs: list[dict[str, Any]]) -> WindowReport:
+        return WindowReport(step=step, world_size=world_size, run=run, active=docs)
+
+    for doc in chosen:
+        if chunk and (len(chunk) == MAX_REPORT_FINDINGS
+                      or len(report([*chunk, doc]).encode()) > MAX_DATAGRAM_BYTES):
+            reports.append(report(chunk))
+            chunk = []
+        if len(report([*chunk, doc]).encode()) > MAX_DATAGRAM_BYTES:
+            left_out += 1  # too large on its own
+            continue
+        chunk.append(doc)
+    if chunk:
+        reports.append(report(chunk))
+    return reports, left_out
+
+
+__all__ = ["HELD_DETECTORS", "MAX_ACTIVE_SENT", "MAX_COLLECTIVES_PER_RECORD", "AgentReports",
+           "active_reports", "capped", "held_key", "note_held", "window_reports"]

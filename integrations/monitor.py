@@ -349,8 +349,9 @@ class TrainingMonitor:
             self._windows_file.note(name, value)
 
     def close(self) -> None:
-        """Close the socket and destroy the gather group this monitor created; take the FSDP2
-        stall markers out. Never raises."""
+        """Tell the agent the run ended (rank 0: its active findings end at once), close the
+        socket and destroy the gather group this monitor created; take the FSDP2 stall markers
+        out. Never raises; a second call sends nothing."""
         try:
             if self._gc is not None:
                 self._gc.remove()
@@ -363,6 +364,8 @@ class TrainingMonitor:
             if self._windows_file is not None:
                 self._windows_file.close()
                 self.stats.save_errors = self._windows_file.errors
+            if self.rank == 0:  # the rank that sends the windows ends the run's verdicts
+                self._agent.send_end()
             self._agent.close()
             if self._gather is not None:
                 self._gather.close()

@@ -25,6 +25,8 @@ class MonitorStats:
         records_sent: StepRecord datagrams handed to the kernel.
         send_dropped: datagrams dropped because the socket buffer was full (``EAGAIN``).
         send_errors: datagrams that failed otherwise (agent down: ``ECONNREFUSED``, no route...).
+        active_left_out: active findings left out of a window's reports to the agent (past
+            ``agent_reports.MAX_ACTIVE_SENT``, or too large for a datagram), per window.
         windows: detection windows gathered.
         gather_errors: failed gathers (detection is switched off after the first).
         save_errors: windows that could not be appended to ``Config.windows_path``.
@@ -48,6 +50,7 @@ class MonitorStats:
     records_sent: int = 0
     send_dropped: int = 0
     send_errors: int = 0
+    active_left_out: int = 0
     windows: int = 0
     gather_errors: int = 0
     save_errors: int = 0

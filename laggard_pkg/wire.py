@@ -27,6 +27,9 @@ joins the rank to its GPU's series.
 A second datagram type, ``{"v": 1, "type": "window", ...}`` (:class:`WindowReport`), is sent by
 the rank that runs the in-job detectors (rank 0) once per detection window: straggler scores per
 rank and the findings raised or cleared in that window. A datagram without ``"type"`` is a step.
+A window report also carries, in ``"active"``, the findings that still hold (level, not edge: an
+agent restarted mid-run has the run's verdict back within one window), and the sender's last one,
+``"end": true``, says the run ended (its monitor closed): the agent ends its findings at once.
 
 A third, ``{"v": 1, "type": "heartbeat", ...}`` (:class:`Heartbeat`), is sent by every rank about
 once a second from a thread of its own, whether or not the training thread makes progress: the
@@ -266,7 +269,8 @@ class StepRecord:
 
 #: Most ranks whose scores one WindowReport carries; the sender keeps the highest scores.
 MAX_REPORT_RANKS = 128
-#: Most findings (raised or cleared) one WindowReport carries.
+#: Most findings (raised or cleared) one WindowReport carries; as many active ones
+#: (``WindowReport.active``).
 MAX_REPORT_FINDINGS = 16
 
 
@@ -286,6 +290,12 @@ class WindowReport:
             (``StragglerDetector.stats``: ``windows``, ``missing_rank_reports``,
             ``invalid_durations``...), name -> non-negative int; optional.
         run: training run id (:func:`check_run`); ``""`` when the sender names none.
+        active: finding dicts that still hold at the end of the window (raised in it or
+            before, not cleared since), at most :data:`MAX_REPORT_FINDINGS`; none cleared. Sent
+            with every window, so the agent's verdict is a level: an agent that missed the
+            raise (restarted) has it back; one that has it already changes nothing.
+        end: the run ended (the sender's monitor closed): the agent ends the run's active
+            findings. Such a report carries no scores or findings.
     """
 
     step: int
@@ -295,6 +305,8 @@ class WindowReport:
     comm: dict[str, float] = field(default_factory=dict)
     detector_stats: dict[str, int] = field(default_factory=dict)
     run: str = ""
+    active: list[dict[str, Any]] = field(default_factory=list)
+    end: bool = False
 
     def encode(self) -> bytes:
         """Serialise to one datagram payload (compact JSON, UTF-8)."""
@@ -311,6 +323,11 @@ class WindowReport:
             doc["comm"] = self.comm
         if self.detector_stats:
             doc["detector_stats"] = self.detector_stats
+        # Only when set: an older agent ignores keys it does not know.
+        if self.active:
+            doc["active"] = self.active
+        if self.end:
+            doc["end"] = True
         return json.dumps(doc, separators=(",", ":"), default=str).encode()
 
     @classmethod
@@ -334,19 +351,13 @@ class WindowReport:
             if not 0 <= rank < world_size:
                 raise RecordError("range", f"rank {rank} outside world size")
             scores[rank] = _number(value, "score")
-        findings = doc.get("findings", [])
-        if not isinstance(findings, list) or len(findings) > MAX_REPORT_FINDINGS:
-            raise RecordError("schema", "findings must be a short list")
-        for f in findings:
-            if not isinstance(f, dict):
-                raise RecordError("schema", "finding must be an object")
-            for key in ("detector", "kind", "severity"):
-                _name(f.get(key))
-            # A finding names a rank of this job, or none (a job-level finding).
-            if f.get("rank") is not None:
-                _int(f, "rank", 0, world_size - 1)
-            if f.get("step") is not None:
-                _int(f, "step", 0, MAX_WIRE_NUMBER)
+        findings = _findings(doc, "findings", world_size)
+        active = _findings(doc, "active", world_size)
+        if any(f.get("cleared") for f in active):
+            raise RecordError("schema", "an active finding is not cleared")
+        end = doc.get("end", False)
+        if not isinstance(end, bool):
+            raise RecordError("schema", "end must be true or false")
         comm = doc.get("comm", {})
         if not isinstance(comm, dict) or len(comm) > _MAX_PHASES:
             raise RecordError("schema", "comm must be a small object")
@@ -358,7 +369,31 @@ class WindowReport:
             _name(key)
             _int(stats, key, 0, MAX_WIRE_NUMBER)
         return cls(step=step, world_size=world_size, scores=scores, findings=findings,
-                   comm=checked_comm, detector_stats=dict(stats), run=run)
+                   comm=checked_comm, detector_stats=dict(stats), run=run, active=active,
+                   end=end)
+
+
+def _findings(doc: dict[str, Any], key: str, world_size: int) -> list[dict[str, Any]]:
+    """A window report's list of finding dicts under ``key`` (``findings``, ``active``),
+    checked: at most :data:`MAX_REPORT_FINDINGS`, each with a detector, kind and severity, a
+    rank of this job or none (a job-level finding).
+
+    Raises:
+        RecordError: ``schema`` or ``range``.
+    """
+    findings = doc.get(key, [])
+    if not isinstance(findings, list) or len(findings) > MAX_REPORT_FINDINGS:
+        raise RecordError("schema", f"{key} must be a short list")
+    for f in findings:
+        if not isinstance(f, dict):
+            raise RecordError("schema", "finding must be an object")
+        for name in ("detector", "kind", "severity"):
+            _name(f.get(name))
+        if f.get("rank") is not None:
+            _int(f, "rank", 0, world_size - 1)
+        if f.get("step") is not None:
+            _int(f, "step", 0, MAX_WIRE_NUMBER)
+    return findings
 
 
 #: The ``phase`` of a rank's last heartbeat, sent when its monitor closes: nothing more will

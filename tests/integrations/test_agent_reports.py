@@ -5,19 +5,29 @@ from __future__ import annotations
 import socket
 
 import numpy as np
+import pytest
 
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.window import WindowRecord
 from laggard.integrations.agent_reports import (
+    MAX_ACTIVE_SENT,
     MAX_COLLECTIVES_PER_RECORD,
     AgentReports,
+    active_reports,
     capped,
+    note_held,
     window_reports,
 )
 from laggard.integrations.monitor_config import MonitorStats
 from laggard.integrations.participants import WindowOutcome
 from laggard.integrations.phases import StepTimes
-from laggard.wire import MAX_REPORT_FINDINGS, MAX_REPORT_RANKS, CollectiveTiming, decode_datagram
+from laggard.wire import (
+    MAX_DATAGRAM_BYTES,
+    MAX_REPORT_FINDINGS,
+    MAX_REPORT_RANKS,
+    CollectiveTiming,
+    decode_datagram,
+)
 
 
 def _reports(address: str, stats: MonitorStats, logged: list[str]) -> AgentReports:
@@ -78,3 +88,65 @@ def test_a_window_goes_out_in_reports_of_bounded_size() -> None:
     assert set(reports[0].scores) == set(range(10, ranks))  # the highest scores
     assert reports[0].comm == {"total_seconds": 0.5, "exposed_seconds": 0.0, "bytes": 0.0}
     assert all(r.run == "r1" and r.step == 19 for r in reports)
+
+
+def _straggler(rank: int, *, cleared: bool = False, severity: Severity = Severity.WARNING,
+               message: str = "slow") -> Finding:
+    raised = Finding(detector="straggler", kind="compute", severity=severity, message=message,
+                     rank=rank, step=19)
+    return raised.clear(step=39, reason="recovered", message="ok") if cleared else raised
+
+
+def _window(step: int, ranks: int = 4) -> WindowRecord:
+    return WindowRecord(step=step, columns={}, ranks=np.arange(ranks), world_size=ranks)
+
+
+def test_active_findings_go_with_every_window_until_cleared_and_close_sends_the_end(
+        receiver: socket.socket) -> None:
+    stats, logged = MonitorStats(), []
+    agent = _reports(f"127.0.0.1:{receiver.getsockname()[1]}", stats, logged)
+    integrity = Finding(detector="integrity", kind="nonfinite", severity=Severity.CRITICAL,
+                        message="nan", rank=1, step=19)
+    windows = [[_straggler(2), integrity], [], [_straggler(2, cleared=True)], []]
+    sent = []
+    for i, findings in enumerate(windows):
+        agent.send_window(_window(20 * i + 19), WindowOutcome(findings=findings))
+    agent.send_end()
+    agent.close()
+    agent.send_end()  # closed: nothing more
+    receiver.settimeout(5)
+    while not (sent and sent[-1].end):
+        sent.append(decode_datagram(receiver.recv(65536)))
+    held = [(r.step, [f["rank"] for f in r.active]) for r in sent if r.active]
+    assert held == [(19, [2]), (39, [2])]  # an integrity finding is an event: not held
+    end = sent[-1]
+    assert (end.run, end.step, end.world_size, end.findings, end.scores) == ("r1", 79, 4, [], {})
+    assert stats.active_left_out == 0 and stats.send_errors == 0
+    receiver.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        receiver.recv(65536)
+
+
+def test_active_findings_are_bounded_and_what_does_not_fit_is_counted() -> None:
+    many = [_straggler(r).to_dict() for r in range(MAX_ACTIVE_SENT + 5)]
+    many[-1]["severity"] = "critical"  # the most severe go first
+    reports, left_out = active_reports(many, step=9, world_size=10_000, run="r1")
+    sent = [f for r in reports for f in r.active]
+    assert len(sent) == MAX_ACTIVE_SENT and left_out == 5
+    assert sent[0]["rank"] == MAX_ACTIVE_SENT + 4
+    assert all(len(r.active) <= MAX_REPORT_FINDINGS and len(r.encode()) <= MAX_DATAGRAM_BYTES
+               and not r.findings and not r.scores for r in reports)
+    # large findings: fewer to a datagram, none over the limit; one too large alone is left out
+    big = [_straggler(r, message="x" * 2000).to_dict() for r in range(6)]
+    huge = _straggler(7, message="y" * MAX_DATAGRAM_BYTES).to_dict()
+    reports, left_out = active_reports([*big, huge], step=9, world_size=8)
+    assert left_out == 1 and sum(len(r.active) for r in reports) == 6
+    assert all(len(r.encode()) <= MAX_DATAGRAM_BYTES for r in reports) and len(reports) >= 2
+    assert all(decode_datagram(r.encode()).active == r.active for r in reports)
+
+
+def test_a_clear_matches_its_raise_by_subject() -> None:
+    active: dict = {}
+    note_held(active, [_straggler(1).to_dict(), _straggler(2).to_dict()])
+    note_held(active, [_straggler(1, cleared=True).to_dict()])
+    assert [d["rank"] for d in active.values()] == [2]

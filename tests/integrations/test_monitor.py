@@ -273,15 +273,27 @@ def test_rank0_logs_a_straggler_once_when_raised_and_once_when_cleared(receiver,
     assert 6 * 20 <= monitor.findings[0].step < 14 * 20
     assert len(monitor.windows) == len(plan)
 
-    reports = [_recv(receiver) for _ in plan]
-    assert all(isinstance(r, WindowReport) for r in reports)
+    monitor.close()
+    sent = []
+    while not (sent and isinstance(sent[-1], WindowReport) and sent[-1].end):
+        sent.append(_recv(receiver))
+    assert all(isinstance(r, WindowReport) for r in sent)
+    # each window: its scores and findings, then (while the straggler holds) its active one
+    reports = [r for r in sent if r.scores]
+    assert len(reports) == len(plan)
     assert all(set(r.scores) == {0, 1, 2, 3} for r in reports)
     flagged = [f for r in reports for f in r.findings if not f.get("cleared")]
     ended = [f for r in reports for f in r.findings if f.get("cleared")]
     assert [f["rank"] for f in flagged] == [2] and [f["rank"] for f in ended] == [2]
     assert reports[-1].comm["bytes"] == 1e6
     assert reports[-1].detector_stats["windows"] == len(reports)  # rank 0 counts every window
-    monitor.close()
+    held = [r for r in sent if r.active]
+    raised_at, cleared_at = flagged[0]["step"], ended[0]["step"]
+    assert [r.step for r in held] == [r.step for r in reports
+                                      if raised_at <= r.step < cleared_at]
+    assert all([f["rank"] for f in r.active] == [2] for r in held)
+    assert sent[-1].end and sent[-1].run == monitor._agent.run and not sent[-1].findings
+    assert monitor.stats.active_left_out == 0
     # the log says the evidence in words, not as a Python dict
     assert "{" not in raised[0] and "':" not in raised[0], raised[0]
     assert re.search(r"forward\+backward \d+% slower than the median rank in its last 3 "
@@ -463,6 +475,8 @@ def test_step_records_and_window_reports_carry_the_run(receiver, monkeypatch):
     from_env = _monitor(port, rank=0)
     assert from_env.run == "elastic-7"
     from_env.close()
+    end = _recv(receiver)  # rank 0's close ends its run on the agent
+    assert isinstance(end, WindowReport) and end.end and end.run == "elastic-7"
     config = TrainingMonitor.Config(agent_address=f"127.0.0.1:{port}", detect=False,
                                     run="job 42/step\x07")  # sanitised on the wire
     monitor = TrainingMonitor(config, rank=0, world_size=4)
