@@ -18,12 +18,19 @@ uid for that run, and UDP records (no identity) for a run owned over the socket,
 (``foreign_sender``) and logged once per uid with pid and uid, so one datagram of another user
 can neither write the run's verdict nor reset its ranks. Root (uid 0) is the node's admin and may
 write any run (counted: ``laggard_intake_admin_records_total``). A run none of whose ranks is
-alive any more may be claimed by a new owner. Every finding a WindowReport carries is kept and
-logged with the ``sender_pid`` and ``sender_uid`` the kernel gave (None over UDP).
+alive any more may be claimed by a new owner (``run_owner.py``). Every finding a WindowReport
+carries is kept and logged with the ``sender_pid`` and ``sender_uid`` the kernel gave
+(None over UDP).
 
 State only (its data in :mod:`laggard.agent.run_state`): the metric families are rendered from
 it by :class:`laggard.agent.run_metrics.RunMetrics`, as client_python's ``process_collector.py``
-reads and ``exposition.py`` renders.
+reads and ``exposition.py`` renders; who may write a run is decided in
+:mod:`laggard.agent.run_owner`, a rank's liveness in :mod:`laggard.agent.progress`.
+
+Over 600 lines as one cohesive class (issue 30's rule): every method of ``RankTable`` reads or
+changes the same run map and series budget under one lock, and an ingest must apply a record,
+charge the budget and claim the run in one critical section; what does not need the lock lives
+in the modules above.
 """
 
 from __future__ import annotations
@@ -35,7 +42,6 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 from laggard.agent.config import (
@@ -53,6 +59,7 @@ from laggard.agent.progress import (
     MAX_GROUPS_PER_RANK,
     RankProgress,
 )
+from laggard.agent.run_owner import admission, claim, refusal_text, with_sender
 from laggard.agent.run_state import (
     COMM_KEYS,
     HISTOGRAM_SAMPLES,
@@ -60,7 +67,6 @@ from laggard.agent.run_state import (
     RANK_SAMPLES,
     JobState,
     RankState,
-    RunOwner,
     RunState,
     TableReading,
 )
@@ -78,8 +84,6 @@ OTHER_LABEL = "other"
 _SEVERITIES = frozenset(s.value for s in Severity)
 #: ``laggard_intake_rejected_total`` reason of a record for a run another sender owns.
 FOREIGN_SENDER = "foreign_sender"
-#: uid of the node's admin, who may write any run (counted, not refused).
-ROOT_UID = 0
 
 #: ``(uuid, pci_bus_id)`` -> NVML index as a label value, ``""`` for a device NVML does not
 #: list, None when NVML is not available. See :class:`laggard.agent.gpu_index.GpuIndex`.
@@ -257,12 +261,12 @@ class RankTable:
                     self.rejected[FOREIGN_SENDER] += 1
                 else:
                     if isinstance(item, WindowReport):
-                        self._apply_window(_with_sender(item, sender))
+                        self._apply_window(with_sender(item, sender))
                     elif isinstance(item, Heartbeat):
                         self._apply_heartbeat(item, sender)
                     else:
                         self._apply_step(item, sender, gpu)
-                    self._claim(item.run, sender)
+                    claim(self._runs.get(item.run), sender)
                     self.accepted += 1
             if refusal is not None:
                 # Outside the lock (a blocked log handler must not stop the intake).
@@ -282,40 +286,15 @@ class RankTable:
 
     def _refusal(self, item: StepRecord | WindowReport | Heartbeat,
                  sender: SenderIdentity | None) -> tuple[str, tuple[object, ...]] | None:
-        """Why ``sender`` may not write ``item``'s run: a log key and the log line's arguments;
-        None when it may (an unowned run, its owner, root: counted; or a run whose ranks are all
-        gone, which it may then claim)."""
+        """Why ``sender`` may not write ``item``'s run (``run_owner.py``): a log key and the log
+        line's arguments; None when it may (root's records counted)."""
         run = self._runs.get(item.run)
-        owner = run.owner if run is not None else None
-        if run is None or owner is None:
-            return None  # unowned: the first sender the kernel names claims it
-        uid = sender.uid if sender is not None else None
-        if uid is not None:
-            cgroup = sender.owner_cgroup() if sender is not None else None
-            # A sender whose cgroup is unknown (exited, another pid namespace) is its uid.
-            if uid == owner.uid and (cgroup is None or owner.cgroup is None
-                                     or cgroup == owner.cgroup):
-                return None
-            if uid == ROOT_UID:
-                self.admin_records += 1
-                return None
-        if not any(_alive(state) for state in run.ranks.values()):
-            run.owner = None  # its ranks are gone: the run label is free to claim again
+        verdict = admission(run, sender)
+        if verdict == "admin":
+            self.admin_records += 1
+        if verdict != "foreign" or run is None or run.owner is None:
             return None
-        what = type(item).__name__
-        if uid is None:
-            return ("foreign_sender:udp", (f"a {what} without sender identity (UDP)", item.run,
-                                           owner.uid, _cgroup_note(owner), owner.pid))
-        pid = sender.pid if sender is not None else None
-        return (f"foreign_sender:{uid}", (f"a {what} from pid {pid} uid {uid}", item.run,
-                                          owner.uid, _cgroup_note(owner), owner.pid))
-
-    def _claim(self, name: str, sender: SenderIdentity | None) -> None:
-        """The first sender the kernel names owns run ``name`` (if the run was kept)."""
-        run = self._runs.get(name)
-        if run is not None and run.owner is None and sender is not None \
-                and sender.uid is not None:
-            run.owner = RunOwner(uid=sender.uid, cgroup=sender.owner_cgroup(), pid=sender.pid)
+        return refusal_text(type(item).__name__, item.run, run.owner, sender)
 
     def reject(self, reason: str) -> None:
         """Count a datagram dropped before decoding (e.g. ``oversized``)."""
@@ -693,24 +672,7 @@ class RankTable:
                 "labels_as_sent": [str(detector), str(kind), str(severity)]}
 
 
-def _alive(state: RankState) -> bool:
-    """A rank whose process may still send: not said goodbye, not found exited."""
-    return not state.progress.closed and state.progress.process != "exited"
 
-
-def _cgroup_note(owner: RunOwner) -> str:
-    return f" ({owner.cgroup})" if owner.cgroup else ""
-
-
-def _with_sender(report: WindowReport, sender: SenderIdentity | None) -> WindowReport:
-    """``report`` with each finding stamped with the kernel's ``sender_pid`` and ``sender_uid``
-    (None over UDP); whatever the datagram wrote in those fields is replaced."""
-    if not report.findings:
-        return report
-    pid = sender.pid if sender is not None else None
-    uid = sender.uid if sender is not None else None
-    return replace(report, findings=[{**doc, "sender_pid": pid, "sender_uid": uid}
-                                     for doc in report.findings])
 
 
 def _normalised_bus_id(bus_id: str) -> str:
