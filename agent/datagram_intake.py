@@ -3,6 +3,11 @@
 datagram, oversized ones counted, stale ranks expired once a second even without scrapes, and
 nothing a datagram does stops the loop.
 
+The loop reads ahead: between two datagrams' ingests it empties the kernel's queue (for a Unix
+socket ``net.unix.max_dgram_qlen`` datagrams, 10 by the kernel's default; a larger ``SO_RCVBUF``
+does not raise it) into a queue of its own of up to :data:`MAX_PENDING_DATAGRAMS`, so a burst
+that arrives while a batch is ingested waits instead of being refused.
+
 A batch datagram (:func:`laggard.wire.split_batch`: a rank's step records, one a line) is split
 here and each record ingested on its own with the batch's sender; a malformed batch is rejected
 and counted like any datagram. Its header's ``dropped`` (the records the sender lost, its queue
@@ -14,9 +19,11 @@ socket drops nothing itself, its senders do.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -33,6 +40,9 @@ log = logging.getLogger(__name__)
 #: Senders whose last reported ``dropped`` is remembered (a new process of a rank is a new
 #: sender); beyond it the memory starts over (a sender then counts from its next report).
 MAX_SENDERS_TRACKED = 4096
+#: Datagrams read ahead of the ingest (<= 8 KiB each: 8 MiB at most); when full the kernel's
+#: queue fills and senders are refused (``EAGAIN``, counted on their side).
+MAX_PENDING_DATAGRAMS = 1024
 
 
 class DatagramSink(Protocol):
@@ -86,13 +96,22 @@ class DatagramIntake:
         # One byte more than the limit tells an oversized datagram from one that just fits.
         bufsize = MAX_DATAGRAM_BYTES + 1
         next_expiry = time.monotonic() + 1.0
+        # Datagrams read but not yet ingested: the kernel's queue (net.unix.max_dgram_qlen
+        # datagrams, 10 by default, whatever SO_RCVBUF says) is emptied into it between two
+        # datagrams' ingests, so a burst waits here instead of being refused to its senders.
+        pending: deque[tuple[bytes, SenderIdentity | None] | None] = deque()
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
         while not self._stop.is_set():
             if time.monotonic() >= next_expiry:
                 # Stale ranks go even when no scrape comes (the scrape expires them too).
                 self._table.expire()
                 next_expiry = time.monotonic() + 1.0
             try:
-                received = self._receive(bufsize)
+                if not pending:
+                    pending.append(self._receive(bufsize))  # waits up to the socket's timeout
+                while len(pending) < MAX_PENDING_DATAGRAMS and poller.poll(0):
+                    pending.append(self._receive(bufsize))
             except TimeoutError:
                 continue
             except OSError as exc:
@@ -101,6 +120,7 @@ class DatagramIntake:
                 log.warning("intake receive failed: %s", exc)
                 time.sleep(0.1)
                 continue
+            received = pending.popleft()
             if received is None:
                 continue
             payload, sender = received

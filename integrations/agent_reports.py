@@ -58,7 +58,7 @@ MAX_BACKLOG_DATAGRAMS = 8
 #: Seconds after the first drop before the job's log says how many were dropped (once).
 DROP_WARNING_DELAY_SECONDS = 1.0
 #: Seconds ``close()`` waits at most for the agent's queue to take what is left.
-CLOSE_DRAIN_SECONDS = 0.05
+CLOSE_DRAIN_SECONDS = 0.2
 
 
 class AgentReports:
