@@ -5,8 +5,9 @@ Unix datagram socket by default; UDP only where configured): fire and forget on 
 non-blocking socket, so a missing, slow or crashed agent costs the job nothing but counted
 records (``MonitorStats.records_sent``, ``send_dropped``, ``send_errors``).
 
-Step records are batched (:func:`laggard.wire.encode_batch`): a step whose previous datagram
-left more than ``batch_seconds`` ago goes at once (a slow job's records are not delayed);
+Step records sent to the agent's Unix socket are batched (:func:`laggard.wire.encode_batch`;
+over UDP, whose queue counts bytes, not datagrams, each goes at once): a step whose previous
+datagram left more than ``batch_seconds`` ago goes at once (a slow job's records are not delayed);
 faster steps wait in one batch until ``batch_seconds`` passed, it would outgrow
 :data:`~laggard.wire.MAX_DATAGRAM_BYTES`, or a window report or ``close()`` follows. A node's
 ranks then send a few datagrams a second each, far below the agent's queue
@@ -134,7 +135,11 @@ class AgentReports:
             self._seal(now)
         self._pending.append(record)
         self._pending_bytes += len(record) + 1
-        if len(self._pending) >= MAX_BATCH_ITEMS or now - self._last_flush >= self._batch_seconds:
+        # Batched where the queue counts datagrams (a Unix socket: net.unix.max_dgram_qlen);
+        # a UDP intake's queue counts bytes (the agent asks for 1 MiB): one datagram a step.
+        wait = self._batch_seconds if getattr(self.sock, "target", "").startswith("unix:") \
+            else 0.0
+        if len(self._pending) >= MAX_BATCH_ITEMS or now - self._last_flush >= wait:
             self._seal(now)
         self._drain()
         if self._warn_at is not None and now >= self._warn_at:
