@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from support import budget
+from support import budget, wait_for
 
 from laggard.integrations.agent_socket import (
     RETRY_INITIAL_SECONDS,
@@ -183,3 +183,37 @@ def test_bad_targets_raise(target: str) -> None:
 def test_good_targets(tmp_path: Path) -> None:
     for target in ("/run/laggard/intake.sock", "unix:rel.sock", "127.0.0.1:9478", "[::1]:9"):
         check_intake_target(target)
+
+
+def test_a_removed_socket_sends_nothing_to_udp_and_is_returned_to_within_the_backoff(
+        tmp_path: Path) -> None:
+    path = tmp_path / "intake.sock"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        try:  # where the old default fallback sent, else any loopback port
+            listener.bind(parse_address(DEFAULT_INTAKE_ADDRESS))
+        except OSError:
+            listener.bind(("127.0.0.1", 0))
+        first = _receiver(path)
+        sender = AgentSocket(str(path), environ={})  # the real clock
+        sender.send(b"a")
+        assert first.recv(10) == b"a"
+        first.close()
+        os.unlink(path)  # the agent went away
+        for _ in range(5):
+            with pytest.raises(OSError):
+                sender.send(b"secret")
+        listener.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            listener.recv(100)
+
+        def sent() -> bool:
+            try:
+                sender.send(b"b")
+            except OSError:
+                return False
+            return True
+
+        with _receiver(path) as second:  # the agent is back
+            assert wait_for(sent, timeout=RETRY_MAX_SECONDS + 1)
+            assert sender.target == f"unix:{path}" and second.recv(10) == b"b"
+        sender.close()
