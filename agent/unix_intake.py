@@ -16,9 +16,11 @@ Who can send at all is decided by the file system: write permission on the socke
 mount the directory: the hostPath is the gate, as DogStatsD's socket is mounted).
 
 Unlike UDP, the kernel never drops a Unix datagram: when the receive queue is full
-(``net.unix.max_dgram_qlen`` datagrams: 10 by the kernel's default, 512 by systemd's) a
-non-blocking sender gets ``EAGAIN``, and the TrainingMonitor counts it on its side
-(``send_dropped``).
+(``net.unix.max_dgram_qlen`` datagrams: 10 by the kernel's default, 512 by systemd's; a larger
+``SO_RCVBUF`` does not raise it) a non-blocking sender gets ``EAGAIN``. The TrainingMonitor
+batches its step records to stay far below that, keeps a few unsent batches to retry, and
+counts what it still drops (``send_dropped``); its batches tell us the count, exported as
+``laggard_intake_sender_dropped_total`` (``agent/datagram_intake.py``).
 """
 
 from __future__ import annotations
@@ -197,7 +199,9 @@ class UnixIntake(DatagramIntake):
         return payload, SenderIdentity(pid=pid, uid=uid, gid=gid, labels=labels)
 
     def collect(self) -> Iterator[Metric]:
-        """``laggard_intake_sender_lookups_total{result}`` (with a workload reader)."""
+        """``laggard_intake_sender_dropped_total`` (:meth:`collect_drops`) and
+        ``laggard_intake_sender_lookups_total{result}`` (with a workload reader)."""
+        yield from self.collect_drops()
         if self._workload is not None:
             yield from self._workload.collect()
 

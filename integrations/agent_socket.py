@@ -1,18 +1,23 @@
 """Where a training process sends its datagrams: the agent's socket (a Unix datagram socket),
-else UDP on loopback.
+or UDP where configured.
 
 The agent's socket, its default intake, is a Unix datagram socket
 (``/run/laggard/intake.sock``; in Kubernetes the DaemonSet's hostPath mounted into the training
 pod), where the kernel tells the agent each sender's pid and uid. The target comes from the
 ``LAGGARD_INTAKE`` environment variable, else from the monitor's configuration: a socket path
-(``/run/...`` or ``unix:PATH``) or a UDP ``host:port``, used as given. A socket that cannot be
-connected (no agent yet, a node without the socket) falls back to UDP on loopback, and the
-socket is tried again on later sends.
+(``/run/...`` or ``unix:PATH``) or a UDP ``host:port``, used as given.
+
+A socket that cannot be reached (no agent yet, an agent restarting, a node without the socket)
+is tried again with backoff (:data:`RETRY_INITIAL_SECONDS` doubling to
+:data:`RETRY_MAX_SECONDS`) on later sends, and returned to as soon as it connects. Meanwhile
+nothing is sent, unless a UDP fallback is configured (``MonitorConfig.udp_fallback`` or
+``$LAGGARD_UDP_FALLBACK``): any local user may bind a UDP port and read what is sent there, so
+there is no UDP by default. The log names each change of target (the socket path, the UDP
+address, or none).
 
 Never blocks and never raises on a send it can count: :class:`AgentSocket` is non-blocking
-(``BlockingIOError`` when the agent's queue is full, as with UDP) and reconnects, at most once a
-second, after the agent went away (a restarted agent binds a new socket: a Unix datagram socket
-connected to the old one would fail for good).
+(``BlockingIOError`` when the agent's queue is full, as with UDP); thread-safe (the training
+thread and the heartbeat thread share it).
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ import errno
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
-from laggard.wire import DEFAULT_INTAKE_ADDRESS, INTAKE_ENV, parse_address
+from laggard.wire import INTAKE_ENV, parse_address
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +40,15 @@ log = logging.getLogger(__name__)
 #: listens on the UDP port yet.
 _RECONNECT_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENOTCONN, errno.ENOENT,
                                errno.ECONNRESET})
-#: Seconds between two reconnection attempts.
-RECONNECT_INTERVAL_SECONDS = 1.0
+#: Seconds before the first new try of an unreachable socket; doubled after each failed try
+#: up to :data:`RETRY_MAX_SECONDS` (a restarting agent is back within a few seconds; a node
+#: without one costs a ``connect`` every few seconds).
+RETRY_INITIAL_SECONDS = 0.25
+#: Longest wait between two tries of the socket: records return to it at most this late.
+RETRY_MAX_SECONDS = 4.0
+#: Environment variable naming a UDP ``host:port`` to send to while the socket is unreachable
+#: (``MonitorConfig.udp_fallback``); unset: none.
+UDP_FALLBACK_ENV = "LAGGARD_UDP_FALLBACK"
 
 
 def is_socket_path(target: str) -> bool:
@@ -67,83 +81,142 @@ def intake_target(configured: str, environ: Mapping[str, str] | None = None) -> 
 
 
 class AgentSocket:
-    """A non-blocking datagram socket connected to the agent, with what ``socket.send`` offers.
+    """A non-blocking datagram socket to the agent, with what ``socket.send`` offers.
 
     Args:
         configured: the monitor's target (a socket path or ``host:port``); overridden by
             ``LAGGARD_INTAKE``.
         environ: the environment to read (tests pass a dict); None for ``os.environ``.
-        udp_fallback: ``host:port`` tried when a socket target cannot be connected (no agent
-            there yet, a node without the socket); empty for none.
+        udp_fallback: ``host:port`` sent to while a socket target cannot be reached; empty for
+            none (the default); overridden by ``LAGGARD_UDP_FALLBACK``.
         clock: monotonic clock in seconds (tests pass a fake one).
+        log_change: ``(key, msg, *args)`` logging each change of target at WARNING (the
+            monitor's log); None: this module's logger.
 
     Attributes:
-        target: what it is connected to now: ``unix:PATH`` or ``udp:HOST:PORT``.
+        wanted: the configured target: ``unix:PATH`` or ``udp:HOST:PORT``.
+        target: where datagrams go now: :attr:`wanted`, ``udp:HOST:PORT`` (the fallback) or
+            ``""`` (nowhere: the socket is not there and no fallback is configured).
 
     Raises:
-        ValueError: the target is neither a socket path nor ``host:port``.
-        OSError: nothing could be connected (no socket, no fallback).
+        ValueError: a target or fallback neither a socket path nor ``host:port``.
+        OSError: a UDP target that cannot be opened (an unknown host).
     """
 
     def __init__(self, configured: str, *, environ: Mapping[str, str] | None = None,
-                 udp_fallback: str = DEFAULT_INTAKE_ADDRESS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        wanted = intake_target(configured, environ)
-        check_intake_target(wanted)
-        self._candidates = [wanted]
-        if is_socket_path(wanted) and udp_fallback:
-            self._candidates.append(udp_fallback)
+                 udp_fallback: str = "", clock: Callable[[], float] = time.monotonic,
+                 log_change: Callable[..., Any] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self._primary = intake_target(configured, env)
+        check_intake_target(self._primary)
+        fallback = env.get(UDP_FALLBACK_ENV, "").strip() or udp_fallback
+        if fallback:
+            parse_address(fallback)
+        self._fallback = fallback if is_socket_path(self._primary) else ""
+        self.wanted = _describe(self._primary)
         self._clock = clock
-        self._next_reconnect = 0.0
+        self._log_change = log_change
+        self._lock = threading.Lock()
+        self._retry_delay = RETRY_INITIAL_SECONDS
+        self._next_retry = 0.0
         self.target = ""
-        self._sock = self._connect()
-
-    def _connect(self) -> socket.socket:
-        """The first candidate that connects (the last one's error raised if none does)."""
-        error: OSError | None = None
-        for candidate in self._candidates:
-            try:
-                sock = _open(candidate)
-            except OSError as exc:
-                error = exc
-                continue
-            if self.target != _describe(candidate):
-                self.target = _describe(candidate)
-                log.info("laggard: sending step records to the agent at %s", self.target)
-            return sock
-        assert error is not None
-        raise error
+        self._sock: socket.socket | None = None
+        self._on_primary = False
+        if is_socket_path(self._primary):
+            self._try_primary(clock(), first=True)
+        else:
+            self._switch(_open(self._primary), self._primary, primary=True, reason="")
 
     def send(self, payload: bytes) -> int:
-        """Send one datagram; reconnects (once a second at most) if the agent went away.
+        """Send one datagram to the socket (tried again when due), else to the fallback.
 
         Raises:
-            BlockingIOError: the agent's receive queue is full (the datagram is dropped).
-            OSError: the agent is not there (``ECONNREFUSED``...), after one reconnection.
+            BlockingIOError: the agent's receive queue is full (the datagram is not sent).
+            OSError: no target now (``ENOTCONN``: the socket is not there, no fallback), or
+                the send failed.
         """
-        try:
-            return self._sock.send(payload)
-        except BlockingIOError:
-            raise
-        except OSError as exc:
-            if exc.errno not in _RECONNECT_ERRNOS or self._clock() < self._next_reconnect:
-                raise
-            self._next_reconnect = self._clock() + RECONNECT_INTERVAL_SECONDS
+        with self._lock:
+            now = self._clock()
+            if not self._on_primary and now >= self._next_retry:
+                self._try_primary(now)
+            if self._sock is None:
+                raise OSError(errno.ENOTCONN, f"the agent's socket {self.wanted} is not there "
+                              "(no UDP fallback configured)")
             try:
-                sock = self._connect()
+                return self._sock.send(payload)
+            except BlockingIOError:
+                raise
+            except OSError as exc:
+                if not self._on_primary or not is_socket_path(self._primary) \
+                        or exc.errno not in _RECONNECT_ERRNOS:
+                    raise
+                # The agent went away; a restarted one binds a new socket at the same path,
+                # which a fresh connect reaches at once.
+                self._next_retry = 0.0
+                self._try_primary(now, lost=exc)
+                if self._sock is None:
+                    raise
+                return self._sock.send(payload)
+
+    def _try_primary(self, now: float, *, first: bool = False,
+                     lost: OSError | None = None) -> None:
+        """Connect the socket target; on failure schedule the next try (backoff) and use the
+        fallback, if any, meanwhile."""
+        try:
+            sock = _open(self._primary)
+        except OSError as exc:
+            self._next_retry = now + self._retry_delay
+            self._retry_delay = min(2 * self._retry_delay, RETRY_MAX_SECONDS)
+            if self._on_primary or first:
+                self._leave_primary(lost or exc)
+            return
+        self._retry_delay = RETRY_INITIAL_SECONDS
+        self._switch(sock, self._primary, primary=True,
+                     reason="" if first else "it is back")
+
+    def _leave_primary(self, exc: OSError) -> None:
+        if self._fallback:
+            try:
+                self._switch(_open(self._fallback), self._fallback, primary=False,
+                             reason=f"{self.wanted} unreachable ({exc})")
+                return
             except OSError:
-                raise exc from None
+                pass
+        if self._sock is not None:
             self._sock.close()
-            self._sock = sock
-            return self._sock.send(payload)
+        self._sock, self._on_primary, self.target = None, False, ""
+        self._say("laggard: the agent's socket %s is unreachable (%s): records dropped (counted) "
+                  "until it is back, tried again within %g s (no UDP fallback configured)",
+                  self.wanted, exc, RETRY_MAX_SECONDS)
+
+    def _switch(self, sock: socket.socket, target: str, *, primary: bool, reason: str) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock, self._on_primary, self.target = sock, primary, _describe(target)
+        if not reason:
+            log.info("laggard: sending step records to the agent at %s", self.target)
+        else:
+            self._say("laggard: sending step records to the agent at %s (%s)", self.target,
+                      reason)
+
+    def _say(self, msg: str, *args: Any) -> None:
+        if self._log_change is not None:
+            self._log_change(f"target {self.target or 'none'}", msg, *args)
+        else:
+            log.warning(msg, *args)
 
     def fileno(self) -> int:
-        """The current socket's descriptor."""
-        return self._sock.fileno()
+        """The current socket's descriptor (-1 with none)."""
+        sock = self._sock
+        return sock.fileno() if sock is not None else -1
 
     def close(self) -> None:
         """Close the socket."""
-        self._sock.close()
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+            self._sock, self._on_primary = None, False
+            self._next_retry = float("inf")
 
 
 def _describe(target: str) -> str:

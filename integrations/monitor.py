@@ -224,7 +224,8 @@ class TrainingMonitor:
         self._agent = AgentReports(
             cfg.agent_address, stats=self.stats, log_once=self._log_once, rank=self.rank,
             world_size=self.world_size, local_rank=self.local_rank, node=self.node,
-            run=self.run, device_id=rank_device(model))
+            run=self.run, device_id=rank_device(model), udp_fallback=cfg.udp_fallback,
+            batch_seconds=cfg.agent_batch_seconds)
         self._windows_file = (WindowsFile(cfg.windows_path, log_once=self._log_once)
                               if cfg.windows_path and self.rank == 0 else None)
         if cfg.gc_timing:

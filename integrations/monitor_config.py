@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from laggard.integrations.agent_socket import check_intake_target
-from laggard.wire import DEFAULT_INTAKE_SOCKET
+from laggard.wire import DEFAULT_INTAKE_SOCKET, parse_address
 
 #: Every accepted ``MonitorConfig.phase_clock`` (docs/gpu.md says what each measures).
 PHASE_CLOCK_NAMES = ("auto", "device", "thread_cpu", "wall")
@@ -22,9 +22,15 @@ class MonitorStats:
     reset.
 
     Attributes:
-        records_sent: StepRecord datagrams handed to the kernel.
-        send_dropped: datagrams dropped because the socket buffer was full (``EAGAIN``).
-        send_errors: datagrams that failed otherwise (agent down: ``ECONNREFUSED``, no route...).
+        records_sent: records (step records, window reports) handed to the kernel; a batch
+            counts its records.
+        batches_sent: batch datagrams among them (several step records in one,
+            ``agent_batch_seconds``).
+        send_dropped: records dropped because the agent's queue stayed full (``EAGAIN``) past
+            the sender's backlog of ``MAX_BACKLOG_DATAGRAMS`` (``integrations/agent_reports``);
+            the agent counts them too (``laggard_intake_sender_dropped_total``).
+        send_errors: records that failed otherwise (the agent's socket not there and no UDP
+            fallback configured, ``ECONNREFUSED``, no route...).
         active_left_out: active findings left out of a window's reports to the agent (past
             ``agent_reports.MAX_ACTIVE_SENT``, or too large for a datagram), per window.
         windows: detection windows gathered.
@@ -48,6 +54,7 @@ class MonitorStats:
     """
 
     records_sent: int = 0
+    batches_sent: int = 0
     send_dropped: int = 0
     send_errors: int = 0
     active_left_out: int = 0
@@ -69,14 +76,28 @@ class MonitorConfig:
 
     Raises:
         ValueError: a field out of its range (each field says its range), an intake target
-            that is neither a socket path nor ``host:port``, an unknown ``phase_clock``.
+            that is neither a socket path nor ``host:port``, a ``udp_fallback`` that is not
+            ``host:port``, an unknown ``phase_clock``.
     """
 
     agent_address: str = DEFAULT_INTAKE_SOCKET
     """Where the node agent takes step records: the agent's socket, a Unix datagram socket (a
-    path, or ``unix:PATH``; the default, falling back to UDP on loopback, ``127.0.0.1:9478``,
-    while the socket is not there), or a UDP ``host:port``. ``$LAGGARD_INTAKE`` overrides it;
-    an empty string sends nothing (``laggard.integrations.agent_socket``)."""
+    path, or ``unix:PATH``; the default), or a UDP ``host:port``. ``$LAGGARD_INTAKE``
+    overrides it; an empty string sends nothing (``laggard.integrations.agent_socket``). A
+    socket that is not there is tried again with backoff (0.25 s doubling to 4 s) and
+    returned to as soon as it is back."""
+
+    udp_fallback: str = ""
+    """A UDP ``host:port`` to send to while the agent's socket is unreachable (e.g. the
+    agent's ``127.0.0.1:9478`` intake); ``$LAGGARD_UDP_FALLBACK`` overrides it. Empty (the
+    default): none, records are counted as ``send_errors`` until the socket is back: any
+    local user may bind a UDP port and read what a job sends there."""
+
+    agent_batch_seconds: float = 0.25
+    """Longest a step record waits to share one datagram with later steps' records (sent at
+    once when the previous datagram left longer ago): in [0, 5] s; 0: one datagram a step
+    (``laggard.integrations.agent_reports``). Batching keeps a node's ranks within the
+    agent's socket queue (``net.unix.max_dgram_qlen``: 10 by the kernel's default)."""
 
     run: str = ""
     """The training run's id on every StepRecord and WindowReport (the ``run`` label of the
@@ -189,6 +210,10 @@ class MonitorConfig:
             raise ValueError("device_pool_events must be in [2, 2**20]")
         if self.agent_address:
             check_intake_target(self.agent_address)
+        if self.udp_fallback:
+            parse_address(self.udp_fallback)
+        if not 0 <= self.agent_batch_seconds <= 5:
+            raise ValueError("agent_batch_seconds must be in [0, 5]")
         if not 2 <= self.window_steps <= 10_000:
             raise ValueError(f"window_steps {self.window_steps} outside [2, 10000]")
         if self.history_windows < 0:

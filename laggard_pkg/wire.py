@@ -31,6 +31,12 @@ A window report also carries, in ``"active"``, the findings that still hold (lev
 agent restarted mid-run has the run's verdict back within one window), and the sender's last one,
 ``"end": true``, says the run ended (its monitor closed): the agent ends its findings at once.
 
+A rank batches its step records (``integrations/agent_reports.py``): one datagram of a
+header line ``{"v": 1, "type": "batch", "run": ..., "rank": ..., "count": N, "dropped": D}``
+and N records, one a line (:func:`encode_batch`, :func:`split_batch`), within
+:data:`MAX_DATAGRAM_BYTES`: a node's ranks fill the agent's socket queue
+(``net.unix.max_dgram_qlen`` datagrams, 10 by the kernel's default) N times slower.
+
 A third, ``{"v": 1, "type": "heartbeat", ...}`` (:class:`Heartbeat`), is sent by every rank about
 once a second from a thread of its own, whether or not the training thread makes progress: the
 step and phase the training thread is in and since when, and per watched process group how far
@@ -667,6 +673,105 @@ def _decode(payload: bytes) -> StepRecord | WindowReport | Heartbeat:
     if kind is not None:
         raise RecordError("schema", f"unknown datagram type {str(kind)[:20]}")
     return StepRecord.from_doc(doc)
+
+
+#: Most records one batch datagram carries (a batch is also bounded by
+#: :data:`MAX_DATAGRAM_BYTES`; ~20 step records of ~400 bytes fill it first).
+MAX_BATCH_ITEMS = 64
+#: The ``type`` of a batch's header line.
+BATCH_TYPE = "batch"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The first line of a batch datagram (:func:`encode_batch`).
+
+    Attributes:
+        run: the sender's run id (:func:`check_run`).
+        rank: the sender's global rank (>= 0).
+        count: records in the batch, 1 to :data:`MAX_BATCH_ITEMS`.
+        dropped: records this sender dropped so far (its queue to the agent full: ``EAGAIN``),
+            cumulative, so the agent counts the sender's losses too (a later batch tells it).
+    """
+
+    run: str
+    rank: int
+    count: int
+    dropped: int
+
+
+def encode_batch(items: list[bytes], *, run: str, rank: int, dropped: int) -> bytes:
+    """One datagram carrying several encoded records: a header line, then one record a line::
+
+        {"v":1,"type":"batch","run":"train-42","rank":3,"count":2,"dropped":0}
+        {"v":1,"rank":3,"world_size":4,"step":120,...}
+        {"v":1,"rank":3,"world_size":4,"step":121,...}
+
+    Compact JSON holds no raw newline (``json.dumps`` escapes one inside a string), so a newline
+    ends a record. An agent before batches rejects the datagram as ``not_json`` (counted).
+
+    Args:
+        items: encoded records (:meth:`StepRecord.encode`...), none a batch, at most
+            :data:`MAX_BATCH_ITEMS`.
+        run, rank: the sender's identity; dropped: see :class:`BatchHeader`.
+
+    Raises:
+        ValueError: no items, too many, or one holding a newline.
+    """
+    if not 1 <= len(items) <= MAX_BATCH_ITEMS or any(b"\n" in item for item in items):
+        raise ValueError(f"a batch holds 1 to {MAX_BATCH_ITEMS} one-line records")
+    header = json.dumps({"v": WIRE_VERSION, "type": BATCH_TYPE, "run": run, "rank": rank,
+                         "count": len(items), "dropped": dropped}, separators=(",", ":"))
+    return b"\n".join([header.encode(), *items])
+
+
+def split_batch(payload: bytes) -> tuple[BatchHeader, list[bytes]] | None:
+    """The header and records of a batch datagram; None for any other datagram.
+
+    A datagram is a batch when its first line is a JSON object whose ``type`` is ``"batch"``;
+    each record is then decoded on its own (:func:`decode_datagram`, where a nested batch is an
+    unknown type), so a bad record costs itself, not its batch.
+
+    Total like :func:`decode_datagram`: returns or raises :class:`RecordError`.
+
+    Raises:
+        RecordError: a malformed batch: ``oversized``, ``version``, ``schema`` (a count that is
+            not the number of records, out of ``[1, MAX_BATCH_ITEMS]``, an empty record),
+            ``range``, ``run_charset`` / ``run_length``, ``decoder_error``.
+    """
+    end = payload.find(b"\n")
+    if end < 0:
+        return None
+    try:
+        return _split_batch(payload, end)
+    except RecordError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a decoder bug must cost one datagram
+        raise RecordError("decoder_error", f"{type(exc).__name__}: {exc}"[:120]) from None
+
+
+def _split_batch(payload: bytes, end: int) -> tuple[BatchHeader, list[bytes]] | None:
+    first = payload[:end]
+    if json_depth(first) > 1:
+        return None  # not a header: the whole datagram goes to decode_datagram
+    try:
+        doc = json.loads(first)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("type") != BATCH_TYPE:
+        return None
+    if len(payload) > MAX_DATAGRAM_BYTES:
+        raise RecordError("oversized", f"{len(payload)} bytes > {MAX_DATAGRAM_BYTES}")
+    if doc.get("v") != WIRE_VERSION:
+        raise RecordError("version", f"unsupported batch version {str(doc.get('v'))[:20]}")
+    items = payload[end + 1:].split(b"\n")
+    count = _int(doc, "count", 1, MAX_BATCH_ITEMS)
+    if count != len(items) or not all(items):
+        raise RecordError("schema", f"batch count {count} is not its {len(items)} records")
+    header = BatchHeader(run=check_run(doc.get("run", "")),
+                         rank=_int(doc, "rank", 0, MAX_RANKS_ON_WIRE),
+                         count=count, dropped=_int(doc, "dropped", 0, MAX_WIRE_NUMBER))
+    return header, items
 
 
 # A JSON string (escapes included): brackets inside strings do not nest.

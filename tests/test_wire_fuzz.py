@@ -29,6 +29,7 @@ from laggard.wire import (
     WindowReport,
     decode_datagram,
     json_depth,
+    split_batch,
 )
 
 FUZZ_EXAMPLES = int(os.environ.get("LAGGARD_FUZZ_EXAMPLES", "60"))
@@ -161,3 +162,41 @@ def test_json_depth_never_understates_the_nesting(chars):
     checksums=st.lists(st.integers(-(2 ** 63), 2 ** 64 - 1), max_size=4)))
 def test_every_valid_record_survives_the_round_trip(record):
     assert decode_datagram(record.encode()) == record
+
+
+_BATCH_REASONS = {"oversized", "version", "schema", "range", "run_charset", "run_length"}
+
+
+@FUZZ
+@given(st.lists(_PAYLOAD, min_size=1, max_size=8), st.integers(-2, 70),
+       st.sampled_from([1, 2, "1"]), st.binary(max_size=40))
+def test_a_batch_splits_or_is_a_record_error(items, count, version, tail):
+    # A batch header over arbitrary lines (a count that may lie, a version that may be wrong,
+    # garbage after): split into its lines or refused with a label, never another exception.
+    header = json.dumps({"v": version, "type": "batch", "run": "r", "rank": 0,
+                         "count": count, "dropped": 0}).encode()
+    payload = b"\n".join([header, *(i.replace(b"\n", b" ") for i in items)]) + tail
+    try:
+        split = split_batch(payload)
+    except RecordError as exc:
+        assert exc.reason in _BATCH_REASONS, exc
+        return
+    assert split is not None
+    head, lines = split
+    assert head.count == len(lines) == count and all(lines)
+    table = RankTable(max_ranks=4, findings=FindingLog(), default_node="n0", max_series=400)
+    for line in lines:
+        table.ingest(line)
+    assert table.accepted + sum(table.rejected.values()) == len(lines)
+    assert table.rejected["internal_error"] == 0
+
+
+@FUZZ
+@given(_PAYLOAD)
+def test_any_datagram_is_a_batch_none_or_a_record_error(payload):
+    try:
+        split = split_batch(payload)
+    except RecordError as exc:
+        assert exc.reason in _BATCH_REASONS, exc
+        return
+    assert split is None or split[0].count == len(split[1])

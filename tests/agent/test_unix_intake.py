@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from support import registry_of, wait_for
 
 from laggard.agent.context import FindingLog
@@ -22,7 +23,7 @@ from laggard.agent.run_table import RankTable
 from laggard.agent.sender import SenderIdentity
 from laggard.agent.unix_intake import UnixIntake, bind_unix_datagram_socket, parse_id_list
 from laggard.agent.workload import WorkloadLabels
-from laggard.wire import MAX_DATAGRAM_BYTES, StepRecord
+from laggard.wire import MAX_DATAGRAM_BYTES, StepRecord, encode_batch
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="setuid to nobody needs root")
@@ -319,3 +320,29 @@ def test_id_lists(text: str, expected: set[int]) -> None:
 def test_bad_id_lists_raise(text: str) -> None:
     with pytest.raises(ValueError):
         parse_id_list(text)
+
+
+def test_a_batch_is_split_each_record_with_its_sender(socket_dir: Path, caplog) -> None:
+    path = socket_dir / "intake.sock"
+    intake, table = _intake(path)
+    steps = [StepRecord(rank=1, world_size=2, step=i, run="rb").encode() for i in range(6)]
+    try:
+        _send(path, encode_batch(steps[:3], run="rb", rank=1, dropped=0))
+        _send(path, encode_batch(steps[3:], run="rb", rank=1, dropped=4))  # 4 lost meanwhile
+        # a lying count refuses the whole batch, a bad record only itself
+        _send(path, b"\n".join([b'{"v":1,"type":"batch","run":"rb","rank":1,"count":5,'
+                                b'"dropped":4}', steps[0]]))
+        _send(path, encode_batch([steps[0], b'{"v":1,"rank":9,"world_size":2,"step":1}'],
+                                 run="rb", rank=1, dropped=4))
+        assert wait_for(lambda: table.accepted == 7 and table.rejected["range"] == 1)
+        assert table.rejected["schema"] == 1
+        assert intake.batches == 3
+        assert {s.pid for s in table.senders} == {os.getpid()}
+        assert intake.sender_dropped == 4
+        text = generate_latest(registry_of(intake)).decode()
+        assert "laggard_intake_sender_dropped_total 4.0" in text
+        warned = [r for r in caplog.records if "max_dgram_qlen" in r.getMessage()]
+        assert len(warned) == 1 and warned[0].levelname == "WARNING"
+        assert "sysctl -w net.unix.max_dgram_qlen=" in warned[0].getMessage()
+    finally:
+        intake.stop()

@@ -10,7 +10,9 @@ import pytest
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.window import WindowRecord
 from laggard.integrations.agent_reports import (
+    BATCH_SECONDS,
     MAX_ACTIVE_SENT,
+    MAX_BACKLOG_DATAGRAMS,
     MAX_COLLECTIVES_PER_RECORD,
     AgentReports,
     active_reports,
@@ -27,6 +29,7 @@ from laggard.wire import (
     MAX_REPORT_RANKS,
     CollectiveTiming,
     decode_datagram,
+    split_batch,
 )
 
 
@@ -150,3 +153,114 @@ def test_a_clear_matches_its_raise_by_subject() -> None:
     note_held(active, [_straggler(1).to_dict(), _straggler(2).to_dict()])
     note_held(active, [_straggler(1, cleared=True).to_dict()])
     assert [d["rank"] for d in active.values()] == [2]
+_TIMES = StepTimes(phases={"forward": 0.02}, compute_seconds=0.02, data_seconds=0.0,
+                   collective_wait_seconds=0.0, collective_seconds=0.0, comm_bytes=0.0,
+                   step_seconds=0.03)
+
+
+def _unix_reports(path: str, stats: MonitorStats, logged: list, now: list[float],
+                  **kwargs: object) -> AgentReports:
+    return AgentReports(path, stats=stats, log_once=lambda key, msg, *a: logged.append(
+        (key, msg % a)), rank=1, world_size=4, local_rank=1, node="n", run="r1",
+        device_id=None, clock=lambda: now[0], **kwargs)
+
+
+def _records(payload: bytes) -> list[int]:
+    split = split_batch(payload)
+    lines = [payload] if split is None else split[1]
+    return [decode_datagram(line).step for line in lines]
+
+
+def test_fast_steps_share_a_datagram_slow_ones_go_at_once(tmp_path) -> None:
+    path = str(tmp_path / "intake.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(path)
+        receiver.settimeout(2)
+        stats, logged, now = MonitorStats(), [], [100.0]
+        agent = _unix_reports(path, stats, logged, now)
+        agent.send_step(0, _TIMES, None)  # the first goes at once
+        assert _records(receiver.recv(MAX_DATAGRAM_BYTES)) == [0]
+        for step in range(1, 11):  # 10 ms apart: batched until BATCH_SECONDS passed
+            now[0] += 0.01
+            agent.send_step(step, _TIMES, None)
+        now[0] += BATCH_SECONDS
+        agent.send_step(11, _TIMES, None)
+        assert _records(receiver.recv(MAX_DATAGRAM_BYTES)) == list(range(1, 12))
+        now[0] += 1.0  # a slow step: at once
+        agent.send_step(12, _TIMES, None)
+        assert _records(receiver.recv(MAX_DATAGRAM_BYTES)) == [12]
+        now[0] += 0.01
+        agent.send_step(13, _TIMES, None)
+        agent.close()  # what is batched goes at close
+        assert _records(receiver.recv(MAX_DATAGRAM_BYTES)) == [13]
+        assert stats.records_sent == 14 and stats.batches_sent == 1
+        assert stats.send_dropped == stats.send_errors == 0 and not logged
+
+
+def test_a_full_queue_keeps_a_backlog_then_drops_counted_and_warned_once(tmp_path) -> None:
+    path = str(tmp_path / "intake.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(path)
+        stats, logged, now = MonitorStats(), [], [100.0]
+        agent = _unix_reports(path, stats, logged, now, batch_seconds=0.0)  # one a datagram
+        sent = 0
+        # Nobody reads: the kernel's queue fills (net.unix.max_dgram_qlen), then the backlog.
+        while stats.send_dropped == 0:
+            agent.send_step(sent, _TIMES, None)
+            sent += 1
+            now[0] += 0.001
+            assert sent < 100_000
+        queued = stats.records_sent
+        assert sent == queued + MAX_BACKLOG_DATAGRAMS + 1  # the backlog held the rest
+        for _ in range(3):
+            agent.send_step(sent, _TIMES, None)
+            sent += 1
+        assert stats.send_dropped == 4 and not logged  # said once, a second after the first
+        now[0] += 1.5
+        agent.send_step(sent, _TIMES, None)
+        sent += 1
+        receiver.settimeout(2)
+        got = [_records(receiver.recv(MAX_DATAGRAM_BYTES))[0] for _ in range(queued)]
+        assert got == list(range(queued))  # in order
+        agent.close()  # the queue has room again: the backlog goes
+        receiver.settimeout(0.5)
+        rest = []
+        try:
+            while True:
+                rest += _records(receiver.recv(MAX_DATAGRAM_BYTES))
+        except TimeoutError:
+            pass
+        assert stats.records_sent + stats.send_dropped == sent
+        assert len(rest) == stats.records_sent - queued and rest == sorted(rest)
+        warned = [msg for key, msg in logged if key == "dropped"]
+        assert len(warned) == 1 and "sysctl -w net.unix.max_dgram_qlen=" in warned[0]
+        assert f"5 records dropped at the agent's socket unix:{path}" in warned[0]
+
+
+def test_a_window_follows_its_batched_steps(tmp_path) -> None:
+    path = str(tmp_path / "intake.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(path)
+        receiver.settimeout(2)
+        stats, logged, now = MonitorStats(), [], [100.0]
+        agent = _unix_reports(path, stats, logged, now)
+        for step in range(3):
+            agent.send_step(step, _TIMES, None)
+            now[0] += 0.01
+        record = WindowRecord(step=2, columns={"collective_seconds": np.zeros(4)},
+                              ranks=np.arange(4), world_size=4)
+        agent.send_window(record, WindowOutcome(findings=[], scores={0: 1.0}))
+        assert _records(receiver.recv(MAX_DATAGRAM_BYTES)) == [0]
+        assert _records(receiver.recv(MAX_DATAGRAM_BYTES)) == [1, 2]
+        assert decode_datagram(receiver.recv(MAX_DATAGRAM_BYTES)).scores == {0: 1.0}
+        agent.close()
+
+
+def test_no_agent_socket_counts_errors_and_sends_nowhere_else(tmp_path) -> None:
+    stats, logged, now = MonitorStats(), [], [100.0]
+    agent = _unix_reports(str(tmp_path / "absent.sock"), stats, logged, now)
+    assert agent.sock is not None and agent.sock.target == ""
+    agent.send_step(0, _TIMES, None)
+    agent.close()
+    assert stats.send_errors == 1 and stats.records_sent == 0
+    assert any(str(tmp_path / "absent.sock") in msg for _, msg in logged)

@@ -25,6 +25,7 @@ from laggard.detectors.window import (  # noqa: E402
     WindowColumn,
     WindowRecord,
 )
+from laggard.integrations.agent_reports import MAX_BACKLOG_DATAGRAMS  # noqa: E402
 from laggard.integrations.comm_timing import CommTimer  # noqa: E402
 from laggard.integrations.monitor import TrainingMonitor  # noqa: E402
 from laggard.integrations.participants import WindowOutcome, WindowParticipant  # noqa: E402
@@ -189,12 +190,16 @@ class _FailingSocket:
 def test_full_socket_buffer_and_socket_errors_are_counted(receiver):
     monitor = _monitor(receiver.getsockname()[1])
     monitor._agent.sock = _FailingSocket(BlockingIOError(11, "EAGAIN"))
-    with monitor.step():
-        pass
+    # A refused datagram is kept to send first next step; past the backlog the oldest drops.
+    for _ in range(MAX_BACKLOG_DATAGRAMS + 1):
+        with monitor.step():
+            pass
+    assert (monitor.stats.send_dropped, monitor.stats.send_errors) == (1, 0)
     monitor._agent.sock = _FailingSocket(OSError(101, "Network is unreachable"))
-    with monitor.step():
+    with monitor.step():  # its record overflows the backlog; then all the backlog fails
         pass
-    assert (monitor.stats.send_dropped, monitor.stats.send_errors) == (1, 1)
+    assert (monitor.stats.send_dropped, monitor.stats.send_errors) == (
+        2, MAX_BACKLOG_DATAGRAMS)
     monitor.close()
 
 
