@@ -871,3 +871,19 @@ def parse_address(address: str) -> tuple[str, int]:
     if not sep or not port_text.isdigit() or int(port_text) > 65535:
         raise ValueError(f"address {address!r} is not host:port")
     return host.strip("[]") or "0.0.0.0", int(port_text)
+
+
+def decode_items(payload: bytes) -> list[StepRecord | WindowReport | Heartbeat]:
+    """Every item one datagram carries: a batch's records (:func:`split_batch`) in order, or
+    the one item of any other datagram (:func:`decode_datagram`). For readers of the wire
+    outside the agent (a capture, a test's sink), which see batches as the agent does.
+
+    Raises:
+        RecordError: a malformed datagram, batch or record in it (the agent, unlike this
+            function, skips a bad record of a batch and keeps the others).
+    """
+    batch = split_batch(payload)
+    if batch is None:
+        return [decode_datagram(payload)]
+    return [decode_datagram(line) for line in batch[1]]
+

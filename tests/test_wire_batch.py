@@ -77,3 +77,13 @@ def test_the_encoder_refuses_what_the_decoder_would() -> None:
     for items in ([], [b"a\nb"], [b"{}"] * (MAX_BATCH_ITEMS + 1)):
         with pytest.raises(ValueError):
             encode_batch(items, run="r", rank=0, dropped=0)
+
+
+def test_decode_items_expands_a_batch_and_passes_any_other_datagram():
+    from laggard.wire import Heartbeat, decode_items, encode_batch
+
+    records = [StepRecord(rank=1, world_size=4, step=s, run="r1").encode() for s in (5, 6)]
+    batch = encode_batch(records, run="r1", rank=1, dropped=0)
+    assert [item.step for item in decode_items(batch)] == [5, 6]
+    beat = Heartbeat(rank=1, world_size=4, run="r1", pid=7, step=6).encode()
+    assert isinstance(decode_items(beat)[0], Heartbeat)

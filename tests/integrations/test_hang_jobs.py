@@ -24,7 +24,7 @@ from support import budget
 pytest.importorskip("torch")
 
 from laggard.demo.harness import free_port  # noqa: E402
-from laggard.wire import Heartbeat, RecordError, decode_datagram  # noqa: E402
+from laggard.wire import Heartbeat, RecordError, decode_items  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WORLD = 3
@@ -137,12 +137,11 @@ def test_a_rank_spinning_in_python_keeps_its_heartbeat_and_is_named(job, tmp_pat
             except TimeoutError:
                 continue
             try:
-                item = decode_datagram(payload)
+                items = decode_items(payload)  # step records come batched on the socket
             except RecordError as exc:
                 rejected.append(exc.reason)
                 continue
-            if isinstance(item, Heartbeat):
-                beats.append((time.time(), item))
+            beats.extend((time.time(), item) for item in items if isinstance(item, Heartbeat))
 
     reader = threading.Thread(target=receive, daemon=True)
     reader.start()
