@@ -468,9 +468,14 @@ def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
             _train_until_hang_named(args, cluster, workdir, prometheus, deadline, report)
             _judge_hang(report)
             return report
+        # watched while the job runs: a finding ends with its job, and its alert with it
+        watch = AlertWatch(prometheus)
+        watch.start()
         try:
             _train(args, cluster, workdir, slow_rank, deadline, report)
         finally:
+            watch.stop.set()
+            watch.join(5)
             if injector is not None:
                 injector.stop.set()
                 injector.join(5)
@@ -480,7 +485,7 @@ def _run_demo(args: argparse.Namespace, cluster: EmulatedCluster, workdir: Path,
             report.fault["at_step"] = injector.applied_at_step
         elif slow_rank >= 0:
             report.fault["at_step"] = fault_step(args)
-        _collect_alerts(prometheus, report, deadline, args)
+        _collect_alerts(prometheus, watch, report, deadline, args)
     finally:
         prometheus.stop()
     report.link_check = measure_links(cluster, deadline)
@@ -710,19 +715,55 @@ def _judge_hang(report: Report) -> None:
                                          and report.verdict["prometheus_correct"])
 
 
-def _collect_alerts(prometheus: PrometheusServer, report: Report, deadline: float,
-                    args: argparse.Namespace) -> None:
-    """Wait (bounded) for a laggard straggler alert to fire; keep every active alert seen."""
+class AlertWatch(threading.Thread):
+    """Polls Prometheus's active alerts every ``interval`` seconds until :attr:`stop` is set,
+    keeping each laggard in-job alert (:data:`_IN_JOB_ALERTS`) seen, by its labels, firing
+    over pending: a straggler's finding ends when its job does and its alert resolves with it,
+    so an alert that fired during training is gone from ``/api/v1/alerts`` afterwards."""
+
+    def __init__(self, prometheus: PrometheusServer, interval: float = 0.5) -> None:
+        super().__init__(name="laggard-alert-watch", daemon=True)
+        self.prometheus, self.interval = prometheus, interval
+        self.stop = threading.Event()
+        self._seen: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval):
+            self.poll()
+
+    def poll(self) -> list[dict[str, Any]]:
+        """One look at the active alerts; returns laggard's in-job ones, and keeps them."""
+        alerts = [a for a in self.prometheus.alerts()
+                  if a.get("labels", {}).get("alertname", "").startswith(_IN_JOB_ALERTS)]
+        with self._lock:
+            for alert in alerts:
+                key = tuple(sorted(alert["labels"].items()))
+                if self._seen.get(key, {}).get("state") != "firing":
+                    self._seen[key] = alert
+        return alerts
+
+    def seen(self) -> list[dict[str, Any]]:
+        """Every in-job alert seen, once per label set (its firing state when it fired)."""
+        with self._lock:
+            return list(self._seen.values())
+
+    def fired(self) -> bool:
+        """Whether any in-job alert has been seen firing."""
+        return any(a.get("state") == "firing" for a in self.seen())
+
+
+def _collect_alerts(prometheus: PrometheusServer, watch: AlertWatch, report: Report,
+                    deadline: float, args: argparse.Namespace) -> None:
+    """Unless one already fired during training, wait (bounded) for a laggard straggler alert
+    to fire; keep every in-job alert seen, during training or after."""
     wait_until = min(deadline, time.monotonic() + 20 + 4 * args.scrape_interval)
-    while True:
-        alerts = [a for a in prometheus.alerts() if a["labels"].get("alertname", "")
-                  .startswith(_IN_JOB_ALERTS)]
-        if any(a["state"] == "firing" for a in alerts) or time.monotonic() > wait_until:
-            break
+    while not watch.fired() and time.monotonic() <= wait_until:
+        watch.poll()
         time.sleep(0.5)
     report.alerts = [{"alertname": a["labels"]["alertname"], "state": a["state"],
                       "labels": a["labels"], "summary": a.get("annotations", {}).get("summary")}
-                     for a in prometheus.alerts()]
+                     for a in watch.seen()]
     report.ranks = {r["metric"]["rank"]: r["metric"].get("node", "")
                     for r in prometheus.query("laggard_rank_info")}
 
@@ -821,7 +862,7 @@ def print_report(report: Report) -> None:
     for a in report.alerts:
         print(f"alert:     {a['alertname']} {a['state']}: {a['summary']}")
     if not report.alerts:
-        print("alert:     none active in Prometheus")
+        print("alert:     none seen in Prometheus")
     for n in report.link_check:
         print(f"link:      {n['node']} ({n['address']}): up {n['up_bps'] / 1e6:.0f} Mbit/s, "
               f"down {n['down_bps'] / 1e6:.0f} Mbit/s")

@@ -12,7 +12,8 @@ Usage: ``causes_worker.py OUT_DIR SCENARIO`` with SCENARIO
 The model is a per-token MLP language model, so a step's compute grows with its tokens. Phases
 are timed in thread CPU time (4 ranks share the machine's cores). Rank 0 writes ``result.json``:
 the findings raised and cleared, the cause attribution's counters, and the last window's
-per-rank ``compute_seconds``, ``gc_seconds`` and ``tokens`` (what the test prints on failure).
+per-rank ``compute_seconds``, ``gc_seconds`` and ``tokens`` (what the test prints on failure);
+rank :data:`SLOW_RANK` writes ``gc-rank2.json``, its own GC timer's collection counts.
 """
 
 from __future__ import annotations
@@ -114,11 +115,13 @@ def main(out: Path, scenario: str) -> None:
             "windows_ms": {name: [[round(1e3 * float(v), 2) for v in w[name]]
                                   for w in monitor.windows]
                            for name in ("compute_seconds", "collective_wait_seconds")},
-            "gc": {"collections": monitor.stats.gc.collections,
-                   "other_thread_collections": monitor.stats.gc.other_thread_collections},
             "bad_notes": monitor.stats.bad_notes,
         }
         (out / "result.json").write_text(json.dumps(doc, indent=1))
+    if rank == SLOW_RANK:  # the rank that built the garbage: its collector's counts
+        gc_stats = {"collections": monitor.stats.gc.collections,
+                    "other_thread_collections": monitor.stats.gc.other_thread_collections}
+        (out / f"gc-rank{rank}.json").write_text(json.dumps(gc_stats))
     monitor.close()
     gc.collect()
     dist.barrier()
