@@ -1,0 +1,229 @@
+"""``laggard healthcheck`` against a real agent (fake GPUs, a real kernel-log file), run as the
+process node-problem-detector and slurmd run: its exit status, its one line, and with ``--slurm``
+a real slurmctld's node drained, left alone or resumed (tests/support_slurm.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from support import budget, scrape, stop_agent, wait_for
+from support_slurm import SlurmCluster, slurm_cluster  # noqa: F401 - the fixture
+from test_cli_startup import HEAVY, _loaded
+
+from laggard.demo.harness import free_port
+
+# The fake NVML lists its GPUs at 0000:18:00, 0000:28:00, ... (nvml/fake.py).
+LISTED_GPU0 = "0000:18:00"
+UNLISTED = "0000:91:00"
+
+
+def kernel_line(pci: str, xid: int, text: str, ago: float = 30.0) -> str:
+    """One journald short-iso kernel-log line of an Xid, ``ago`` seconds ago."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S+0000", time.gmtime(time.time() - ago))
+    return (f"{stamp} node01 kernel: NVRM: Xid (PCI:{pci}): {xid}, pid='<unknown>', "
+            f"name=<unknown>, {text}\n")
+
+
+FALLEN_OFF = kernel_line(UNLISTED, 79, "GPU has fallen off the bus.")
+DBE = kernel_line(LISTED_GPU0, 48, "An uncorrectable double bit error (DBE) has been detected "
+                  "on GPU in the framebuffer at physAddr 0x7fffa8860 partition 7, subpartition 1.")
+XID13 = kernel_line(LISTED_GPU0, 13, "Graphics SM Warp Exception on (GPC 9, TPC 1, SM 1): "
+                    "Out Of Range Address")
+
+
+def healthcheck(agent_url: str, *flags: str, env: dict[str, str] | None = None
+                ) -> subprocess.CompletedProcess:
+    """Run ``laggard healthcheck`` as a process, as node-problem-detector and slurmd do."""
+    return subprocess.run([sys.executable, "-m", "laggard.cli", "healthcheck", "--agent",
+                           agent_url, *flags], capture_output=True, text=True,
+                          timeout=budget(60), env={**os.environ, **(env or {})}, check=False)
+
+
+def start(agent_factory, tmp_path: Path, kmsg: str = "", scenario: str = "steady",
+          log_name: str = "kern.log"):
+    """A real agent with 2 fake GPUs reading ``kmsg`` as its kernel log; (agent, URL, log)."""
+    log = tmp_path / log_name
+    log.write_text(kmsg)
+    agent = agent_factory("--collector.interval", "0.2", "--path.kmsg", str(log),
+                          "--collector.nvml.fake-gpus", "2",
+                          "--collector.nvml.fake-gpus-scenario", scenario,
+                          "--node.name", "gpu-07")
+    # The first round of the nvml collector is in (the verdict counts the GPUs it checked).
+    assert wait_for(lambda: "laggard_gpu_info{" in agent.scrape(), 10)
+    return agent, f"http://127.0.0.1:{agent.port}", log
+
+
+def findings(url: str) -> list[dict]:
+    return json.loads(scrape(f"{url}/findings"))
+
+
+def test_help_imports_neither_the_run_module_nor_anything_heavy(tmp_path: Path) -> None:
+    status, modules = _loaded(["healthcheck", "--help"], tmp_path)
+    assert status == 0
+    assert not [m for m in modules if m.split(".")[0] in HEAVY]
+    assert not {"laggard.actions.healthcheck", "laggard.parsers"} & modules
+
+
+def test_a_healthy_node_exits_0_with_one_line(agent_factory, tmp_path: Path) -> None:
+    _, url, _ = start(agent_factory, tmp_path)
+    done = healthcheck(url)
+    assert (done.returncode, done.stdout) == (0, "OK: node gpu-07 healthy (2 GPUs checked)\n")
+
+
+def test_a_gpu_fallen_off_the_bus_is_a_problem(agent_factory, tmp_path: Path) -> None:
+    _, url, _ = start(agent_factory, tmp_path, FALLEN_OFF)
+    assert wait_for(lambda: any(f["kind"] == "gpu_lost" for f in findings(url)), 10)
+    done = healthcheck(url)
+    assert (done.returncode, done.stdout) == (1, f"PROBLEM: GPU {UNLISTED} lost (+1 more)\n")
+
+
+def test_a_warning_xid_is_not_a_problem_a_critical_one_appended_later_is(
+        agent_factory, tmp_path: Path) -> None:
+    _, url, log = start(agent_factory, tmp_path, XID13)
+    assert wait_for(lambda: any(f["kind"] == "xid" for f in findings(url)), 10)
+    assert healthcheck(url).returncode == 0
+    with log.open("a") as f:
+        f.write(DBE)
+    assert wait_for(lambda: len([f for f in findings(url) if f["kind"] == "xid"]) == 2, 10)
+    done = healthcheck(url)
+    assert (done.returncode, done.stdout) == (1, "PROBLEM: critical Xid 48 on gpu0 (reset_gpu)\n")
+    # Taken as handled once older than --xid-max-age (the DBE line is 30 s old).
+    assert healthcheck(url, "--xid-max-age", "0.1").returncode == 0
+
+
+def test_a_clock_event_reason_is_a_problem_once_held_for_the_threshold(
+        agent_factory, tmp_path: Path) -> None:
+    _, url, _ = start(agent_factory, tmp_path, scenario="throttle:1:hw_slowdown")
+    assert wait_for(lambda: any(f["detector"] == "throttle" for f in findings(url)), 10)
+    assert healthcheck(url).returncode == 0  # held for seconds, not the default 5 minutes
+    done = healthcheck(url, "--clock-event-minutes", "0")
+    assert done.returncode == 1
+    assert done.stdout.startswith("PROBLEM: GPU 1 clocks held by hw_slowdown for "), done.stdout
+
+
+def test_an_agent_that_cannot_be_read_is_unknown_never_healthy(agent_factory,
+                                                                tmp_path: Path) -> None:
+    agent, url, _ = start(agent_factory, tmp_path)
+    stop_agent(agent)
+    done = healthcheck(url)
+    assert done.returncode == 2
+    assert done.stdout.startswith(f"UNKNOWN: agent unreachable: {url}/metrics: "), done.stdout
+
+
+class _NotAnAgent(BaseHTTPRequestHandler):
+    """An HTTP server on the agent's port that is something else (a 404 everywhere but
+    ``/metrics``, which serves another exporter's metrics)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = b"node_load1 0.5\n" if self.path == "/metrics" else b"not found\n"
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("findings_status", [404, 200])
+def test_something_else_on_the_port_is_unknown(findings_status: int) -> None:
+    handler = type("Handler", (_NotAnAgent,), {})
+    if findings_status == 200:  # /findings answers JSON, but /metrics has no laggard agent
+        original = handler.do_GET
+
+        def do_get(self) -> None:
+            if self.path != "/findings":
+                return original(self)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"[]")
+
+        handler.do_GET = do_get
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        done = healthcheck(f"http://127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 2, done.stdout
+    expected = ("UNKNOWN: agent unreachable: " if findings_status == 404
+                else "UNKNOWN: no laggard_agent_info in /metrics")
+    assert done.stdout.startswith(expected), done.stdout
+
+
+def test_a_negative_threshold_is_refused_as_unknown() -> None:
+    done = healthcheck("http://127.0.0.1:1", "--hung-minutes", "-1")
+    assert done.returncode == 2 and "--hung-minutes must be >= 0" in done.stderr
+
+
+# -- Slurm: HealthCheckProgram ----------------------------------------------------------------
+
+
+def _reasons(cluster: SlurmCluster) -> list[str]:
+    return [line.split("|", 1)[1] for line in cluster.sinfo_reasons().splitlines()]
+
+
+def test_slurm_drains_its_node_with_the_structured_reason_only_when_acting(
+        agent_factory, tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    _, url, _ = start(agent_factory, tmp_path, FALLEN_OFF)
+    assert wait_for(lambda: any(f["kind"] == "gpu_lost" for f in findings(url)), 10)
+    slurm = ["--slurm", "--node", slurm_cluster.node]
+    env = slurm_cluster.env
+
+    dry = healthcheck(url, *slurm, env=env)
+    assert dry.returncode == 1
+    assert _reasons(slurm_cluster) == [] and not slurm_cluster.state().drained
+    assert "audit action=drain target=" in dry.stderr and "outcome=would_act" in dry.stderr
+    assert f"reason=laggard:gpu_lost:{UNLISTED}" in dry.stderr
+
+    acted = healthcheck(url, *slurm, "--act", env=env)
+    assert acted.returncode == 1 and "outcome=acted" in acted.stderr, acted.stderr
+    assert _reasons(slurm_cluster) == [f"laggard:gpu_lost:{UNLISTED}"]
+    again = healthcheck(url, *slurm, "--act", env=env)  # slurmd runs it every interval
+    assert "outcome=skipped" in again.stderr and "already drained by laggard" in again.stderr
+    assert _reasons(slurm_cluster) == [f"laggard:gpu_lost:{UNLISTED}"]
+
+
+def test_slurm_leaves_another_drain_alone_and_resumes_only_its_own(
+        agent_factory, tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    _, url, _ = start(agent_factory, tmp_path, FALLEN_OFF, log_name="sick.log")
+    _, healthy_url, _ = start(agent_factory, tmp_path, log_name="well.log")
+    assert wait_for(lambda: any(f["kind"] == "gpu_lost" for f in findings(url)), 10)
+    slurm = ["--slurm", "--act", "--slurm-resume", "--node", slurm_cluster.node]
+    env = slurm_cluster.env
+
+    slurm_cluster.drain_as_someone_else("bad DIMM, ticket 4711")
+    sick = healthcheck(url, *slurm, env=env)
+    assert sick.returncode == 1 and "drained by someone else" in sick.stderr, sick.stderr
+    well = healthcheck(healthy_url, *slurm, env=env)
+    assert well.returncode == 0 and "not laggard's" in well.stderr, well.stderr
+    assert _reasons(slurm_cluster) == ["bad DIMM, ticket 4711"]
+
+    slurm_cluster.run("scontrol", "update", f"nodename={slurm_cluster.node}", "state=resume")
+    assert healthcheck(url, *slurm, env=env).returncode == 1
+    assert _reasons(slurm_cluster) == [f"laggard:gpu_lost:{UNLISTED}"]
+    # Without --slurm-resume a healthy verdict leaves laggard's drain for a person to lift.
+    assert healthcheck(healthy_url, *slurm[:2], "--node", slurm_cluster.node,
+                       env=env).returncode == 0
+    assert _reasons(slurm_cluster) == [f"laggard:gpu_lost:{UNLISTED}"]
+    resumed = healthcheck(healthy_url, *slurm, env=env)
+    assert resumed.returncode == 0 and "action=resume" in resumed.stderr, resumed.stderr
+    assert _reasons(slurm_cluster) == [] and not slurm_cluster.state().drained
+
+
+def test_slurm_drains_nothing_when_the_agent_is_down(
+        tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    done = healthcheck(f"http://127.0.0.1:{free_port()}", "--slurm", "--act", "--node",
+                       slurm_cluster.node, env=slurm_cluster.env)
+    assert done.returncode == 2 and "audit" not in done.stderr
+    assert _reasons(slurm_cluster) == []
