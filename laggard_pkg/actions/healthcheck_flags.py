@@ -7,9 +7,14 @@ The run module (:mod:`laggard.actions.healthcheck`) is imported after the flags 
 from __future__ import annotations
 
 import argparse
+import os
 
 #: The agent's default web address (``laggard agent --web.listen-address``: 127.0.0.1:9477).
 DEFAULT_AGENT_URL = "http://127.0.0.1:9477"
+#: The environment variable that overrides that default: node-problem-detector passes its own
+#: environment to a plugin but expands no variable in its args, and the agent of a Kubernetes
+#: node listens on the node's IP (deploy/kubernetes/node-problem-detector/).
+AGENT_URL_ENV = "LAGGARD_AGENT_URL"
 
 
 #: The rules' thresholds, in minutes: flag, default, help (laggard.actions.verdict.Rules).
@@ -27,9 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         "exit status (node-problem-detector's custom plugin protocol): 0 healthy, 1 a problem, "
         "2 unknown (the agent cannot be read: never taken as healthy). One line on stdout.")
-    parser.add_argument("--agent", default=DEFAULT_AGENT_URL, metavar="URL",
+    parser.add_argument("--agent", default=os.environ.get(AGENT_URL_ENV) or DEFAULT_AGENT_URL,
+                        metavar="URL",
                         help="the node agent's web address, serving /metrics and /findings "
-                             "(default %(default)s)")
+                             f"(default ${AGENT_URL_ENV}, else {DEFAULT_AGENT_URL})")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="seconds to wait for the agent (default %(default)s)")
     for flag, default, text in THRESHOLDS:
