@@ -123,8 +123,13 @@ def _start(cluster: SlurmCluster, name: str, cmd: list[str]) -> subprocess.Popen
     return proc
 
 
-def start_slurm() -> SlurmCluster:
+def start_slurm(extra_conf: str = "", root: Path | None = None) -> SlurmCluster:
     """Start munged, slurmctld and (where it runs) slurmd; see the module's docstring.
+
+    Args:
+        extra_conf: lines appended to the generated ``slurm.conf`` (``HealthCheckProgram=...``).
+        root: an empty directory (short path) for the key, conf, state and logs; a new
+            temporary one when None. Its ``slurm.conf`` is the cluster's conf.
 
     Raises:
         pytest.skip.Exception: a binary is missing, or munged or slurmctld did not start (the
@@ -135,13 +140,14 @@ def start_slurm() -> SlurmCluster:
         pytest.skip(f"slurm-wlm/munge not installed: {', '.join(missing)} not on PATH "
                     "(apt-get install slurm-wlm munge)")
     # A short path: the munge socket's path must fit a sockaddr_un (108 bytes).
-    root = Path(tempfile.mkdtemp(prefix="laggard-slurm-"))
+    root = root or Path(tempfile.mkdtemp(prefix="laggard-slurm-"))
     (root / "state").mkdir()
     (root / "spool").mkdir()
     node = socket.gethostname().split(".")[0]
     conf = root / "slurm.conf"
     conf.write_text(_CONF.format(node=node, dir=root, ctld_port=free_port(),
-                                 slurmd_port=free_port(), cpus=os.cpu_count() or 1))
+                                 slurmd_port=free_port(), cpus=os.cpu_count() or 1)
+                    + extra_conf)
     cluster = SlurmCluster(node=node, dir=root, env={"SLURM_CONF": str(conf)})
     try:
         _start_daemons(cluster, conf)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,10 +17,13 @@ from pathlib import Path
 
 import pytest
 from support import budget, scrape, stop_agent, wait_for
-from support_slurm import SlurmCluster, slurm_cluster  # noqa: F401 - the fixture
+from support_slurm import SlurmCluster, slurm_cluster, start_slurm  # noqa: F401 - the fixture
 from test_cli_startup import HEAVY, _loaded
 
 from laggard.demo.harness import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+HEALTH_CHECK_PROGRAM = REPO / "deploy" / "slurm" / "laggard-healthcheck.sh"
 
 # The fake NVML lists its GPUs at 0000:18:00, 0000:28:00, ... (nvml/fake.py).
 LISTED_GPU0 = "0000:18:00"
@@ -227,3 +232,46 @@ def test_slurm_drains_nothing_when_the_agent_is_down(
                        slurm_cluster.node, env=slurm_cluster.env)
     assert done.returncode == 2 and "audit" not in done.stderr
     assert _reasons(slurm_cluster) == []
+
+
+@pytest.mark.parametrize("act", [True, False], ids=["act", "dry_run"])
+def test_slurmd_runs_the_shipped_health_check_program_and_it_drains_the_node(
+        agent_factory, tmp_path: Path, act: bool) -> None:
+    """slurmd itself runs deploy/slurm/laggard-healthcheck.sh (its HealthCheckProgram, at its
+    start and every 2 s) with only SLURMD_NODENAME set: with --act the node is drained with
+    laggard's reason; in the dry run the log says what it would do and nothing is drained."""
+    _, url, _ = start(agent_factory, tmp_path, FALLEN_OFF)
+    assert wait_for(lambda: any(f["kind"] == "gpu_lost" for f in findings(url)), 10)
+    log = tmp_path / "healthcheck.log"
+    laggard = shutil.which("laggard") or str(Path(sys.executable).parent / "laggard")
+    # slurmd passes no environment but SLURMD_NODENAME: what a site sets in the script's
+    # first lines (its agent's address, the test cluster's conf) comes from a wrapper here.
+    wrapper = tmp_path / "health-check-program"
+    conf_dir = Path(tempfile.mkdtemp(prefix="laggard-hc-"))
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"export LAGGARD={laggard} LAGGARD_AGENT_URL={url} LAGGARD_HEALTHCHECK_LOG={log}\n"
+        f"export SLURM_CONF={conf_dir}/slurm.conf\n"
+        f"export LAGGARD_HEALTHCHECK_FLAGS='{'--act' if act else ''}'\n"
+        f"exec {HEALTH_CHECK_PROGRAM}\n")
+    wrapper.chmod(0o755)
+    cluster = start_slurm(f"HealthCheckProgram={wrapper}\nHealthCheckInterval=2\n"
+                          "HealthCheckNodeState=ANY\n", root=conf_dir)
+    try:
+        if cluster.slurmd_error:
+            pytest.skip(cluster.slurmd_error)
+        outcome = "outcome=acted" if act else "outcome=would_act"
+        assert wait_for(lambda: log.exists() and outcome in log.read_text(), 30), (
+            log.read_text() if log.exists() else "no log")
+        text = log.read_text()
+        assert f"target={cluster.node}" in text and "outcome=failed" not in text, text
+        if act:
+            assert "outcome=acted" in text, text
+            assert wait_for(lambda: _reasons(cluster) == [f"laggard:gpu_lost:{UNLISTED}"], 10)
+            assert cluster.state().drained_by_laggard
+        else:
+            assert "outcome=would_act" in text and "outcome=acted" not in text, text
+            assert _reasons(cluster) == [] and not cluster.state().drained
+    finally:
+        cluster.stop()
+        shutil.rmtree(conf_dir, ignore_errors=True)
