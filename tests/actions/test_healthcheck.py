@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,8 @@ from support_slurm import SlurmCluster, slurm_cluster, start_slurm  # noqa: F401
 from test_cli_startup import HEAVY, _loaded
 
 from laggard.demo.harness import free_port
+from laggard.detectors.finding import Finding, Severity
+from laggard.wire import StepRecord, WindowReport
 
 REPO = Path(__file__).resolve().parents[2]
 HEALTH_CHECK_PROGRAM = REPO / "deploy" / "slurm" / "laggard-healthcheck.sh"
@@ -169,6 +172,88 @@ def test_something_else_on_the_port_is_unknown(findings_status: int) -> None:
 def test_a_negative_threshold_is_refused_as_unknown() -> None:
     done = healthcheck("http://127.0.0.1:1", "--hung-minutes", "-1")
     assert done.returncode == 2 and "--hung-minutes must be >= 0" in done.stderr
+
+
+#: A rank whose training thread hangs after 5 steps: its heartbeats go on (the same step) until
+#: its stdin closes, then it exits.
+HUNG_RANK = r"""
+import os, socket, sys, threading, time
+from laggard.wire import Heartbeat, StepRecord
+path = sys.argv[1]
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+for step in range(5):
+    sock.sendto(StepRecord(rank=0, world_size=1, step=step, run="hung-run",
+                           step_seconds=0.05).encode(), path)
+def beat():
+    while True:
+        sock.sendto(Heartbeat(rank=0, world_size=1, step=5, run="hung-run", pid=os.getpid(),
+                              phase="forward", phase_seconds=1.0).encode(), path)
+        time.sleep(0.2)
+threading.Thread(target=beat, daemon=True).start()
+sys.stdin.read()
+"""
+
+
+def test_a_rank_of_this_node_stalled_past_the_threshold_is_hung(agent_factory,
+                                                                 tmp_path: Path) -> None:
+    socket_path = tmp_path / "intake.sock"
+    agent = agent_factory("--intake.socket", str(socket_path), "--intake.stall-seconds", "1",
+                          "--collector.nvml.fake-gpus", "1",
+                          "--collector.nvml.fake-gpus-scenario", "steady")
+    url = f"http://127.0.0.1:{agent.port}"
+    rank = subprocess.Popen([sys.executable, "-c", HUNG_RANK, str(socket_path)],
+                            stdin=subprocess.PIPE, text=True)
+    stalled = 'laggard_rank_stalled_seconds{rank="0",run="hung-run"}'
+
+    def stalled_seconds() -> float:
+        line = next((ln for ln in agent.scrape().splitlines() if ln.startswith(stalled)), "")
+        return float(line.rpartition(" ")[2] or 0)
+
+    try:
+        assert wait_for(lambda: stalled_seconds() >= 3, 20)
+        assert healthcheck(url).returncode == 0  # seconds, not the default 10 minutes
+        done = healthcheck(url, "--hung-minutes", "0.03")
+        assert done.returncode == 1
+        assert done.stdout.startswith("PROBLEM: rank 0 of run hung-run stalled for "), done.stdout
+    finally:
+        assert rank.stdin is not None
+        rank.stdin.close()
+        rank.wait(timeout=budget(10))
+    # An exited rank is not hung (its stall is 0 once the agent sees the process gone).
+    assert wait_for(lambda: stalled_seconds() == 0, 10)
+    assert healthcheck(url, "--hung-minutes", "0.03").returncode == 0
+
+
+def test_a_straggler_rank_of_this_node_held_past_the_threshold(agent_factory,
+                                                               tmp_path: Path) -> None:
+    """Rank 0's WindowReports over the agent's UDP intake name rank 1 of this node (and rank 3
+    of another) a straggler, window after window: the held finding is a problem once it has
+    held for --straggler-minutes; another node's rank never is."""
+    agent, url, _ = start(agent_factory, tmp_path)
+
+    def straggler(rank: int, node: str) -> dict:
+        return Finding(detector="straggler", kind="compute", severity=Severity.WARNING,
+                       message=f"rank {rank} compute 40% above the median", rank=rank,
+                       node=node, local_rank=rank, step=40).to_dict()
+
+    mine, theirs = straggler(1, "gpu-07"), straggler(3, "gpu-08")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        def send(payload: bytes) -> None:
+            sock.sendto(payload, ("127.0.0.1", agent.intake_port))
+
+        send(StepRecord(rank=0, world_size=4, step=40, run="job", step_seconds=0.1).encode())
+        send(WindowReport(step=40, world_size=4, run="job", findings=[mine, theirs],
+                          active=[mine, theirs]).encode())
+        assert wait_for(lambda: len(findings(url)) == 2, 10)
+        time.sleep(1.5)  # the next window, 1.5 s on: both still hold
+        send(WindowReport(step=48, world_size=4, run="job", active=[mine, theirs]).encode())
+        assert wait_for(lambda: all(f["last_seen"] != f["first_seen"] for f in findings(url)),
+                        10)
+    assert healthcheck(url).returncode == 0  # held 1.5 s, not the default 10 minutes
+    done = healthcheck(url, "--straggler-minutes", "0.02")
+    assert done.returncode == 1
+    assert done.stdout.startswith("PROBLEM: rank 1 (compute) a straggler for "), done.stdout
+    assert "(+" not in done.stdout  # rank 3 is gpu-08's
 
 
 # -- Slurm: HealthCheckProgram ----------------------------------------------------------------
