@@ -22,7 +22,9 @@ watches and NVSentinel's quarantine triggers act on the same ones):
 * ``straggler``: a straggler finding that names a rank of *this* node (its ``node`` field) and
   has held for ``straggler_seconds`` (first raise to its latest window); only the agent that
   received rank 0's WindowReports has these (the in-job detector runs on rank 0);
-* ``hung``: a rank of this node stalled (``laggard_rank_stalled_seconds``) for ``hung_seconds``.
+* ``hung``: a rank of this node stalled (``laggard_rank_stalled_seconds``) for ``hung_seconds``
+  that holds its job up: stuck in its own work, or named by the hang rules among the ranks this
+  agent sees (:mod:`laggard.actions.local_hang`); a rank that waits on another node is a victim.
 
 Absent is not failing: a node without GPUs, or a collector that found no hardware, yields no
 problem. What cannot be read at all is ``unknown`` (:class:`Verdict`), never healthy.
@@ -36,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from laggard.actions.local_hang import local_culprits
 from laggard.detectors.throttle import LIMITING_REASONS
 from laggard.parsers.exposition import Sample
 
@@ -210,12 +213,16 @@ def _job(samples: Sequence[Sample], findings: Sequence[Mapping[str, Any]], node:
         out.append(Problem("straggler", f"rank{rank}",
                            f"rank {rank} ({doc.get('kind')}) a straggler for "
                            f"{_minutes(last - first)}"))
+    stalled: dict[tuple[str, int], float] = {}
     for s in samples:
         if s.name == "laggard_rank_stalled_seconds" and s.value >= max(rules.hung_seconds, 1e-9):
-            rank = s.labels.get("rank", "?")
-            out.append(Problem("hung", f"rank{rank}",
-                               f"rank {rank} of run {s.labels.get('run', '?')} stalled for "
-                               f"{_minutes(s.value)}"))
+            rank = s.labels.get("rank", "")
+            if rank.isdigit():
+                stalled[(s.labels.get("run", ""), int(rank))] = s.value
+    for run, rank in sorted(local_culprits(samples, set(stalled))):
+        out.append(Problem("hung", f"rank{rank}",
+                           f"rank {rank} of run {run} stalled for "
+                           f"{_minutes(stalled[(run, rank)])}, holding its job up"))
     return out
 
 

@@ -175,11 +175,14 @@ def test_a_negative_threshold_is_refused_as_unknown() -> None:
 
 
 #: A rank whose training thread hangs after 5 steps: its heartbeats go on (the same step) until
-#: its stdin closes, then it exits.
+#: its stdin closes, then it exits. With a second argument, it hangs waiting in collective 101
+#: of group g0[0,8], which rank 8 (on another node) never issued.
 HUNG_RANK = r"""
 import os, socket, sys, threading, time
-from laggard.wire import Heartbeat, StepRecord
+from laggard.wire import GroupProgress, Heartbeat, StepRecord
 path = sys.argv[1]
+groups = [GroupProgress("g0[0,8]", issued=101, completed=100, op="allreduce",
+                        issued_age_seconds=0.5)] if len(sys.argv) > 2 else []
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 for step in range(5):
     sock.sendto(StepRecord(rank=0, world_size=1, step=step, run="hung-run",
@@ -187,21 +190,23 @@ for step in range(5):
 def beat():
     while True:
         sock.sendto(Heartbeat(rank=0, world_size=1, step=5, run="hung-run", pid=os.getpid(),
-                              phase="forward", phase_seconds=1.0).encode(), path)
+                              phase="forward", phase_seconds=1.0, groups=groups).encode(), path)
         time.sleep(0.2)
 threading.Thread(target=beat, daemon=True).start()
 sys.stdin.read()
 """
 
 
-def test_a_rank_of_this_node_stalled_past_the_threshold_is_hung(agent_factory,
-                                                                 tmp_path: Path) -> None:
+@pytest.mark.parametrize("waits_on_another_node", [False, True])
+def test_a_rank_of_this_node_stalled_past_the_threshold_is_hung_unless_a_victim(
+        agent_factory, tmp_path: Path, waits_on_another_node: bool) -> None:
     socket_path = tmp_path / "intake.sock"
     agent = agent_factory("--intake.socket", str(socket_path), "--intake.stall-seconds", "1",
                           "--collector.nvml.fake-gpus", "1",
                           "--collector.nvml.fake-gpus-scenario", "steady")
     url = f"http://127.0.0.1:{agent.port}"
-    rank = subprocess.Popen([sys.executable, "-c", HUNG_RANK, str(socket_path)],
+    extra = ["waits"] if waits_on_another_node else []
+    rank = subprocess.Popen([sys.executable, "-c", HUNG_RANK, str(socket_path), *extra],
                             stdin=subprocess.PIPE, text=True)
     stalled = 'laggard_rank_stalled_seconds{rank="0",run="hung-run"}'
 
@@ -213,8 +218,12 @@ def test_a_rank_of_this_node_stalled_past_the_threshold_is_hung(agent_factory,
         assert wait_for(lambda: stalled_seconds() >= 3, 20)
         assert healthcheck(url).returncode == 0  # seconds, not the default 10 minutes
         done = healthcheck(url, "--hung-minutes", "0.03")
-        assert done.returncode == 1
-        assert done.stdout.startswith("PROBLEM: rank 0 of run hung-run stalled for "), done.stdout
+        if waits_on_another_node:  # a victim: rank 8's node is the one to look at
+            assert done.returncode == 0, done.stdout
+        else:
+            assert done.returncode == 1
+            assert done.stdout.startswith("PROBLEM: rank 0 of run hung-run stalled for "), (
+                done.stdout)
     finally:
         assert rank.stdin is not None
         rank.stdin.close()

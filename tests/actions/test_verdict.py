@@ -123,3 +123,38 @@ def test_rfc3339_round_trips_the_agents_format() -> None:
     assert parse_rfc3339(rfc3339(NOW)) == NOW
     assert parse_rfc3339("2026-12-01T21:42:55Z") == 1_796_161_375.0
     assert parse_rfc3339("yesterday") is None and parse_rfc3339(None) is None
+
+
+def _rank(run: str, rank: int, stalled: float, groups: dict[str, tuple[int, int]],
+          gpu: str = "") -> list[Sample]:
+    labels = {"run": run, "rank": str(rank)}
+    out = [Sample("laggard_rank_stalled_seconds", labels, stalled),
+           Sample("laggard_rank_info", {**labels, "gpu": gpu, "world_size": "16"}, 1.0)]
+    for group, (issued, completed) in groups.items():
+        out += [Sample("laggard_rank_collective_issued", {**labels, "group": group}, issued),
+                Sample("laggard_rank_collective_completed", {**labels, "group": group},
+                       completed)]
+    return out
+
+
+def test_of_a_hung_job_only_the_rank_holding_it_up_counts_not_its_victims() -> None:
+    # Both ranks of this node stalled: rank 0 waits in collective 101 of g0, which rank 1 never
+    # issued (stuck in its own work).
+    samples = [AGENT, *_rank("r", 0, 900, {"g0[0,1]": (101, 100)}),
+               *_rank("r", 1, 900, {"g0[0,1]": (100, 100)})]
+    verdict = judge(samples, [], Rules(), NOW)
+    assert kinds(verdict) == [("hung", "rank1")]
+    assert verdict.message == "rank 1 of run r stalled for 15 min, holding its job up"
+
+
+def test_a_rank_waiting_on_another_nodes_member_is_a_victim_here() -> None:
+    samples = [AGENT, *_rank("r", 0, 900, {"g0[0,8]": (101, 100)})]
+    assert judge(samples, [], Rules(), NOW).status == OK
+
+
+def test_a_rank_stuck_on_the_device_in_a_collective_its_peer_completed_counts() -> None:
+    # GPU job: rank 0 completed collective 101 and waits in 102; rank 1 issued 101 and never
+    # completed it (its kernel never finished).
+    samples = [AGENT, *_rank("r", 0, 900, {"g0[0,1]": (102, 101)}, gpu="0"),
+               *_rank("r", 1, 900, {"g0[0,1]": (101, 100)}, gpu="1")]
+    assert kinds(judge(samples, [], Rules(), NOW)) == [("hung", "rank1")]
