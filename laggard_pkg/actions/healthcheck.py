@@ -28,6 +28,7 @@ from typing import Any
 from laggard.actions.healthcheck_flags import THRESHOLDS
 from laggard.actions.slurm import Slurm, drain_reason, local_node_name
 from laggard.actions.verdict import OK, PROBLEM, UNKNOWN, Rules, Verdict, judge
+from laggard.detectors.throttle import LIMITING_REASONS
 from laggard.parsers.exposition import parse_exposition
 
 #: Longest message line printed (node-problem-detector keeps the first 80 bytes by default:
@@ -71,12 +72,22 @@ def read_agent(base: str, timeout: float) -> tuple[list[Any], list[Any]]:
     return parse_exposition(metrics.splitlines()).samples, findings
 
 
-def check(args: argparse.Namespace, now: float | None = None) -> Verdict:
+def rules_of(args: argparse.Namespace) -> Rules:
+    """The rules the flags ask for.
+
+    Raises:
+        ValueError: a threshold below 0 or not finite, or an unknown clock-event reason.
+    """
+    reasons = frozenset(r.strip() for r in args.clock_event_reasons.split(",") if r.strip())
+    return Rules(xid_max_age_seconds=60 * args.xid_max_age,
+                 clock_event_seconds=60 * args.clock_event_minutes,
+                 straggler_seconds=60 * args.straggler_minutes,
+                 hung_seconds=60 * args.hung_minutes,
+                 clock_event_reasons=reasons or LIMITING_REASONS)
+
+
+def check(args: argparse.Namespace, rules: Rules, now: float | None = None) -> Verdict:
     """Read the agent named by ``args.agent`` and judge it; unknown when it cannot be read."""
-    rules = Rules(xid_max_age_seconds=60 * args.xid_max_age,
-                  clock_event_seconds=60 * args.clock_event_minutes,
-                  straggler_seconds=60 * args.straggler_minutes,
-                  hung_seconds=60 * args.hung_minutes)
     try:
         samples, findings = read_agent(args.agent, args.timeout)
     except AgentUnreadable as exc:
@@ -103,7 +114,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"laggard healthcheck: {flag} must be >= 0 and finite, not {value}",
                   file=sys.stderr)
             return UNKNOWN
-    verdict = check(args)
+    try:
+        rules = rules_of(args)
+    except ValueError as exc:
+        print(f"laggard healthcheck: {exc}", file=sys.stderr)
+        return UNKNOWN
+    verdict = check(args, rules)
     label = {OK: "OK", PROBLEM: "PROBLEM", UNKNOWN: "UNKNOWN"}[verdict.status]
     print(f"{label}: {verdict.message}"[:MAX_MESSAGE_CHARS], flush=True)
     if args.slurm:

@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, default, text in THRESHOLDS:
         parser.add_argument(flag, type=float, default=default, metavar="MINUTES",
                             help=f"{text} (default %(default)s)")
+    parser.add_argument("--clock-event-reasons", default="", metavar="REASON,...",
+                        help="the clock-event reasons that count (default: every limiting one: "
+                             "sw_power_cap, hw_slowdown, sw_thermal, hw_thermal, "
+                             "hw_power_brake); leave sw_power_cap out where power is capped "
+                             "by policy")
     slurm = parser.add_argument_group(
         "Slurm (HealthCheckProgram)",
         "drain this node through scontrol with reason laggard:<kind>:<subject>")

@@ -100,12 +100,19 @@ class Rules:
     hung_seconds: float = 600.0
     """A rank of this node stalled this long is a problem."""
 
+    clock_event_reasons: frozenset[str] = LIMITING_REASONS
+    """The clock-event reasons that count (a subset of the throttle detector's limiting ones)."""
+
     def __post_init__(self) -> None:
         for name in ("xid_max_age_seconds", "clock_event_seconds", "straggler_seconds",
                      "hung_seconds"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
+        unknown = set(self.clock_event_reasons) - LIMITING_REASONS
+        if unknown or not self.clock_event_reasons:
+            raise ValueError(f"clock_event_reasons: {sorted(unknown) or 'none'}; choose among "
+                             f"{', '.join(sorted(LIMITING_REASONS))}")
 
 
 def parse_rfc3339(text: Any) -> float | None:
@@ -179,7 +186,7 @@ def _clock_events(samples: Sequence[Sample], findings: Sequence[Mapping[str, Any
     active: dict[str, set[str]] = {}
     for s in samples:
         if (s.name == "laggard_gpu_clock_event_active" and s.value == 1
-                and s.labels.get("reason") in LIMITING_REASONS):
+                and s.labels.get("reason") in rules.clock_event_reasons):
             active.setdefault(str(s.labels.get("gpu")), set()).add(str(s.labels["reason"]))
     out = []
     for doc in findings:

@@ -115,6 +115,11 @@ def test_a_clock_event_reason_is_a_problem_once_held_for_the_threshold(
     done = healthcheck(url, "--clock-event-minutes", "0")
     assert done.returncode == 1
     assert done.stdout.startswith("PROBLEM: GPU 1 clocks held by hw_slowdown for "), done.stdout
+    # A site that counts only thermal reasons.
+    assert healthcheck(url, "--clock-event-minutes", "0", "--clock-event-reasons",
+                       "sw_thermal,hw_thermal").returncode == 0
+    bad = healthcheck(url, "--clock-event-reasons", "hw_slowdown,power")
+    assert bad.returncode == 2 and "clock_event_reasons: ['power']" in bad.stderr
 
 
 def test_an_agent_that_cannot_be_read_is_unknown_never_healthy(agent_factory,

@@ -84,6 +84,12 @@ def test_a_clock_event_counts_once_held_for_the_threshold_and_active_now() -> No
     # Held 400 s, not 600 s; and no longer active: not a problem.
     assert judge([AGENT, active], [held], Rules(clock_event_seconds=600), NOW).status == OK
     assert judge([AGENT], [held], Rules(), NOW).status == OK
+    # Only the reasons a site counts (power capped by policy: sw_power_cap left out).
+    capped = Sample("laggard_gpu_clock_event_active", {"gpu": "1", "reason": "sw_power_cap"}, 1.0)
+    thermal_only = Rules(clock_event_reasons=frozenset({"sw_thermal", "hw_thermal"}))
+    assert judge([AGENT, active, capped], [held], thermal_only, NOW).status == OK
+    with pytest.raises(ValueError, match="gpu_idle"):
+        Rules(clock_event_reasons=frozenset({"gpu_idle"}))
 
 
 def test_a_straggler_rank_of_this_node_held_long_enough() -> None:
