@@ -263,6 +263,7 @@ def judge(samples: Sequence[Sample], findings: Sequence[Mapping[str, Any]], rule
     problems.sort(key=lambda p: KINDS.index(p.kind))
     if not problems:
         gpus = sum(1 for s in samples if s.name == "laggard_gpu_info")
-        return Verdict(OK, message=f"node {node} healthy ({gpus} GPUs checked)")
+        checked = f"{gpus} GPUs checked" if gpus else "no GPU"
+        return Verdict(OK, message=f"node {node} healthy ({checked})")
     more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
     return Verdict(PROBLEM, tuple(problems), f"{problems[0].message}{more}")

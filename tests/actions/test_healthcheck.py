@@ -86,6 +86,26 @@ def test_a_healthy_node_exits_0_with_one_line(agent_factory, tmp_path: Path) -> 
     assert (done.returncode, done.stdout) == (0, "OK: node gpu-07 healthy (2 GPUs checked)\n")
 
 
+def test_a_bare_agent_on_a_node_without_gpus_is_healthy_for_what_it_has(agent_factory,
+                                                                         tmp_path: Path) -> None:
+    """No fake GPUs: the real NVML, absent on this machine (the nvml collector finds no
+    hardware), and an empty kernel log: absent is not failing."""
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass  # no driver: the node this test is about
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has an NVIDIA driver: its GPUs are not absent")
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    agent = agent_factory("--path.kmsg", str(log), "--node.name", "cpu-01")
+    assert wait_for(lambda: 'laggard_collector_success{collector="nvml"}' in agent.scrape(), 10)
+    done = healthcheck(f"http://127.0.0.1:{agent.port}")
+    assert (done.returncode, done.stdout) == (0, "OK: node cpu-01 healthy (no GPU)\n")
+
+
 def test_a_gpu_fallen_off_the_bus_is_a_problem(agent_factory, tmp_path: Path) -> None:
     _, url, _ = start(agent_factory, tmp_path, FALLEN_OFF)
     assert wait_for(lambda: any(f["kind"] == "gpu_lost" for f in findings(url)), 10)

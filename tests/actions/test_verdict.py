@@ -31,7 +31,8 @@ def test_a_node_with_nothing_wrong_is_ok_and_says_what_it_checked() -> None:
 
 def test_a_cpu_node_without_gpus_is_healthy_for_what_it_has() -> None:
     failing = Sample("laggard_collector_success", {"collector": "nvml"}, 0.0)
-    assert judge([AGENT, failing], [], Rules(), NOW).status == OK
+    verdict = judge([AGENT, failing], [], Rules(), NOW)
+    assert (verdict.status, verdict.message) == (OK, "node gpu-07 healthy (no GPU)")
 
 
 def test_metrics_without_the_agent_info_are_unknown_not_healthy() -> None:
