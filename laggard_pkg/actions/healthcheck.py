@@ -29,7 +29,7 @@ from laggard.actions.healthcheck_flags import THRESHOLDS
 from laggard.actions.slurm import Slurm, drain_reason, local_node_name
 from laggard.actions.verdict import OK, PROBLEM, UNKNOWN, Rules, Verdict, judge
 from laggard.detectors.throttle import LIMITING_REASONS
-from laggard.parsers.exposition import parse_exposition
+from laggard.parsers.exposition import Sample, parse_exposition
 
 #: Longest message line printed (node-problem-detector keeps the first 80 bytes by default:
 #: its plugin config's ``max_output_length``; ours raises it to this).
@@ -51,7 +51,7 @@ def _get(url: str, timeout: float) -> bytes:
         raise AgentUnreadable(f"{url}: {reason}") from None
 
 
-def read_agent(base: str, timeout: float) -> tuple[list[Any], list[Any]]:
+def read_agent(base: str, timeout: float) -> tuple[list[Sample], list[Any]]:
     """The agent's parsed ``/metrics`` samples and its ``/findings`` list.
 
     Args:
@@ -108,21 +108,21 @@ def _slurm(args: argparse.Namespace, verdict: Verdict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``laggard healthcheck``; returns 0, 1 or 2 (see the module docstring)."""
-    for flag, _, _ in THRESHOLDS:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if not 0 <= value < math.inf:
-            print(f"laggard healthcheck: {flag} must be >= 0 and finite, not {value}",
-                  file=sys.stderr)
-            return UNKNOWN
     try:
+        for flag, _, _ in THRESHOLDS:
+            value = getattr(args, flag[2:].replace("-", "_"))
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{flag} must be >= 0 and finite, not {value}")
         rules = rules_of(args)
     except ValueError as exc:
-        print(f"laggard healthcheck: {exc}", file=sys.stderr)
-        return UNKNOWN
-    verdict = check(args, rules)
+        verdict = Verdict(UNKNOWN, message=f"bad flag: {exc}")
+    else:
+        verdict = check(args, rules)
     label = {OK: "OK", PROBLEM: "PROBLEM", UNKNOWN: "UNKNOWN"}[verdict.status]
-    print(f"{label}: {verdict.message}"[:MAX_MESSAGE_CHARS], flush=True)
-    if args.slurm:
+    # One line: node-problem-detector takes stdout as the condition's message.
+    line = "".join(c if c.isprintable() else " " for c in f"{label}: {verdict.message}")
+    print(line[:MAX_MESSAGE_CHARS], flush=True)
+    if args.slurm:  # an unknown verdict drains nothing and resumes nothing
         logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         _slurm(args, verdict)
