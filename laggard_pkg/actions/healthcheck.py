@@ -4,7 +4,8 @@ and Slurm.
 Reads the agent's ``/metrics`` and ``/findings`` (:mod:`laggard.agent.web`), judges them
 (:mod:`laggard.actions.verdict`), prints one line and exits 0 (healthy), 1 (a problem) or 2
 (unknown): node-problem-detector's custom plugin protocol. An agent that cannot be reached, or
-answers with what is not a laggard agent's, is unknown, never healthy.
+answers with what is not a laggard agent's, is unknown, never healthy. Every problem is also
+written to stderr, one line each (``problem <kind> <subject>: <message>``).
 
 With ``--slurm`` it is also Slurm's ``HealthCheckProgram``: on a problem it drains its own node
 through ``scontrol`` with the reason ``laggard:<kind>:<subject>`` of the first problem
@@ -122,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
     # One line: node-problem-detector takes stdout as the condition's message.
     line = "".join(c if c.isprintable() else " " for c in f"{label}: {verdict.message}")
     print(line[:MAX_MESSAGE_CHARS], flush=True)
+    # Every problem, for a person running it by hand and for slurmd's log (stdout is NPD's).
+    for problem in verdict.problems:
+        print(f"problem {problem.kind} {problem.subject}: {problem.message}", file=sys.stderr)
     if args.slurm:  # an unknown verdict drains nothing and resumes nothing
         logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -115,6 +115,27 @@ def test_a_gpu_fallen_off_the_bus_is_a_problem(agent_factory, tmp_path: Path) ->
     assert (done.returncode, done.stdout) == (1, f"PROBLEM: GPU {UNLISTED} lost (+1 more)\n")
 
 
+def test_the_default_fake_gpu_story_lost_gpu_dbe_and_pending_remap_read_from_nvml(
+        agent_factory, tmp_path: Path) -> None:
+    """The fake NVML's default scenario (nvml/fake.py), one step a second from the agent's
+    start: Xid 48 with an uncorrected ECC error and a pending row remap on GPU 0 at step 40
+    (an NVML event), the last GPU lost at steps 50-59 (GpuIsLost), all reset when the 60-step
+    period wraps. Checked while GPU 1 is lost: every NVML-side rule, in order."""
+    _, url, _ = start(agent_factory, tmp_path, scenario="default")
+    lost = 'laggard_gpu_lost{gpu="1"} 1.0'
+    for _ in range(2):  # a check that misses the 10-step window (a loaded host) tries again
+        assert wait_for(lambda: lost in scrape(f"{url}/metrics"), 90)
+        done = healthcheck(url)
+        if lost in scrape(f"{url}/metrics"):
+            break
+    problems = [line.split(": ", 1)[0] for line in done.stderr.splitlines()
+                if line.startswith("problem ")]
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout == "PROBLEM: GPU 1 lost (+3 more)\n"
+    assert problems == ["problem gpu_lost gpu1", "problem xid 48:gpu0",
+                        "problem row_remap_pending gpu0", "problem ecc_uncorrected gpu0"]
+
+
 def test_a_warning_xid_is_not_a_problem_a_critical_one_appended_later_is(
         agent_factory, tmp_path: Path) -> None:
     _, url, log = start(agent_factory, tmp_path, XID13)
