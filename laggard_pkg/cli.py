@@ -38,6 +38,9 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "cluster-demo": ("laggard.demo.cluster", "laggard.demo.cluster",
                      "emulate N nodes with network namespaces, run one job across them, "
                      "inject a fault, name it"),
+    "healthcheck": ("laggard.actions.healthcheck_flags", "laggard.actions.healthcheck",
+                    "the node's verdict from its agent: node-problem-detector plugin, Slurm "
+                    "HealthCheckProgram (exit 0 ok, 1 problem, 2 unknown)"),
 }
 
 

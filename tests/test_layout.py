@@ -55,6 +55,8 @@ def test_contracts_kept() -> None:
     ("collectors/nvml.py", "import pynvml", "pynvml only in the NVML wrapper"),
     ("nvml/library.py", "from laggard.collectors import host", "Layers"),
     ("nvml/fake.py", "import torch", "No torch outside the job"),
+    ("laggard_pkg/actions/verdict.py", "from laggard.agent import context", "Layers"),
+    ("laggard_pkg/actions/slurm.py", "import torch", "No torch outside the job"),
 ])
 def test_a_broken_layer_is_reported(tmp_path: Path, module: str, line: str,
                                     contract: str) -> None:
