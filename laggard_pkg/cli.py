@@ -38,6 +38,9 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "cluster-demo": ("laggard.demo.cluster", "laggard.demo.cluster",
                      "emulate N nodes with network namespaces, run one job across them, "
                      "inject a fault, name it"),
+    "remediate": ("laggard.actions.remediate_flags", "laggard.actions.remediate",
+                  "Alertmanager webhook receiver: drain, cordon or exclude the nodes laggard's "
+                  "alerts name (dry run unless --act)"),
 }
 
 
