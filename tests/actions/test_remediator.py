@@ -69,8 +69,8 @@ def test_repeats_are_silent_and_a_second_alert_on_a_held_node_acts_not(
     assert _send(remediator, alert("LaggardGpuLost", "resolved", node="n1", gpu="1")) == [
         ("n1", "skipped", "still held by 1 other alert(s)")]
     assert target.excluded() == ["n1"]
-    assert _send(remediator, alert("LaggardJobHung", "resolved", node="n1", run="r", rank="3",
-                                   kind="device")) == [("n1", "acted", f"remove n1 from {target.path}")]
+    resolved = alert("LaggardJobHung", "resolved", node="n1", run="r", rank="3", kind="device")
+    assert _send(remediator, resolved) == [("n1", "acted", f"remove n1 from {target.path}")]
     assert target.excluded() == [] and remediator.held() == {}
 
 
