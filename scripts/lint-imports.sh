@@ -13,6 +13,8 @@ tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
 mkdir "$tree/laggard"
 cp "$SRC"/laggard_pkg/*.py "$tree/laggard/"
+# laggard_pkg's own subpackages (laggard.actions)
+(cd "$SRC/laggard_pkg" && find . -mindepth 2 -name '*.py' -exec cp --parents {} "$tree/laggard/" \;)
 for sub in agent analyze collectors compression dashboards demo detectors integrations nvml parsers; do
   mkdir "$tree/laggard/$sub"
   (cd "$SRC/$sub" && find . -name '*.py' -exec cp --parents {} "$tree/laggard/$sub/" \;)
