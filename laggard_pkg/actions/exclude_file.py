@@ -19,6 +19,9 @@ from pathlib import Path
 
 from laggard.actions.audit import Decision, record
 
+#: What :meth:`ExcludeFile.held_reason` says of a host in the file.
+EXCLUDED_REASON = "laggard:excluded"
+
 
 def _write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -44,6 +47,7 @@ class ExcludeFile:
     """
 
     name = "exclude"
+    release_name = "include"
 
     def __init__(self, path: Path, *, act: bool = False, hosts: Path | None = None,
                  hostfile: Path | None = None, source: str = "remediate",
@@ -111,9 +115,11 @@ class ExcludeFile:
                                reason=reason, detail=f"{self.path} unreadable: {exc}",
                                source=self.source), log=self.log)
 
-    def holds(self, node: str) -> bool:
-        """``node`` is in the exclude file."""
+    def held_reason(self, node: str) -> str:
+        """``laggard:excluded`` when ``node`` is in the exclude file, else "". The file keeps
+        no reason (srun reads host names only), so after a restart of remediate no resolved
+        alert matches it: such a host is taken out of the file by hand."""
         try:
-            return node in self.excluded()
+            return EXCLUDED_REASON if node in self.excluded() else ""
         except OSError:
-            return False
+            return ""

@@ -65,6 +65,7 @@ class KubernetesNodes:
     """
 
     name = "cordon"
+    release_name = "uncordon"
 
     def __init__(self, *, act: bool = False, api: Any = None, source: str = "remediate",
                  log: logging.Logger | None = None) -> None:
@@ -153,13 +154,14 @@ class KubernetesNodes:
                          "taints": [t for t in taints if t.get("key") != TAINT_KEY]}}
         return self._decide("uncordon", node, why, ours, body, None)
 
-    def holds(self, node: str) -> bool:
-        """laggard's annotation is on the node (False when it cannot be read)."""
+    def held_reason(self, node: str) -> str:
+        """laggard's ``laggard.io/reason`` annotation on the node ("" when absent or the node
+        cannot be read)."""
         try:
             state = self._read(node)
         except Exception:
-            return False
-        return state is not None and is_laggard_reason(state[2])
+            return ""
+        return state[2] if state is not None and is_laggard_reason(state[2]) else ""
 
     def _fail(self, action: str, node: str, why: str, reason: str, exc: Exception) -> Decision:
         return record(Decision(action=action, target=node, outcome="failed", why=why,

@@ -16,6 +16,8 @@ class NodeAction(Protocol):
 
     #: the audit line's ``action`` of :meth:`quarantine` (``drain``, ``cordon``, ``exclude``)
     name: str
+    #: the audit line's ``action`` of :meth:`release` (``resume``, ``uncordon``, ``include``)
+    release_name: str
 
     def quarantine(self, node: str, reason: str, *, why: str) -> Decision:
         """Take ``node`` out with ``reason`` (``laggard:<kind>:<subject>``); never raises."""
@@ -25,8 +27,9 @@ class NodeAction(Protocol):
         """Give ``node`` back if laggard took it out; never raises."""
         ...
 
-    def holds(self, node: str) -> bool:
-        """True when ``node`` is out of service by laggard's hand (its reason's prefix)."""
+    def held_reason(self, node: str) -> str:
+        """laggard's reason on ``node`` when it is out of service by laggard's hand (the
+        ``laggard:`` prefix), else ""; "" too when the node cannot be read."""
         ...
 
 
@@ -34,6 +37,7 @@ class SlurmNodes:
     """Drain and resume through :class:`~laggard.actions.slurm.Slurm` (scontrol)."""
 
     name = "drain"
+    release_name = "resume"
 
     def __init__(self, slurm: Slurm) -> None:
         self.slurm = slurm
@@ -46,9 +50,11 @@ class SlurmNodes:
         """``scontrol update nodename=N state=resume`` (see :meth:`Slurm.resume`)."""
         return self.slurm.resume(node, why=why)
 
-    def holds(self, node: str) -> bool:
-        """Drained with a ``laggard:`` reason (False when scontrol cannot say)."""
+    def held_reason(self, node: str) -> str:
+        """The reason of a node drained with a ``laggard:`` reason ("" when scontrol cannot
+        say)."""
         try:
-            return self.slurm.node(node).drained_by_laggard
+            state = self.slurm.node(node)
         except SlurmError:
-            return False
+            return ""
+        return state.reason if state.drained_by_laggard else ""

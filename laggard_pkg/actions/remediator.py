@@ -16,8 +16,10 @@ the node (a node drained by someone else is never resumed).
 
 Every decision is one audit line (:mod:`laggard.actions.audit`); a repeat notification of an
 episode already decided writes none. State (who holds which node, the hour's count) lives in
-memory: after a restart a node laggard drained is recognised by its reason
-(:meth:`~laggard.actions.node_actions.NodeAction.holds`) and counted as held again.
+memory: after a restart a node laggard took out is recognised by its reason
+(:meth:`~laggard.actions.node_actions.NodeAction.held_reason`) and counted as held again; a
+resolved alert this process never saw fire gives a node back only when the node carries the
+very reason that alert would have written.
 """
 
 from __future__ import annotations
@@ -137,10 +139,13 @@ class Remediator:
             reason = drain_reason(action.kind,
                                   action.subject({**alert.labels, **target.labels}))
             hold = self._held.get(node)
-            if hold is None and self.action.holds(node):
-                # laggard's reason on the node from before a restart: held, not taken again
-                hold = self._held[node] = _Hold(reason="(before a restart)",
-                                                release_on_resolve=action.release_on_resolve)
+            if hold is None:
+                ours = self.action.held_reason(node)
+                if ours:
+                    # laggard's reason on the node (from before a restart, or laggard
+                    # healthcheck's drain): held, not taken again
+                    hold = self._held[node] = _Hold(ours,
+                                                    release_on_resolve=action.release_on_resolve)
             if hold is not None:
                 if alert.key not in hold.alerts:
                     hold.alerts.add(alert.key)
@@ -192,30 +197,47 @@ class Remediator:
         nodes = self._alert_nodes.pop(alert.key, None)
         self._episodes = {e: n for e, n in self._episodes.items() if e[0] != alert.key}
         if nodes is None:
-            try:  # an alert fired before a restart: where is it?
-                nodes = [t.node for t in self.locator.targets(action, alert.labels)]
-            except LocateError:
-                return []  # nothing laggard holds can be named: nothing to give back
+            return self._resolve_unknown(alert, action)
         out = []
         for node in nodes:
             hold = self._held.get(node)
-            if hold is not None:
-                hold.alerts.discard(alert.key)
-                if hold.alerts:
-                    out.append(self._record(alert, node, "skipped", f"still held by "
-                                            f"{len(hold.alerts)} other alert(s)", hold.reason,
-                                            action="release"))
-                    continue
-                del self._held[node]
-                if not hold.release_on_resolve:
-                    out.append(self._record(alert, node, "skipped", "stays out of service: "
-                                            f"{alert.name} resolving does not make the node "
-                                            "well (an operator resumes it)", hold.reason,
-                                            action="release"))
-                    continue
-            elif not action.release_on_resolve:
+            if hold is None or alert.key not in hold.alerts:
+                # its firing found the node drained by someone else (or was refused)
+                out.append(self._record(alert, node, "skipped", "not taken out for this alert: "
+                                        "left as it is", action=self.action.release_name))
+                continue
+            hold.alerts.discard(alert.key)
+            if hold.alerts:
+                out.append(self._record(alert, node, "skipped", f"still held by "
+                                        f"{len(hold.alerts)} other alert(s)", hold.reason,
+                                        action=self.action.release_name))
+                continue
+            del self._held[node]
+            if not hold.release_on_resolve:
+                out.append(self._record(alert, node, "skipped", "stays out of service: "
+                                        f"{alert.name} resolving does not make the node well "
+                                        "(an operator resumes it)", hold.reason,
+                                        action=self.action.release_name))
                 continue
             out.append(self.action.release(node, why=_why(alert)))
+        return out
+
+    def _resolve_unknown(self, alert: Alert, action: AlertAction) -> list[Decision]:
+        """An alert this process never saw fire (it fired before a restart): its node is given
+        back only when the reason on the node is the one this alert would have written."""
+        if not action.release_on_resolve:
+            return []
+        try:
+            targets = self.locator.targets(action, alert.labels)
+        except LocateError:
+            return []  # nothing laggard holds can be named: nothing to give back
+        out = []
+        for target in targets:
+            reason = drain_reason(action.kind,
+                                  action.subject({**alert.labels, **target.labels}))
+            if target.node in self._held or self.action.held_reason(target.node) != reason:
+                continue  # not this alert's quarantine: no decision to take
+            out.append(self.action.release(target.node, why=_why(alert)))
         return out
 
 

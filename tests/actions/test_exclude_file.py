@@ -31,7 +31,7 @@ def test_exclude_and_include_again_rewrite_both_files(tmp_path: Path) -> None:
     assert target.quarantine("n3", "laggard:sdc:r/rank5", why="x").outcome == "acted"
     assert exclude.read_text() == "n2\nn3\n"
     assert hostfile.read_text() == "n1 slots=8\n"
-    assert target.holds("n2") and not target.holds("n1")
+    assert (target.held_reason("n2"), target.held_reason("n1")) == ("laggard:excluded", "")
     again = target.quarantine("n2", "laggard:hung:r/rank3", why="x")
     assert (again.outcome, again.detail) == ("skipped", f"already in {exclude}")
     assert target.release("n2", why="resolved").outcome == "acted"

@@ -117,7 +117,7 @@ def test_act_cordons_taints_and_release_undoes_only_laggards_part(
     assert node["spec"]["unschedulable"] is True
     assert node["spec"]["taints"] == [MAINTENANCE, {"key": TAINT_KEY, "value": "sdc",
                                                     "effect": "NoSchedule"}]
-    assert nodes.holds("gpu-7")
+    assert nodes.held_reason("gpu-7") == "laggard:sdc:r/rank2/result_mismatch"
     again = nodes.quarantine("gpu-7", "laggard:sdc:r/rank2/result_mismatch", why="x")
     assert (again.outcome, len(state.patches)) == ("skipped", 1)
     assert nodes.release("gpu-7", why="resolved").acted

@@ -72,11 +72,38 @@ def test_a_node_drained_by_someone_else_is_left_alone(slurm_cluster: SlurmCluste
         assert fired["outcome"] == "skipped"
         assert fired["detail"].startswith("drained by someone else (fan_replacement)")
         (resolved,) = acting.post(_lost(node, status="resolved"))[1]["decisions"]
-        assert (resolved["action"], resolved["outcome"]) == ("resume", "skipped")
+        assert (resolved["action"], resolved["outcome"], resolved["detail"]) == (
+            "resume", "skipped", "not taken out for this alert: left as it is")
         state = slurm_cluster.state()
         assert state.drained and state.reason == "fan_replacement"
     finally:
         acting.stop()
+
+
+def test_after_a_restart_only_the_alert_that_drained_a_node_resumes_it(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+    node = slurm_cluster.node
+    flags = ("--act", "--max-job-percent", "100")
+    first = start_remediate(tmp_path, *flags, env=slurm_cluster.env)
+    try:
+        assert first.post(_lost(node))[1]["decisions"][0]["outcome"] == "acted"
+    finally:
+        first.stop()
+    again = start_remediate(tmp_path, *flags, env=slurm_cluster.env)
+    try:
+        # another GPU's alert resolving: not the reason on the node, no decision, no resume
+        assert again.post(_lost(node, gpu="0", status="resolved")) == (200, {"decisions": []})
+        assert laggard_reasons(slurm_cluster) == [f"{node}|laggard:gpu_lost:gpu1"]
+        # a new alert on the node joins laggard's drain (read back from Slurm), runs nothing
+        (joined,) = again.post(_lost(node, gpu="0"))[1]["decisions"]
+        assert (joined["outcome"], joined["detail"]) == (
+            "skipped", "already held by laggard (laggard:gpu_lost:gpu1)")
+        # the alert that drained it resolves: its reason is on the node, so it resumes
+        (back,) = again.post(_lost(node, status="resolved"))[1]["decisions"]
+        assert (back["action"], back["outcome"]) == ("resume", "acted")
+        assert laggard_reasons(slurm_cluster) == []
+    finally:
+        again.stop()
 
 
 def laggard_reasons(cluster: SlurmCluster) -> list[str]:

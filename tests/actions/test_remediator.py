@@ -119,6 +119,21 @@ def test_an_alert_that_names_no_node_is_skipped_and_tried_again(tmp_path: Path) 
     assert _send(remediator, lost) == first
 
 
+def test_a_resolved_alert_gives_back_only_what_it_took(tmp_path: Path) -> None:
+    remediator, target = _remediator(tmp_path, act_on_warning=False)
+    assert _send(remediator, alert("LaggardGpuLost", node="n1", gpu="0"))[0][1] == "acted"
+    # a warning on the same node was never acted on: its end changes nothing
+    straggler = dict(severity="warning", node="n1", run="r", rank="0")
+    _send(remediator, alert("LaggardStragglerRank", **straggler))
+    assert _send(remediator, alert("LaggardStragglerRank", "resolved", **straggler)) == []
+    assert target.excluded() == ["n1"]
+    # a restarted remediate never saw the loss fire; the file keeps no reason to match it by
+    restarted = Remediator(target, Locator(None), Config(max_job_percent=100.0))
+    assert restarted.handle(parse_webhook(payload(
+        alert("LaggardGpuLost", "resolved", node="n1", gpu="0")))) == []
+    assert target.excluded() == ["n1"]
+
+
 def test_other_alerts_are_not_decided_on(tmp_path: Path) -> None:
     remediator, _ = _remediator(tmp_path)
     assert _send(remediator, alert("LaggardAgentDown", severity="warning", node="n1")) == []
