@@ -183,7 +183,9 @@ def wait_line(process: RemediateProcess, *needles: str, timeout: float) -> str:
 
     def seen() -> bool:
         found[:] = [ln for ln in process.audit() if all(n in ln for n in needles)]
-        return bool(found) or process.proc.poll() is not None
+        # a receiver that exited or failed to decide (a traceback) ends the wait at once
+        return bool(found) or process.proc.poll() is not None or \
+            "Traceback" in process.log.read_text(errors="replace")
 
     wait_for(seen, timeout)
     assert found, f"no audit line with {needles}: {process.log.read_text(errors='replace')}"
