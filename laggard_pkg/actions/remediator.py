@@ -235,8 +235,17 @@ class Remediator:
         for target in targets:
             reason = drain_reason(action.kind,
                                   action.subject({**alert.labels, **target.labels}))
-            if target.node in self._held or self.action.held_reason(target.node) != reason:
+            hold = self._held.get(target.node)
+            if hold is None and self.action.held_reason(target.node) != reason \
+                    or hold is not None and hold.reason != reason:
                 continue  # not this alert's quarantine: no decision to take
+            if hold is not None:
+                if hold.alerts:  # alerts that fired since the restart hold it too
+                    out.append(self._record(alert, target.node, "skipped", f"still held by "
+                                            f"{len(hold.alerts)} other alert(s)", hold.reason,
+                                            action=self.action.release_name))
+                    continue
+                del self._held[target.node]
             out.append(self.action.release(target.node, why=_why(alert)))
         return out
 

@@ -98,8 +98,14 @@ def test_after_a_restart_only_the_alert_that_drained_a_node_resumes_it(
         (joined,) = again.post(_lost(node, gpu="0"))[1]["decisions"]
         assert (joined["outcome"], joined["detail"]) == (
             "skipped", "already held by laggard (laggard:gpu_lost:gpu1)")
-        # the alert that drained it resolves: its reason is on the node, so it resumes
-        (back,) = again.post(_lost(node, status="resolved"))[1]["decisions"]
+        # the alert that drained it resolves: its reason is on the node, but the new alert
+        # holds it still
+        (held,) = again.post(_lost(node, status="resolved"))[1]["decisions"]
+        assert (held["action"], held["outcome"], held["detail"]) == (
+            "resume", "skipped", "still held by 1 other alert(s)")
+        assert laggard_reasons(slurm_cluster) == [f"{node}|laggard:gpu_lost:gpu1"]
+        # the last holder resolves: resumed
+        (back,) = again.post(_lost(node, gpu="0", status="resolved"))[1]["decisions"]
         assert (back["action"], back["outcome"]) == ("resume", "acted")
         assert laggard_reasons(slurm_cluster) == []
     finally:
