@@ -64,10 +64,13 @@ class RemediateProcess:
         text = self.log.read_text(errors="replace")
         return [ln[ln.index("audit "):] for ln in text.splitlines() if " audit action=" in ln]
 
-    def post(self, body: bytes) -> tuple[int, dict]:
-        """POST a webhook body; the HTTP status and the JSON answer."""
-        request = urllib.request.Request(self.url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+    def post(self, body: bytes, token: str | None = None) -> tuple[int, dict]:
+        """POST a webhook body (with ``Authorization: Bearer TOKEN`` when given); the HTTP
+        status and the JSON answer."""
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=budget(20)) as response:
                 return response.status, json.load(response)
@@ -123,18 +126,22 @@ receivers:
     webhook_configs:
       - url: {url}
         send_resolved: true
+        http_config:
+          authorization:
+            credentials_file: {token_file}
 """
 
 
 class Alertmanager:
     """Debian's ``prometheus-alertmanager`` on a loopback port, routing the alerts named by
-    ``alerts`` (a regular expression) to a webhook URL and everything else nowhere.
+    ``alerts`` (a regular expression) to a webhook URL, with the bearer token in
+    ``token_file``, and everything else nowhere.
 
     Raises:
         pytest.skip.Exception: the binary is missing, or it did not start (with its log).
     """
 
-    def __init__(self, workdir: Path, webhook_url: str, alerts: str) -> None:
+    def __init__(self, workdir: Path, webhook_url: str, alerts: str, token_file: Path) -> None:
         binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
         if binary is None:
             pytest.skip("prometheus-alertmanager not installed (apt-get install "
@@ -142,7 +149,8 @@ class Alertmanager:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = workdir / "alertmanager.yml"
-        config.write_text(ALERTMANAGER_CONFIG.format(url=webhook_url, alerts=alerts))
+        config.write_text(ALERTMANAGER_CONFIG.format(url=webhook_url, alerts=alerts,
+                                                     token_file=token_file))
         self.log = workdir / "alertmanager.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(

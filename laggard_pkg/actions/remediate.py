@@ -5,7 +5,8 @@ The HTTP side is the standard library's :class:`http.server.ThreadingHTTPServer`
 
 - ``POST /alerts`` (or ``/``): one webhook notification (payload version 4,
   :mod:`laggard.actions.alertmanager`); answers 200 with the decisions as JSON, 400 when the body
-  is not such a payload (Alertmanager logs it; a retry would not help), 500 when deciding failed
+  is not such a payload (Alertmanager logs it; a retry would not help), 401 without the bearer
+  token of ``--web.bearer-token-file`` (RFC 6750) when one is set, 500 when deciding failed
   (Alertmanager retries);
 - ``GET /held``: the nodes laggard holds and why, as JSON; ``GET /-/healthy``: 200.
 
@@ -16,6 +17,7 @@ What is decided is :mod:`laggard.actions.remediator`'s; each decision is one aud
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
 import sys
@@ -38,8 +40,11 @@ _log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 << 20
 
 
-def make_handler(remediator: Remediator) -> type[BaseHTTPRequestHandler]:
-    """The request handler class bound to ``remediator``."""
+def make_handler(remediator: Remediator,
+                 token: str | None = None) -> type[BaseHTTPRequestHandler]:
+    """The request handler class bound to ``remediator``; with ``token``, a POST must carry
+    ``Authorization: Bearer <token>`` (compared in constant time)."""
+    expected = f"Bearer {token}".encode() if token else None
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "laggard-remediate"
@@ -55,6 +60,12 @@ def make_handler(remediator: Remediator) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             if self.path not in ("/", "/alerts"):
                 self._reply(404, {"error": "POST /alerts"})
+                return
+            given = self.headers.get("Authorization", "").encode()
+            if expected is not None and not hmac.compare_digest(given, expected):
+                _log.warning("remediate: refused a webhook from %s: no valid bearer token",
+                             self.client_address[0])
+                self._reply(401, {"error": "a bearer token is required"})
                 return
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY_BYTES:
@@ -113,9 +124,10 @@ def _setup_audit_log(path: str | None) -> None:
         logging.getLogger(AUDIT_LOGGER).addHandler(handler)
 
 
-def serve(remediator: Remediator, host: str, port: int) -> ThreadingHTTPServer:
+def serve(remediator: Remediator, host: str, port: int,
+          token: str | None = None) -> ThreadingHTTPServer:
     """Bind the receiver (port 0: a free one) and serve it on a daemon thread."""
-    server = ThreadingHTTPServer((host, port), make_handler(remediator))
+    server = ThreadingHTTPServer((host, port), make_handler(remediator, token))
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="remediate-http", daemon=True).start()
     return server
@@ -131,12 +143,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"laggard remediate: --web.listen-address {args.listen_address}: not HOST:PORT",
               file=sys.stderr)
         return 2
+    token = None
+    if args.bearer_token_file:
+        try:
+            token = Path(args.bearer_token_file).read_text().strip()
+        except OSError as exc:
+            print(f"laggard remediate: --web.bearer-token-file: {exc}", file=sys.stderr)
+            return 2
+        if not token:
+            print(f"laggard remediate: --web.bearer-token-file {args.bearer_token_file} is "
+                  "empty", file=sys.stderr)
+            return 2
     remediator = Remediator(
         build_action(args), Locator(args.prometheus_url),
         Config(max_nodes_per_hour=args.max_nodes_per_hour,
                max_job_percent=args.max_job_percent, act_on_warning=args.act_on_warning))
     try:
-        server = serve(remediator, host.strip("[]") or "127.0.0.1", port)
+        server = serve(remediator, host.strip("[]") or "127.0.0.1", port, token)
     except OSError as exc:
         print(f"laggard remediate: --web.listen-address {args.listen_address}: {exc}",
               file=sys.stderr)

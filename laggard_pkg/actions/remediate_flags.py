@@ -22,6 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=DEFAULT_LISTEN_ADDRESS, metavar="HOST:PORT",
                         help="where Alertmanager's webhook reaches this receiver (default "
                              "%(default)s; port 0: any free port, printed at start)")
+    parser.add_argument("--web.bearer-token-file", dest="bearer_token_file", default=None,
+                        metavar="PATH",
+                        help="accept a webhook only with 'Authorization: Bearer <the file's "
+                             "content>' (Alertmanager's webhook_config http_config."
+                             "authorization); without it anyone who reaches the port can ask "
+                             "for a drain")
     parser.add_argument("--action", choices=("slurm", "kubernetes", "exclude-file"),
                         default="slurm",
                         help="what is done to a node: drain it through scontrol, cordon and "

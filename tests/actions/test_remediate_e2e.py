@@ -1,10 +1,10 @@
 """End to end with real parts: a laggard agent whose fake GPU 1 is lost (the fake NVML's
 ``default`` scenario loses the last GPU at steps 50-59 of every 60-step period, one step a
 second), Prometheus with laggard's rules scraping it, Debian's Alertmanager routing
-``LaggardGpuLost`` to ``laggard remediate``, and a one-node Slurm cluster (munged, slurmctld,
-slurmd). The first loss is met by a dry run: it drains nothing and says what it would do; the
-second by ``--act``: the node is drained with laggard's reason (``sinfo -R``), and resumed when
-the alert resolves.
+``LaggardGpuLost`` to ``laggard remediate`` (with a bearer token), and a one-node Slurm
+cluster (munged, slurmctld, slurmd). The first loss is met by a dry run: it drains nothing and
+says what it would do; the second by ``--act``: the node is drained with laggard's reason
+(``sinfo -R``), and resumed when the alert resolves.
 
 Only LaggardGpuLost is routed: the same scenario's Xid 48 (a critical XID, at step 40) would
 drain the node for good (a critical XID's end does not give a node back), which is right, and
@@ -33,11 +33,15 @@ def test_a_lost_gpu_drains_its_node_and_its_end_resumes_it(
     node = slurm_cluster.node
     agent = agent_factory("--collector.nvml.fake-gpus", "2", "--node.name", node)
     port = free_port()
-    alertmanager = Alertmanager(tmp_path, f"http://127.0.0.1:{port}/alerts", "LaggardGpuLost")
+    token = tmp_path / "token"
+    token.write_text("s3cret-for-the-test\n")
+    alertmanager = Alertmanager(tmp_path, f"http://127.0.0.1:{port}/alerts", "LaggardGpuLost",
+                                token)
     prometheus = PrometheusServer(tmp_path, [f"127.0.0.1:{agent.port}"],
                                   rules=laggard_rules())
     with_alertmanager(prometheus.config_path, alertmanager.url)
-    common = ("--prometheus-url", prometheus.url, "--max-nodes-per-hour", "2")
+    common = ("--prometheus-url", prometheus.url, "--max-nodes-per-hour", "2",
+              "--web.bearer-token-file", str(token))
     dry = acting = None
     try:
         prometheus.start()
