@@ -15,6 +15,8 @@ same real Slurm in test_remediate_slurm.py.
 from __future__ import annotations
 
 import shutil
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -68,9 +70,32 @@ def test_a_lost_gpu_drains_its_node_and_its_end_resumes_it(
         assert "outcome=acted" in back, back
         assert wait_for(lambda: not slurm_cluster.state().drained, 10)
         assert "laggard:" not in slurm_cluster.sinfo_reasons()
+        _print_latency(prometheus, acting.log.read_text(), drained, back)
     finally:
         for process in (dry, acting):
             if process is not None:
                 process.stop()
         prometheus.stop()
         alertmanager.stop()
+
+
+def _print_latency(prometheus: PrometheusServer, log: str, drained: str, back: str) -> None:
+    """Print (for benchmarks' figures, never asserted) the seconds from the first scrape that
+    saw GPU 1 lost to the drain's audit line, and from the first that saw it back to the
+    resume's: scrape and rule evaluation at 1 s, Alertmanager's group_wait and group_interval
+    at 1 s, the receiver, scontrol."""
+    def logged_at(audit: str) -> float:
+        line = next(ln for ln in log.splitlines() if ln.endswith(audit))
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+    now = time.time()
+    data = prometheus.api("query_range", query='max(laggard_gpu_lost{gpu="1"})',
+                          start=str(now - 90), end=str(now), step="1")
+    points = [(float(t), float(v)) for t, v in data["result"][0]["values"]]
+    # the last loss that began before the drain (the range also holds the dry run's)
+    starts = [t for (_, v0), (t, v) in zip(points, points[1:], strict=False)
+              if v0 == 0 and v == 1 and t <= logged_at(drained)]
+    lost = starts[-1]
+    well = next(t for t, v in points if t > lost and v == 0)
+    print(f"\nlost GPU scraped -> drained: {logged_at(drained) - lost:.1f} s; "
+          f"back -> resumed: {logged_at(back) - well:.1f} s")
