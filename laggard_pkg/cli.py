@@ -41,6 +41,9 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "healthcheck": ("laggard.actions.healthcheck_flags", "laggard.actions.healthcheck",
                     "the node's verdict from its agent: node-problem-detector plugin, Slurm "
                     "HealthCheckProgram (exit 0 ok, 1 problem, 2 unknown)"),
+    "remediate": ("laggard.actions.remediate_flags", "laggard.actions.remediate",
+                  "Alertmanager webhook receiver: drain, cordon or exclude the nodes laggard's "
+                  "alerts name (dry run unless --act)"),
 }
 
 

@@ -97,3 +97,11 @@ def test_the_report_says_once_that_matplotlib_builds_its_font_cache(
     (tmp_path / "fontlist-v390.json").write_text("{}")
     _say_font_cache(tmp_path)
     assert capsys.readouterr().err == ""
+
+
+def test_remediate_help_imports_neither_its_run_module_nor_kubernetes(tmp_path: Path) -> None:
+    status, modules = _loaded(["remediate", "--help"], tmp_path)
+    assert status == 0
+    assert _heavy(modules) == []
+    assert not {"laggard.actions.remediate", "laggard.actions.remediator"} & modules
+    assert not [m for m in modules if m.split(".")[0] == "kubernetes"]

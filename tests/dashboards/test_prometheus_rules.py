@@ -19,7 +19,9 @@ HERE = Path(__file__).resolve().parent
 RULES_TEST = HERE / "rules_test.yml"
 #: LaggardJobHung and the laggard-hang recording rules (issue 24).
 HANG_RULES_TEST = HERE / "hang_rules_test.yml"
-RULE_TESTS = (RULES_TEST, HANG_RULES_TEST)
+#: LaggardGradientsCorrupt (issue 35).
+INTEGRITY_RULES_TEST = HERE / "integrity_rules_test.yml"
+RULE_TESTS = (RULES_TEST, HANG_RULES_TEST, INTEGRITY_RULES_TEST)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("promtool") is None,
