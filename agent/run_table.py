@@ -506,14 +506,18 @@ class RankTable:
                         phases: dict[str, float]) -> None:
         """A step record into its run's histograms and counters (the node's ranks together):
         one histogram per phase, one histogram and bytes counter per op, the comm sums."""
+        # A name dropped here is counted once: here by default, by the rank's own with
+        # --intake.rank-histograms.
+        what = None if self._rank_histograms else ("phase", "op")
         for phase, seconds in phases.items():
             histogram = self._named(name, None, run.phases, phase, RUN_HISTOGRAM_SAMPLES,
-                                    "phase", RUN_BUCKETS_SECONDS)
+                                    what and what[0], RUN_BUCKETS_SECONDS)
             if histogram is not None:
                 histogram.observe(seconds)
         for c in record.collectives:
             histogram = self._named(name, None, run.collective_seconds, c.op,
-                                    RUN_HISTOGRAM_SAMPLES + 1, "op", RUN_BUCKETS_SECONDS)
+                                    RUN_HISTOGRAM_SAMPLES + 1, what and what[1],
+                                    RUN_BUCKETS_SECONDS)
             if histogram is not None:
                 histogram.observe(c.seconds)
                 run.collective_bytes[c.op] += c.bytes
@@ -626,15 +630,16 @@ class RankTable:
         state.gpu = gpu or ""
 
     def _named(self, name: str, state: RankState | None, histograms: dict[str, Histogram],
-               key: str, samples: int, what: str,
+               key: str, samples: int, what: str | None,
                bounds: tuple[float, ...] = DURATION_BUCKETS_SECONDS) -> Histogram | None:
-        """The histogram of ``key``, made if the caps allow; None (and counted) if not. Its
-        samples are charged to run ``name``, and to ``state`` when it is a rank's (a run's
-        are given back when the run is forgotten)."""
+        """The histogram of ``key``, made if the caps allow; None (and counted as ``what``
+        unless None) if not. Its samples are charged to run ``name``, and to ``state`` when it
+        is a rank's (a run's are given back when the run is forgotten)."""
         histogram = histograms.get(key)
         if histogram is None:
             if len(histograms) >= self._max_names or not self._charge(name, samples):
-                self.dropped[what] += 1
+                if what is not None:
+                    self.dropped[what] += 1
                 return None
             if state is not None:
                 state.series += samples
