@@ -131,9 +131,9 @@ class RunMetrics:
         yield _counter_by(
             "laggard_intake_dropped_total",
             "Parts of accepted datagrams not exported as series of their own: phase and op "
-            "names past the per-rank cap or the series budget, scores and straggler flags past "
-            "the budget (dropped), findings labelled outside the known vocabulary (exported as "
-            "other).", "what", DROP_WHATS, table.dropped)
+            "names past the per-rank (per-run) cap or the series budget, scores, straggler "
+            "flags and a run's comm counters past the budget (dropped), findings labelled "
+            "outside the known vocabulary (exported as other).", "what", DROP_WHATS, table.dropped)
         yield _counter_by(
             "laggard_intake_ranks_forgotten_total",
             "Ranks forgotten with all their series, score and flags: stale (no record nor "
