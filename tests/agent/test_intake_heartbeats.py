@@ -399,7 +399,8 @@ def test_the_stall_flags_reach_the_config_and_are_checked():
         with pytest.raises(ValueError, match="stall"):
             AgentConfig(**bad)
     with pytest.raises(ValueError, match="stall"):
-        RankTable(rank_histograms=True, max_ranks=1, findings=FindingLog(), default_node="n0", stall_seconds=0)
+        RankTable(rank_histograms=True,
+                  max_ranks=1, findings=FindingLog(), default_node="n0", stall_seconds=0)
 
 
 def test_by_default_the_hang_evidence_is_exported_while_the_rank_is_stalled(clock, proc):

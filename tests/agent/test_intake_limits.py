@@ -32,7 +32,8 @@ def _long(prefix, i):
 
 
 def test_long_names_from_many_ranks_stay_within_the_series_budget():
-    table = RankTable(rank_histograms=True, max_ranks=4096, findings=FindingLog(), default_node="n0", max_series=2000)
+    table = RankTable(rank_histograms=True,
+                      max_ranks=4096, findings=FindingLog(), default_node="n0", max_series=2000)
     for rank in range(200):
         table.ingest(StepRecord(
             rank=rank, world_size=4096, step=0, step_seconds=0.1,

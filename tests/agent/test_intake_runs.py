@@ -91,7 +91,8 @@ def test_a_restart_is_per_run():
 
 
 def test_ten_thousand_runs_from_one_sender_are_refused_and_counted_never_another_runs_data():
-    table = RankTable(rank_histograms=True, max_ranks=4096, findings=FindingLog(), default_node="n0", max_runs=16)
+    table = RankTable(rank_histograms=True,
+                      max_ranks=4096, findings=FindingLog(), default_node="n0", max_runs=16)
     for step in range(3):
         table.ingest(_step("victim", 0, 1, step, phases={"forward": 0.01}))
     for i in range(10_000):
@@ -106,7 +107,8 @@ def test_ten_thousand_runs_from_one_sender_are_refused_and_counted_never_another
 
 
 def test_ten_thousand_runs_from_one_pid_move_its_rank_and_leave_the_rest_alone():
-    table = RankTable(rank_histograms=True, max_ranks=4096, findings=FindingLog(), default_node="n0", max_runs=16)
+    table = RankTable(rank_histograms=True,
+                      max_ranks=4096, findings=FindingLog(), default_node="n0", max_runs=16)
     other = SenderIdentity(pid=7)
     table.ingest(_step("victim", 0, 1, 0), other)
     flooder = SenderIdentity(pid=666)
@@ -148,7 +150,8 @@ def test_a_rank_that_changes_run_mid_way_moves_and_is_counted():
 
 def test_a_run_over_its_fair_share_gives_ranks_back_when_another_run_needs_room():
     budget = 40 * RANK_SAMPLES
-    table = RankTable(rank_histograms=True, max_ranks=4096, findings=FindingLog(), default_node="n0",
+    table = RankTable(rank_histograms=True,
+                      max_ranks=4096, findings=FindingLog(), default_node="n0",
                       max_series=budget)
     for rank in range(100):
         table.ingest(_step("greedy", rank, 100, 0))

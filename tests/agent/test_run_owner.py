@@ -35,7 +35,8 @@ def _straggler(rank, severity="warning", **extra):
 
 def _running_job(findings: FindingLog | None = None) -> RankTable:
     """Run ``job``: two ranks of uid 1000 at step 9, rank 1 flagged by a window report."""
-    table = RankTable(rank_histograms=True, max_ranks=64, findings=findings or FindingLog(), default_node="n0")
+    table = RankTable(rank_histograms=True,
+                      max_ranks=64, findings=findings or FindingLog(), default_node="n0")
     for step in range(10):
         table.ingest(_step(0, step), OWNER)
         table.ingest(_step(1, step), OWNER_RANK_1)
