@@ -101,8 +101,8 @@ class RankTable:
     other, and a world size seen in one run is no restart of another.
 
     Everything a sender can create is bounded: runs (``max_runs``), ranks over all runs
-    (``max_ranks``), names per rank (``max_names`` phases and as many ops), finding labels (a
-    fixed vocabulary) and, over all of them, the exposition samples the intake serves
+    (``max_ranks``), names per rank and per run (``max_names`` phases and as many ops), finding
+    labels (a fixed vocabulary) and, over all of them, the exposition samples the intake serves
     (``max_series``). The budget is shared fairly: a run may hold at most
     ``max_series // runs tracked`` samples; when the budget is full and a run under its share
     needs room, ranks of the run furthest over its share are forgotten (``budget``), highest
@@ -506,18 +506,17 @@ class RankTable:
                         phases: dict[str, float]) -> None:
         """A step record into its run's histograms and counters (the node's ranks together):
         one histogram per phase, one histogram and bytes counter per op, the comm sums."""
-        # A name dropped here is counted once: here by default, by the rank's own with
+        # A name dropped is counted once: here by default, by the rank's own histograms with
         # --intake.rank-histograms.
-        what = None if self._rank_histograms else ("phase", "op")
+        phase_drop, op_drop = (None, None) if self._rank_histograms else ("phase", "op")
         for phase, seconds in phases.items():
             histogram = self._named(name, None, run.phases, phase, RUN_HISTOGRAM_SAMPLES,
-                                    what and what[0], RUN_BUCKETS_SECONDS)
+                                    phase_drop, RUN_BUCKETS_SECONDS)
             if histogram is not None:
                 histogram.observe(seconds)
         for c in record.collectives:
             histogram = self._named(name, None, run.collective_seconds, c.op,
-                                    RUN_HISTOGRAM_SAMPLES + 1, what and what[1],
-                                    RUN_BUCKETS_SECONDS)
+                                    RUN_HISTOGRAM_SAMPLES + 1, op_drop, RUN_BUCKETS_SECONDS)
             if histogram is not None:
                 histogram.observe(c.seconds)
                 run.collective_bytes[c.op] += c.bytes
