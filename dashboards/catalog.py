@@ -121,27 +121,27 @@ def render_files(provisioning_path: str, rules: bool = True,
     return files
 
 
-def prometheus_rule_text(namespace: str = "laggard") -> str:
-    """The rule files as one Prometheus Operator ``PrometheusRule`` manifest (YAML text).
+def rule_groups() -> list[dict[str, Any]]:
+    """The rule files' groups, in :data:`RULE_FILES` order: what a single server evaluates.
 
-    The groups are the rule files' own, in :data:`RULE_FILES` order, so Kubernetes and plain
-    Prometheus evaluate the same rules.
+    Raises:
+        ImportError: PyYAML missing.
     """
-    import yaml  # the dashboards extra brings it; only this function needs it
+    import yaml  # the dashboards extra brings it; only the rule renderers need it
 
-    groups = []
+    groups: list[dict[str, Any]] = []
     for name in RULE_FILES:
         groups += yaml.safe_load((RULES_DIR / name).read_text(encoding="utf-8"))["groups"]
-    manifest = {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PrometheusRule",
-        "metadata": {
-            "name": "laggard",
-            "namespace": namespace,
-            "labels": {"app.kubernetes.io/part-of": "laggard"},
-        },
-        "spec": {"groups": groups},
-    }
+    return groups
+
+
+def block_yaml(doc: Any) -> str:
+    """``doc`` as YAML, multi-line strings (rule expressions) as ``|`` blocks, keys in order.
+
+    Raises:
+        ImportError: PyYAML missing.
+    """
+    import yaml
 
     class _BlockDumper(yaml.SafeDumper):
         pass
@@ -151,6 +151,24 @@ def prometheus_rule_text(namespace: str = "laggard") -> str:
         return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
 
     _BlockDumper.add_representer(str, _str)
-    body = yaml.dump(manifest, Dumper=_BlockDumper, sort_keys=False, width=100)
+    return yaml.dump(doc, Dumper=_BlockDumper, sort_keys=False, width=100)
+
+
+def prometheus_rule_text(namespace: str = "laggard") -> str:
+    """The rule files as one Prometheus Operator ``PrometheusRule`` manifest (YAML text).
+
+    The groups are the rule files' own, in :data:`RULE_FILES` order, so Kubernetes and plain
+    Prometheus evaluate the same rules.
+    """
+    manifest = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": "laggard",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/part-of": "laggard"},
+        },
+        "spec": {"groups": rule_groups()},
+    }
     return (f"# Generated from dashboards/rules/ by laggard dashboards: do not edit by hand.\n"
-            f"{body}")
+            f"{block_yaml(manifest)}")

@@ -144,6 +144,9 @@ class PrometheusServer:
         targets: ``host:port`` of every agent (scrape job ``laggard``, as the rules expect).
         interval_s: scrape and rule-evaluation interval in seconds.
         rules: rule file texts by file name (see :func:`laggard_rules`).
+        config: a whole configuration instead of the one scrape job of ``targets`` (its
+            ``rule_files`` are replaced by the paths ``rules`` are written to, when given).
+        flags: more command-line flags (``--web.enable-remote-write-receiver``).
 
     Raises:
         FileNotFoundError: no ``prometheus`` binary on PATH (Debian: ``apt-get install
@@ -151,7 +154,8 @@ class PrometheusServer:
     """
 
     def __init__(self, workdir: Path, targets: list[str], interval_s: float = 1.0,
-                 rules: dict[str, str] | None = None) -> None:
+                 rules: dict[str, str] | None = None, *, config: dict[str, Any] | None = None,
+                 flags: Iterable[str] = ()) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             raise FileNotFoundError("prometheus not found: install it (Debian: apt-get install "
@@ -165,14 +169,17 @@ class PrometheusServer:
             path = workdir / name
             path.write_text(text)
             rule_paths.append(str(path))
-        interval = f"{int(interval_s * 1000)}ms"
-        config = {
-            "global": {"scrape_interval": interval, "evaluation_interval": interval,
-                       "scrape_timeout": interval},
-            "rule_files": rule_paths,
-            "scrape_configs": [{"job_name": "laggard",
-                                "static_configs": [{"targets": targets}]}],
-        }
+        self.flags = list(flags)
+        if config is None:
+            interval = f"{int(interval_s * 1000)}ms"
+            config = {
+                "global": {"scrape_interval": interval, "evaluation_interval": interval,
+                           "scrape_timeout": interval},
+                "scrape_configs": [{"job_name": "laggard",
+                                    "static_configs": [{"targets": targets}]}],
+            }
+        if rule_paths or "rule_files" not in config:
+            config = {**config, "rule_files": rule_paths}
         self.config_path = workdir / "prometheus.yml"
         self.config_path.write_text(json.dumps(config, indent=1))  # JSON is YAML
         self.log_path = workdir / "prometheus.log"
@@ -189,7 +196,7 @@ class PrometheusServer:
                 [self.binary, f"--config.file={self.config_path}",
                  f"--storage.tsdb.path={self.workdir / 'tsdb'}",
                  f"--web.listen-address=127.0.0.1:{self.port}",
-                 "--storage.tsdb.retention.time=1h", "--log.level=warn"],
+                 "--storage.tsdb.retention.time=1h", "--log.level=warn", *self.flags],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=_die_with_parent)
         try:

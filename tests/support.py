@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -18,9 +19,12 @@ from typing import TypeVar
 from prometheus_client import CollectorRegistry
 
 from laggard.demo.harness import NotReadyError, free_port, load_factor, wait_until_ready
+from laggard.detectors.finding import Finding, Severity
+from laggard.wire import WindowReport
 
-__all__ = ["FIXTURES", "REPO", "AgentProcess", "budget", "free_port", "parse_file",
-           "registry_of", "scrape", "start_agent", "stop_agent", "torchrun", "wait_for"]
+__all__ = ["FIXTURES", "REPO", "AgentProcess", "DatagramSender", "budget", "free_port",
+           "parse_file", "registry_of", "scrape", "start_agent", "stop_agent",
+           "straggler_report", "torchrun", "wait_for"]
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -158,3 +162,50 @@ def torchrun(script: Path, nproc: int, *args: str, timeout: float = 120.0
          str(nproc), str(script), *args],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
         timeout=budget(timeout))
+
+
+class DatagramSender:
+    """A training job's sends, on a daemon thread: ``send(sock, step)`` with one UDP socket for
+    step 0, 1, 2, ... every ``period`` seconds until the ``with`` block ends.
+
+    Args:
+        send: sends one step's datagrams (StepRecords, WindowReports) to the agents' intakes.
+        period: seconds between steps.
+    """
+
+    def __init__(self, send: Callable[[socket.socket, int], None], period: float) -> None:
+        self._send = send
+        self._period = period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> DatagramSender:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            step = 0
+            while not self._stop.is_set():
+                self._send(sock, step)
+                step += 1
+                self._stop.wait(self._period)
+
+
+def straggler_report(run: str, world_size: int, rank: int, step: int, ratio: float,
+                     node: str) -> WindowReport:
+    """The WindowReport rank 0 sends when the in-job detector names ``rank`` a compute
+    straggler whose work per step is ``ratio`` times the median rank's (score ``ratio - 1``,
+    every other rank 0)."""
+    finding = Finding(
+        detector="straggler", kind="compute", severity=Severity.WARNING,
+        message=f"rank {rank} is a straggler: compute {ratio:.2f}x the median rank",
+        rank=rank, node=node, step=step, evidence={"compute_ratio": ratio})
+    return WindowReport(
+        step=step, world_size=world_size, run=run,
+        scores={r: (ratio - 1 if r == rank else 0.0) for r in range(world_size)},
+        findings=[finding.to_dict()])
