@@ -221,7 +221,10 @@ def main() -> None:
           f"{default.total / BEFORE['node']:.3f}; default / --intake.rank-histograms: per rank "
           f"{sum(default.rank.values()) / max(1, sum(detail.rank.values())):.3f}, per node "
           f"{default.total / detail.total:.3f}")
-    print(f"node part (neither rank nor GPU): {sum(default.node.values())}")
+    rank_and_node = sum(default.rank.values()) + sum(default.node.values())
+    print(f"default, ranks + node (neither rank nor GPU): {rank_and_node}; with each GPU at "
+          f"its budget of {TARGETS['gpu']}: {rank_and_node + args.gpus * TARGETS['gpu']} "
+          f"(target {TARGETS['node']})")
     if args.families:
         for bucket in ("rank", "gpu", "node"):
             for name, n in getattr(default, bucket).most_common():
