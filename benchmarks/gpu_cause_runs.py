@@ -7,8 +7,8 @@
 2. **Two jobs at once on one agent**: one ``laggard agent``, two ``laggard demo --use-agent``
    started together with different world sizes and run ids, a straggler in one. Each report
    names its own straggler (or none), and the agent's ``/metrics`` carries both runs' ranks,
-   apart (``laggard_rank_step_median_seconds{run, rank}``), with ``laggard_straggler_active`` only in the run
-   that has one.
+   apart (``laggard_rank_step_median_seconds{run, rank}``), with ``laggard_straggler_active``
+   only in the run that has one.
 
 Usage::
 

@@ -107,7 +107,8 @@ def test_the_web_server_listens_on_ipv6():
     proc = subprocess.Popen(
         [sys.executable, "-m", "laggard.cli", "agent", "--web.listen-address", f"[::1]:{port}",
          "--intake.address", f"[::1]:{intake_port}", "--no-collector.host",
-         "--no-collector.netdev", "--intake.rank-histograms"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--no-collector.netdev", "--intake.rank-histograms"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     class _Agent:
         pass
