@@ -136,6 +136,11 @@ class AgentConfig:
     """A rank is stalled after this many of its median step times without progress, when that
     is longer than ``stall_seconds``."""
 
+    rank_histograms: bool = False
+    """Export each rank's phase, step and collective histograms, its step and comm counters
+    and its progress detail (``--intake.rank-histograms``); by default a rank has at most 12
+    series and the histograms are kept per run for the node's ranks together (issue 34)."""
+
     def __post_init__(self) -> None:
         if not 0.1 <= self.collect_interval <= 3600:
             raise ValueError(f"collect interval {self.collect_interval} s outside [0.1, 3600]")

@@ -113,6 +113,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most training runs tracked at once, each with its share of "
                              "--intake.max-series; records of further runs are rejected and "
                              "counted until one expires (default %(default)s)")
+    parser.add_argument("--intake.rank-histograms", dest="rank_histograms",
+                        action="store_true",
+                        help="also export each rank's phase, step and collective histograms, "
+                             "step and comm counters, and its group progress while it runs "
+                             "(~150 series a rank instead of at most 12; docs/metrics.md)")
     parser.add_argument("--path.procfs", dest="proc_root", default="/proc", metavar="PATH",
                         help="procfs mount point (default %(default)s)")
     parser.add_argument("--path.sysfs", dest="sysfs_root", default="/sys", metavar="PATH",
@@ -208,6 +213,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         max_runs=args.max_runs,
         stall_seconds=args.stall_seconds,
         stall_step_factor=args.stall_step_factor,
+        rank_histograms=args.rank_histograms,
     )
 
 
@@ -263,7 +269,8 @@ class Agent:
                                    gpu_resolver=_gpu_resolver(config),
                                    stall_seconds=config.stall_seconds,
                                    stall_step_factor=config.stall_step_factor,
-                                   proc_root=config.proc_root)
+                                   proc_root=config.proc_root,
+                                   rank_histograms=config.rank_histograms)
         if config.intake_address and self.table is not None:
             try:
                 self.intake = UdpIntake(config.intake_address, self.table)

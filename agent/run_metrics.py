@@ -1,11 +1,19 @@
 """The run table rendered as metric families: the intake's counters and budget, each rank's
-identity, steps, phases, collectives and progress, each run's straggler verdicts.
+identity, window medians and liveness, each run's histograms and straggler verdicts.
 
 A prometheus_client custom collector (client_python's pattern: ``process_collector.py`` reads
 state, the collector builds fresh families on every scrape): :class:`RunMetrics` reads a
 :class:`laggard.agent.run_table.RankTable` under its lock (:meth:`RankTable.reading`) and
-yields ``laggard_intake_*``, ``laggard_rank_*``, ``laggard_step*``, ``laggard_collective_*``,
-``laggard_comm_*``, ``laggard_straggler_*`` and ``laggard_job_slowdown_active``. No I/O.
+yields ``laggard_intake_*``, ``laggard_rank_*``, ``laggard_run_*``, ``laggard_straggler_*``
+and ``laggard_job_slowdown_active``; with ``--intake.rank-histograms`` also each rank's
+``laggard_step*``, ``laggard_collective_*`` and ``laggard_comm_*``. No I/O.
+
+The series budget (issue 34): by default a rank has at most 12 series (its identity, the
+window medians of compute, data, collective wait and step time, its straggler score and
+active finding, its heartbeat age and stall; while it is stalled its process state, current
+phase and group progress, the hang rules' evidence), and the phase and collective histograms
+are one per phase (op) per run for the node's ranks together. Counters by reason appear with
+their first count.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ REJECT_REASONS = ("oversized", "too_deep", "not_json", "version", "schema", "ran
                   "foreign_sender")
 #: What ``laggard_intake_dropped_total{what}`` counts: parts of accepted datagrams not exported
 #: (``group``: a heartbeat's group or P2P pair past the per-rank cap or the budget).
-DROP_WHATS = ("phase", "op", "score", "flag", "finding_label", "group")
+DROP_WHATS = ("phase", "op", "score", "flag", "finding_label", "group", "comm")
 #: Why a rank was forgotten (``laggard_intake_ranks_forgotten_total{reason}``): no record for the
 #: TTL (and no live process), its process exited without a goodbye heartbeat and nothing came
 #: for the TTL, a restart of its run, its sender now reports for another run or rank, or its
@@ -64,6 +72,22 @@ _COMM_COUNTERS = {
                   "gradients (this over laggard_comm_bytes_total is the compression ratio)."),
 }
 
+#: The same sums over this node's ranks of a run (the default set).
+_RUN_COMM_COUNTERS = {
+    "total_seconds": ("laggard_run_comm_collective_seconds_total",
+                      "Collective time of this node's ranks of the run summed over steps, launch "
+                      "to completion of each bucket, in seconds."),
+    "exposed_seconds": ("laggard_run_comm_exposed_seconds_total",
+                        "Collective time of this node's ranks of the run not hidden under "
+                        "backward (on the critical path), in seconds."),
+    "bytes": ("laggard_run_comm_bytes_total",
+              "Bytes this node's ranks of the run put on the wire for gradients."),
+    "raw_bytes": ("laggard_run_comm_uncompressed_bytes_total",
+                  "Bytes an uncompressed fp32 ring all-reduce would have sent for the same "
+                  "gradients of this node's ranks of the run (this over "
+                  "laggard_run_comm_bytes_total is the compression ratio)."),
+}
+
 
 class RunMetrics:
     """Yields a :class:`RankTable`'s metric families on every scrape (fast, no I/O).
@@ -83,8 +107,10 @@ class RunMetrics:
         table = self._table
         with table.reading() as reading:
             families = [*self._intake_families(table, reading), *self._rank_families(reading),
-                        *self._progress_families(table, reading),
+                        *self._run_families(reading), *self._progress_families(table, reading),
                         *self._job_families(reading)]
+            if reading.rank_histograms:
+                families.extend(self._rank_detail_families(table, reading))
         yield from families
 
     def _intake_families(self, table: RankTable, reading: TableReading) -> Iterator[Metric]:
@@ -105,9 +131,9 @@ class RunMetrics:
         yield _counter_by(
             "laggard_intake_dropped_total",
             "Parts of accepted datagrams not exported as series of their own: phase and op "
-            "names past the per-rank cap or the series budget, scores and straggler flags past "
-            "the budget (dropped), findings labelled outside the known vocabulary (exported as "
-            "other).", "what", DROP_WHATS, table.dropped)
+            "names past the per-rank (per-run) cap or the series budget, scores, straggler "
+            "flags and a run's comm counters past the budget (dropped), findings labelled "
+            "outside the known vocabulary (exported as other).", "what", DROP_WHATS, table.dropped)
         yield _counter_by(
             "laggard_intake_ranks_forgotten_total",
             "Ranks forgotten with all their series, score and flags: stale (no record nor "
@@ -162,13 +188,71 @@ class RunMetrics:
         yield run_series
 
     def _rank_families(self, reading: TableReading) -> Iterator[Metric]:
-        """Per-rank series from StepRecords: identity, steps, phase and collective timings."""
+        """The default per-rank series from StepRecords: identity and window medians."""
         info = GaugeMetricFamily(
             "laggard_rank_info",
             "Identity of a training rank and its GPU (value 1): join on (run, rank) to the "
             "rank's series and on (instance, gpu) to its GPU's; the sender's workload labels "
             "(pod_uid, container_id, slurm_job_id...) appear here only.",
             labels=list(_RANK_INFO_LABELS))
+        phase = GaugeMetricFamily(
+            "laggard_rank_phase_median_seconds",
+            "Median seconds per step the rank spent in phase over its last 16 step records: "
+            "compute (every timed phase but data and optimizer), data, collective_wait (time "
+            "waiting for collectives after the rank's own work).",
+            labels=["run", "rank", "phase"])
+        step = GaugeMetricFamily(
+            "laggard_rank_step_median_seconds",
+            "Median wall time of the rank's last 16 training steps, in seconds.",
+            labels=["run", "rank"])
+        for name, run in sorted(reading.runs.items()):
+            for rank, s in sorted(run.ranks.items()):
+                r = str(rank)
+                labels = {"run": name, "rank": r, "node": s.node,
+                          "local_rank": "" if s.local_rank is None else str(s.local_rank),
+                          "world_size": str(s.world_size), "gpu": s.gpu, "uuid": s.uuid,
+                          "pci_bus_id": s.pci_bus_id}
+                # Workload labels vary by sender (Kubernetes, Slurm, none): added per sample.
+                info.add_sample("laggard_rank_info", {**s.labels, **labels}, 1)
+                for phase_name, median in s.window.phase_medians().items():
+                    phase.add_metric([name, r, phase_name], median)
+                step_median = s.window.step_median()
+                if step_median is not None:
+                    step.add_metric([name, r], step_median)
+        yield from (info, phase, step)
+
+    def _run_families(self, reading: TableReading) -> Iterator[Metric]:
+        """Per-run histograms and counters of the node's ranks together (the default set's
+        replacement for each rank's)."""
+        labels = ["run"]
+        phase = HistogramMetricFamily(
+            "laggard_run_step_phase_seconds",
+            "Duration of each phase of a training step over this node's ranks of the run "
+            "together, in seconds (one observation per rank and step; collective_wait: time "
+            "waiting for collectives after the rank's own work).", labels=[*labels, "phase"])
+        coll = HistogramMetricFamily(
+            "laggard_run_collective_seconds",
+            "Collective time from launch to completion over this node's ranks of the run "
+            "together, in seconds.", labels=[*labels, "op"])
+        coll_bytes = CounterMetricFamily(
+            "laggard_run_collective_bytes_total",
+            "Bytes this node's ranks of the run sent in collectives.", labels=[*labels, "op"])
+        comm = {key: CounterMetricFamily(name, help_, labels=labels)
+                for key, (name, help_) in _RUN_COMM_COUNTERS.items()}
+        for name, run in sorted(reading.runs.items()):
+            for phase_name, h in sorted(run.phases.items()):
+                phase.add_metric([name, phase_name], h.cumulative_buckets(), h.sum)
+            for op, h in sorted(run.collective_seconds.items()):
+                coll.add_metric([name, op], h.cumulative_buckets(), h.sum)
+                coll_bytes.add_metric([name, op], run.collective_bytes[op])
+            for key, value in run.comm.items():
+                comm[key].add_metric([name], value)
+        yield from (phase, coll, coll_bytes)
+        yield from comm.values()
+
+    def _rank_detail_families(self, table: RankTable, reading: TableReading
+                              ) -> Iterator[Metric]:
+        """``--intake.rank-histograms``: each rank's counters, histograms and stall threshold."""
         steps = CounterMetricFamily("laggard_steps_total", "Training steps reported by a rank.",
                                     labels=["run", "rank"])
         last_step = GaugeMetricFamily("laggard_rank_last_step", "Last step a rank reported.",
@@ -191,15 +275,15 @@ class RunMetrics:
                                          labels=["run", "rank", "op"])
         comm = {key: CounterMetricFamily(name, help_, labels=["run", "rank"])
                 for key, (name, help_) in _COMM_COUNTERS.items()}
+        threshold = GaugeMetricFamily(
+            "laggard_rank_stall_threshold_seconds",
+            "Seconds without progress after which the rank counts as stalled: "
+            "max(--intake.stall-seconds, --intake.stall-step-factor x its median step time).",
+            labels=["run", "rank"])
+        minimum, factor = table.stall_seconds, table.stall_step_factor
         for name, run in sorted(reading.runs.items()):
             for rank, s in sorted(run.ranks.items()):
                 r = str(rank)
-                labels = {"run": name, "rank": r, "node": s.node,
-                          "local_rank": "" if s.local_rank is None else str(s.local_rank),
-                          "world_size": str(s.world_size), "gpu": s.gpu, "uuid": s.uuid,
-                          "pci_bus_id": s.pci_bus_id}
-                # Workload labels vary by sender (Kubernetes, Slurm, none): added per sample.
-                info.add_sample("laggard_rank_info", {**s.labels, **labels}, 1)
                 steps.add_metric([name, r], s.steps)
                 last_step.add_metric([name, r], s.last_step)
                 if s.steps:  # a rank known from heartbeats alone has sent no step record
@@ -214,8 +298,10 @@ class RunMetrics:
                     coll_bytes.add_metric([name, r, op], s.collective_bytes[op])
                 for key, value in s.comm.items():
                     comm[key].add_metric([name, r], value)
-        yield from (info, steps, last_step, last_seen, phase, step_seconds, coll, coll_bytes)
+                threshold.add_metric([name, r], s.progress.stall_threshold(minimum, factor))
+        yield from (steps, last_step, last_seen, phase, step_seconds, coll, coll_bytes)
         yield from comm.values()
+        yield threshold
 
     def _progress_families(self, table: RankTable, reading: TableReading
                            ) -> Iterator[Metric]:
@@ -227,24 +313,20 @@ class RunMetrics:
             "Seconds since the rank last made progress (a step, a heartbeat's step moving on, a "
             "collective completed), once past its stall threshold; 0 while it progresses, "
             "after a goodbye heartbeat, or once its process exited.", labels=rank_labels)
-        threshold = GaugeMetricFamily(
-            "laggard_rank_stall_threshold_seconds",
-            "Seconds without progress after which the rank counts as stalled: "
-            "max(--intake.stall-seconds, --intake.stall-step-factor x its median step time).",
-            labels=rank_labels)
         process = GaugeMetricFamily(
             "laggard_rank_process_state",
-            "The rank's process as the agent sees it (value 1, one series per rank): alive "
-            "(its pid exists with the start time it had when first seen), exited (gone, or its "
-            "pid reused), unknown (no pid, or no procfs).", labels=[*rank_labels, "state"])
+            "The rank's process as the agent sees it (value 1, one series per rank, while it is "
+            "stalled or once its process exited): "
+            "alive (its pid exists with the start time it had when first seen), exited (gone, "
+            "or its pid reused), unknown (no pid, or no procfs).", labels=[*rank_labels, "state"])
         age = GaugeMetricFamily(
             "laggard_rank_heartbeat_age_seconds",
             "Seconds since the rank's last heartbeat reached the agent (ranks that sent one).",
             labels=rank_labels)
         phase = GaugeMetricFamily(
             "laggard_rank_current_phase_seconds",
-            "Seconds the rank's training thread has been in its current phase (label phase), "
-            "as its last heartbeat said, plus the time since that heartbeat.",
+            "Seconds the stalled rank's training thread has been in its current phase (label "
+            "phase), as its last heartbeat said, plus the time since that heartbeat.",
             labels=[*rank_labels, "phase"])
         group_labels = [*rank_labels, "group"]
         issued = GaugeMetricFamily(
@@ -279,12 +361,17 @@ class RunMetrics:
         for name, run in sorted(reading.runs.items()):
             for rank, s in sorted(run.ranks.items()):
                 r, p = str(rank), s.progress
-                stalled.add_metric([name, r], p.stalled_seconds(now, minimum, factor))
-                threshold.add_metric([name, r], p.stall_threshold(minimum, factor))
-                process.add_metric([name, r, p.process], 1)
+                stalled_seconds = p.stalled_seconds(now, minimum, factor)
+                stalled.add_metric([name, r], stalled_seconds)
                 heartbeat_age = p.heartbeat_age(now)
                 if heartbeat_age is not None:
                     age.add_metric([name, r], heartbeat_age)
+                # The hang rules' evidence (dashboards/rules, laggard-hang) matters while the
+                # rank is stalled: every rank they name, and every rank they compare it with,
+                # is. While it trains it costs series and answers nothing (issue 34).
+                if not (stalled_seconds > 0 or p.process == "exited" or reading.rank_histograms):
+                    continue
+                process.add_metric([name, r, p.process], 1)
                 phase_seconds = p.current_phase_seconds(now)
                 if phase_seconds is not None and p.phase is not None:
                     phase.add_metric([name, r, p.phase], phase_seconds)
@@ -304,7 +391,7 @@ class RunMetrics:
                         p2p_completed.add_metric(labels, seen.completed)
                         if seconds is not None:
                             p2p_inflight.add_metric([*labels, op], seconds)
-        yield from (stalled, threshold, process, age, phase, issued, completed, inflight,
+        yield from (stalled, process, age, phase, issued, completed, inflight,
                     p2p_issued, p2p_completed, p2p_inflight)
 
     def _job_families(self, reading: TableReading) -> Iterator[Metric]:
@@ -343,8 +430,9 @@ class RunMetrics:
             report.add_metric([name], job.last_report)
             any_report = True
             for kind, count in sorted(job.detector_stats.items()):
-                inputs.add_metric([name, kind], count)
-                any_stats = True
+                if count:  # a kind's series appears with its first count (the budget)
+                    inputs.add_metric([name, kind], count)
+                    any_stats = True
             if job.job_slowdown is not None:
                 slowdown.add_metric([name], job.job_slowdown)
                 any_slowdown = True
@@ -367,8 +455,15 @@ _RANK_INFO_LABELS = ("run", "rank", "local_rank", "node", "gpu", "uuid", "pci_bu
 
 def _counter_by(name: str, documentation: str, label: str, values: tuple[str, ...],
                 counts: Counter[str]) -> CounterMetricFamily:
-    """A counter family with one series per value of ``label`` (0 for those not counted yet)."""
+    """A counter family with one series per value of ``label`` counted so far.
+
+    A value's series appears with its first count, not as a 0 from the start: the intake's
+    reasons and kinds are ~40 series a node that stay 0 on a healthy one (issue 34's budget).
+    ``increase()`` misses that first count; rules that must see it add
+    ``(x unless x offset 5m)``, as laggard-recording.yml does for XIDs.
+    """
     family = CounterMetricFamily(name, documentation, labels=[label])
     for value in values:
-        family.add_metric([value], counts.get(value, 0))
+        if counts.get(value, 0):
+            family.add_metric([value], counts[value])
     return family

@@ -64,14 +64,18 @@ from laggard.agent.run_state import (
     COMM_KEYS,
     HISTOGRAM_SAMPLES,
     JOB_SAMPLES,
+    RANK_DETAIL_SAMPLES,
     RANK_SAMPLES,
+    RUN_BUCKETS_SECONDS,
+    RUN_COMM_SAMPLES,
+    RUN_HISTOGRAM_SAMPLES,
     JobState,
     RankState,
     RunState,
     TableReading,
 )
 from laggard.agent.sender import SenderIdentity
-from laggard.collectors.histogram import Histogram
+from laggard.collectors.histogram import DURATION_BUCKETS_SECONDS, Histogram
 from laggard.detectors.finding import JOB_FINDING_KINDS, Severity
 from laggard.log_once import LogOnce
 from laggard.nvml.library import normalise_bus_id
@@ -97,8 +101,8 @@ class RankTable:
     other, and a world size seen in one run is no restart of another.
 
     Everything a sender can create is bounded: runs (``max_runs``), ranks over all runs
-    (``max_ranks``), names per rank (``max_names`` phases and as many ops), finding labels (a
-    fixed vocabulary) and, over all of them, the exposition samples the intake serves
+    (``max_ranks``), names per rank and per run (``max_names`` phases and as many ops), finding
+    labels (a fixed vocabulary) and, over all of them, the exposition samples the intake serves
     (``max_series``). The budget is shared fairly: a run may hold at most
     ``max_series // runs tracked`` samples; when the budget is full and a run under its share
     needs room, ranks of the run furthest over its share are forgotten (``budget``), highest
@@ -136,6 +140,10 @@ class RankTable:
         stall_step_factor: a rank is stalled after this many of its median step times without
             progress, when that is longer than ``stall_seconds``.
         proc_root: procfs mount point where rank processes are looked up.
+        rank_histograms: keep and charge each rank's phase, step and collective histograms,
+            its counters and its progress detail (``--intake.rank-histograms``); by default a
+            rank costs :data:`~laggard.agent.run_state.RANK_SAMPLES` and the histograms are
+            kept per run, for the node's ranks together (issue 34's series budget).
         clock: monotonic clock in seconds (tests pass a fake one).
 
     Raises:
@@ -151,6 +159,7 @@ class RankTable:
                  stall_seconds: float = DEFAULT_STALL_SECONDS,
                  stall_step_factor: float = DEFAULT_STALL_STEP_FACTOR,
                  proc_root: str = "/proc",
+                 rank_histograms: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if min(max_ranks, max_series, max_names, max_runs) < 1 or rank_ttl_seconds <= 0:
             raise ValueError("intake limits must be positive")
@@ -159,6 +168,8 @@ class RankTable:
         self._stall_seconds = stall_seconds
         self._stall_step_factor = stall_step_factor
         self._processes = ProcessWatch(proc_root, clock=clock)
+        self._rank_histograms = rank_histograms
+        self._rank_samples = RANK_SAMPLES + (RANK_DETAIL_SAMPLES if rank_histograms else 0)
         self._max_ranks = max_ranks
         self._max_series = max_series
         self._max_runs = max_runs
@@ -198,6 +209,16 @@ class RankTable:
         return self._max_series
 
     @property
+    def rank_histograms(self) -> bool:
+        """Whether each rank's histograms and detail are kept (``--intake.rank-histograms``)."""
+        return self._rank_histograms
+
+    @property
+    def rank_samples(self) -> int:
+        """Exposition samples one rank is charged before any phase, op or group."""
+        return self._rank_samples
+
+    @property
     def stall_seconds(self) -> float:
         """Least seconds without progress after which a rank is stalled."""
         return self._stall_seconds
@@ -221,7 +242,7 @@ class RankTable:
         with self._lock:
             self._expire()
             yield TableReading(runs=self._runs, rank_count=self._rank_count,
-                               series=self._series)
+                               series=self._series, rank_histograms=self._rank_histograms)
 
     @property
     def series(self) -> int:
@@ -344,7 +365,7 @@ class RankTable:
         run = self._runs.get(name)
         if run is not None and not run.ranks and run.job is None:
             del self._runs[name]
-            self._series -= run.series  # 0 unless a bug left samples charged
+            self._series -= run.series  # its per-run histograms and counters
             if reason is not None:
                 self.runs_forgotten[reason] += 1
 
@@ -434,13 +455,13 @@ class RankTable:
             if self._rank_count >= self._max_ranks:
                 raise RecordError("rank_limit", f"more than {self._max_ranks} ranks")
         run = self._run_for(name)
-        if not self._charge(name, RANK_SAMPLES):
+        if not self._charge(name, self._rank_samples):
             self._drop_if_empty(name, None)  # a run refused its first rank is not kept
             raise RecordError("series_limit", f"run {name!r} at its share of "
                               f"{self._max_series} series")
         state = run.ranks[rank] = RankState(world_size=world_size,
                                             node=node or self._default_node,
-                                            local_rank=local_rank,
+                                            local_rank=local_rank, series=self._rank_samples,
                                             progress=RankProgress(last_progress=now))
         self._rank_count += 1
         return state
@@ -476,6 +497,42 @@ class RankTable:
         phases = dict(record.phases)
         if record.collective_wait_seconds is not None:
             phases["collective_wait"] = record.collective_wait_seconds
+        state.window.observe(phases, record.step_seconds)
+        self._apply_run_step(name, run or self._runs[name], record, phases)
+        if self._rank_histograms:
+            self._apply_rank_histograms(name, state, record, phases)
+
+    def _apply_run_step(self, name: str, run: RunState, record: StepRecord,
+                        phases: dict[str, float]) -> None:
+        """A step record into its run's histograms and counters (the node's ranks together):
+        one histogram per phase, one histogram and bytes counter per op, the comm sums."""
+        # A name dropped is counted once: here by default, by the rank's own histograms with
+        # --intake.rank-histograms.
+        phase_drop, op_drop = (None, None) if self._rank_histograms else ("phase", "op")
+        for phase, seconds in phases.items():
+            histogram = self._named(name, None, run.phases, phase, RUN_HISTOGRAM_SAMPLES,
+                                    phase_drop, RUN_BUCKETS_SECONDS)
+            if histogram is not None:
+                histogram.observe(seconds)
+        for c in record.collectives:
+            histogram = self._named(name, None, run.collective_seconds, c.op,
+                                    RUN_HISTOGRAM_SAMPLES + 1, op_drop, RUN_BUCKETS_SECONDS)
+            if histogram is not None:
+                histogram.observe(c.seconds)
+                run.collective_bytes[c.op] += c.bytes
+        comm = {key: value for key, value in record.comm.items() if key in COMM_KEYS}
+        if comm and not run.comm:
+            if not self._charge(name, RUN_COMM_SAMPLES):
+                self.dropped["comm"] += 1
+                return
+            run.comm.update(dict.fromkeys(COMM_KEYS, 0.0))
+        for key, value in comm.items():
+            run.comm[key] += value
+
+    def _apply_rank_histograms(self, name: str, state: RankState, record: StepRecord,
+                               phases: dict[str, float]) -> None:
+        """``--intake.rank-histograms``: a step record into the rank's own histograms and
+        counters."""
         for phase, seconds in phases.items():
             histogram = self._named(name, state, state.phases, phase, HISTOGRAM_SAMPLES, "phase")
             if histogram is not None:
@@ -571,16 +628,21 @@ class RankTable:
             self.gpu_unresolved["no_nvml" if gpu is None else "unknown_device"] += 1
         state.gpu = gpu or ""
 
-    def _named(self, name: str, state: RankState, histograms: dict[str, Histogram], key: str,
-               samples: int, what: str) -> Histogram | None:
-        """The histogram of ``key``, made if the caps allow; None (and counted) if not."""
+    def _named(self, name: str, state: RankState | None, histograms: dict[str, Histogram],
+               key: str, samples: int, what: str | None,
+               bounds: tuple[float, ...] = DURATION_BUCKETS_SECONDS) -> Histogram | None:
+        """The histogram of ``key``, made if the caps allow; None (and counted as ``what``
+        unless None) if not. Its samples are charged to run ``name``, and to ``state`` when it
+        is a rank's (a run's are given back when the run is forgotten)."""
         histogram = histograms.get(key)
         if histogram is None:
             if len(histograms) >= self._max_names or not self._charge(name, samples):
-                self.dropped[what] += 1
+                if what is not None:
+                    self.dropped[what] += 1
                 return None
-            state.series += samples
-            histogram = histograms[key] = Histogram()
+            if state is not None:
+                state.series += samples
+            histogram = histograms[key] = Histogram(bounds)
         return histogram
 
     def _apply_window(self, report: WindowReport) -> None:

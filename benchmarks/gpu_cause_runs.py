@@ -7,8 +7,8 @@
 2. **Two jobs at once on one agent**: one ``laggard agent``, two ``laggard demo --use-agent``
    started together with different world sizes and run ids, a straggler in one. Each report
    names its own straggler (or none), and the agent's ``/metrics`` carries both runs' ranks,
-   apart (``laggard_steps_total{run, rank}``), with ``laggard_straggler_active`` only in the run
-   that has one.
+   apart (``laggard_rank_step_median_seconds{run, rank}``), with ``laggard_straggler_active``
+   only in the run that has one.
 
 Usage::
 
@@ -112,7 +112,7 @@ def _scrape(url: str) -> dict[str, dict[str, set[str]]]:
             if run is None or "rank" not in s.labels:
                 continue
             entry = out.setdefault(run, {"steps": set(), "straggler": set()})
-            if s.name == "laggard_steps_total" and s.value > 0:
+            if s.name == "laggard_rank_step_median_seconds":  # a rank with steps
                 entry["steps"].add(s.labels["rank"])
             if s.name == "laggard_straggler_active" and s.value == 1:
                 entry["straggler"].add(s.labels["rank"])

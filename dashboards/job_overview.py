@@ -4,6 +4,11 @@ In synchronous data parallelism every rank's step wall time is the same (all wai
 slowest in the gradient all-reduce), so the panels that name the straggler are the per-rank
 compute time (the work before the synchronisation point) and the collective wait, which is
 *shortest* on the straggler (it arrives last and waits least).
+
+Every panel reads the agent's default set (issue 34's series budget): each rank's window
+medians (``laggard_rank_phase_median_seconds``, ``laggard_rank_step_median_seconds``), and
+the per-run phase histogram of each node's ranks together (``laggard_run_step_phase_seconds``);
+the per-rank histograms of ``--intake.rank-histograms`` are not needed.
 """
 
 from __future__ import annotations
@@ -34,13 +39,18 @@ _SEL = f"{NODE}, {RUN}, {RANK}"
 _LEGEND = "{{run}} rank {{rank}}"
 
 
-def _mean_phase_seconds(phases: str) -> str:
-    """Mean seconds per step spent in ``phases`` (a regex), per run and rank: sum of per-phase
-    means."""
-    sel = f'{_SEL}, phase=~"{phases}"'
+def _median_phase_seconds(phase: str) -> str:
+    """Median seconds per step of ``phase`` (compute, data, collective_wait) over each rank's
+    last 16 steps, per run and rank."""
+    return f'max by (run, rank) (laggard_rank_phase_median_seconds{{{_SEL}, phase="{phase}"}})'
+
+
+def _run_mean_phase_seconds(phase: str) -> str:
+    """Mean seconds per step of ``phase`` per run, over the selected nodes' ranks together."""
+    sel = f'{NODE}, {RUN}, phase="{phase}"'
     return (
-        f"sum by (run, rank) (rate(laggard_step_phase_seconds_sum{{{sel}}}[{RATE}])"
-        f" / rate(laggard_step_phase_seconds_count{{{sel}}}[{RATE}]))"
+        f"sum by (run) (rate(laggard_run_step_phase_seconds_sum{{{sel}}}[{RATE}]))"
+        f" / sum by (run) (rate(laggard_run_step_phase_seconds_count{{{sel}}}[{RATE}]))"
     )
 
 
@@ -51,9 +61,9 @@ def build() -> Dashboard:
         TITLE,
         "Straggler score, findings and per-rank step timing of the training runs.",
         [
-            node_variable("laggard_step_phase_seconds_count"),
-            run_variable("laggard_step_phase_seconds_count"),
-            rank_variable("laggard_step_phase_seconds_count"),
+            node_variable("laggard_rank_info"),
+            run_variable("laggard_rank_info"),
+            rank_variable("laggard_rank_info"),
         ],
     )
     board.row("Stragglers")
@@ -104,13 +114,14 @@ def build() -> Dashboard:
     )
     board.add(
         series_panel(
-            "Seconds since each rank's last step record",
+            "Seconds since each rank's last heartbeat",
             "s",
-            "A rank whose line climbs stopped reporting: hung, crashed, or the job ended. In "
-            "synchronous training a hung rank soon stalls the others too.",
+            "A rank whose line climbs stopped sending heartbeats: its training process hangs "
+            "with the GIL held, crashed, or the job ended (ranks of monitors without "
+            "heartbeats have no line).",
         ),
         Query(
-            f"time() - max by (run, rank) (laggard_rank_last_seen_timestamp_seconds{{{_SEL}}})",
+            f"max by (run, rank) (laggard_rank_heartbeat_age_seconds{{{_SEL}}})",
             _LEGEND,
         ),
     )
@@ -130,56 +141,55 @@ def build() -> Dashboard:
         series_panel(
             "Compute time per step by rank",
             "s",
-            "Mean forward + backward seconds per step. The straggler is the rank above the "
-            "others: the work before the gradient all-reduce is where a slow GPU shows.",
+            "Median forward + backward seconds per step over the rank's last 16 steps (every "
+            "timed phase but data and optimizer). The straggler is the rank above the others: "
+            "the work before the gradient all-reduce is where a slow GPU shows.",
         ),
-        Query(_mean_phase_seconds("forward|backward|forward_backward"), _LEGEND),
+        Query(_median_phase_seconds("compute"), _LEGEND),
     )
     board.add(
         series_panel(
             "Collective wait per step by rank",
             "s",
-            "Mean seconds per step waiting in collectives after the rank's own work. The "
-            "straggler waits least: the others wait for it.",
+            "Median seconds per step waiting in collectives after the rank's own work, over its "
+            "last 16 steps. The straggler waits least: the others wait for it.",
         ),
-        Query(_mean_phase_seconds("collective_wait"), _LEGEND),
+        Query(_median_phase_seconds("collective_wait"), _LEGEND),
     )
     board.add(
         series_panel(
             "Step time by rank",
             "s",
-            "Mean wall time per step. In synchronous training it is the same on every rank: "
-            "it tells how slow the job is, not who makes it slow.",
+            "Median wall time of the rank's last 16 steps. In synchronous training it is the "
+            "same on every rank: it tells how slow the job is, not who makes it slow.",
         ),
-        Query(
-            f"sum by (run, rank) (rate(laggard_step_seconds_sum{{{_SEL}}}[{RATE}]))"
-            f" / sum by (run, rank) (rate(laggard_step_seconds_count{{{_SEL}}}[{RATE}]))",
-            _LEGEND,
-        ),
+        Query(f"max by (run, rank) (laggard_rank_step_median_seconds{{{_SEL}}})", _LEGEND),
     )
     board.add(
         series_panel(
             "Steps per second",
             "ops",
-            "Training steps completed per second, per rank (equal in synchronous training).",
+            "Training steps per second, per rank: one over its median step time (equal in "
+            "synchronous training).",
         ),
-        Query(f"sum by (run, rank) (rate(laggard_steps_total{{{_SEL}}}[{RATE}]))", _LEGEND),
+        Query(f"1 / max by (run, rank) (laggard_rank_step_median_seconds{{{_SEL}}})", _LEGEND),
     )
     board.add(
         series_panel(
             "Data loading time per step by rank",
             "s",
-            "Mean seconds per step waiting for the input pipeline; a rank with a slow loader "
-            "stands out here rather than in compute.",
+            "Median seconds per step waiting for the input pipeline, over the rank's last 16 "
+            "steps; a rank with a slow loader stands out here rather than in compute.",
         ),
-        Query(_mean_phase_seconds("data"), _LEGEND),
+        Query(_median_phase_seconds("data"), _LEGEND),
     )
     board.add(
         series_panel(
-            "Optimizer time per step by rank",
+            "Optimizer time per step by run",
             "s",
-            "Mean seconds per step in the optimizer step, after the gradients are reduced.",
+            "Mean seconds per step in the optimizer step, after the gradients are reduced, "
+            "over the selected nodes' ranks of each run together (alike on every rank).",
         ),
-        Query(_mean_phase_seconds("optimizer"), _LEGEND),
+        Query(_run_mean_phase_seconds("optimizer"), "{{run}}"),
     )
     return board.build()

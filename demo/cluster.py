@@ -526,7 +526,10 @@ def _start_agents(cluster: EmulatedCluster, workdir: Path, deadline: float) -> N
             # the nodes share one file system: each takes its job's records over its own
             # loopback UDP, none the host's default socket; each node's link is a veth (eth0)
             "--intake.socket", "", "--collector.netdev.device-include", "eth0",
-            "--node.name", node.name, "--collector.interval", "0.5", *off],
+            "--node.name", node.name, "--collector.interval", "0.5",
+            # the link fault starts at a step of rank 0: laggard_rank_last_step, a per-rank
+            # counter outside the default series budget (docs/metrics.md)
+            "--intake.rank-histograms", *off],
             stdout=log, stderr=subprocess.STDOUT))
     for node, agent in zip(cluster.nodes, agents, strict=True):
         try:

@@ -505,7 +505,8 @@ def _wait_for_agent(url: str, agent: subprocess.Popen[bytes] | None) -> bool:
 
 
 def _ranks_seen_by_agent(url: str) -> list[int] | None:
-    """Ranks with ``laggard_steps_total`` on the agent, or None when it cannot be scraped."""
+    """Ranks with a step time (``laggard_rank_step_median_seconds``, the default set) on the
+    agent, or None when it cannot be scraped."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -516,6 +517,6 @@ def _ranks_seen_by_agent(url: str) -> list[int] | None:
     ranks = set()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "laggard_steps_total" and sample.value > 0:
+            if sample.name == "laggard_rank_step_median_seconds":
                 ranks.add(int(sample.labels["rank"]))
     return sorted(ranks)

@@ -62,7 +62,7 @@ def test_a_bad_run_id_is_refused_by_reason(run, reason):
 
 
 def test_bad_run_ids_are_counted_and_never_touch_another_runs_data():
-    table = RankTable(max_ranks=8, findings=FindingLog(), default_node="n0")
+    table = RankTable(rank_histograms=True, max_ranks=8, findings=FindingLog(), default_node="n0")
     table.ingest(StepRecord(rank=0, world_size=1, step=0, run="good").encode())
     table.ingest(_with("x" * 10_000))  # 10 kB: over the datagram limit
     table.ingest(_with("x" * 7_000))

@@ -39,7 +39,10 @@ def _send(port, payloads):
 
 def test_agent_serves_collectors_and_per_rank_series(agent_factory):
     # lo is virtual, left out by the default device rule: asked for by name.
-    agent = agent_factory("--collector.interval", "0.1", "--collector.netdev.device-include", "lo")
+    # --intake.rank-histograms: the checks here read each rank's counters and progress
+    # (laggard_steps_total...), outside the default series set since issue 34
+    agent = agent_factory("--intake.rank-histograms",
+                          "--collector.interval", "0.1", "--collector.netdev.device-include", "lo")
     records = [StepRecord(rank=r, world_size=2, step=s, phases={"forward": 0.01},
                           collective_wait_seconds=0.001).encode()
                for s in range(5) for r in range(2)]
@@ -53,7 +56,7 @@ def test_agent_serves_collectors_and_per_rank_series(agent_factory):
 
 
 def test_garbage_datagrams_are_counted_and_good_ones_still_land(agent_factory):
-    agent = agent_factory()
+    agent = agent_factory("--intake.rank-histograms")
     good = StepRecord(rank=0, world_size=1, step=0).encode()
     garbage = [b"", b"\x00" * 100, b"{not json", b'{"v": 99}', b"[]",
                b'{"v":1,"rank":0,"world_size":1,"step":0,"phases":{"f":-5}}', b"z" * 9000,
@@ -68,7 +71,7 @@ def test_garbage_datagrams_are_counted_and_good_ones_still_land(agent_factory):
 
 
 def test_window_report_exports_scores_and_findings(agent_factory):
-    agent = agent_factory()
+    agent = agent_factory("--intake.rank-histograms")
     finding = {"detector": "straggler", "kind": "compute", "severity": "warning", "rank": 3,
                "step": 20, "message": "rank 3 computes 25% slower", "evidence": {}}
     _send(agent.intake_port, [WindowReport(step=20, world_size=4, scores={3: 12.5},
@@ -81,7 +84,8 @@ def test_window_report_exports_scores_and_findings(agent_factory):
 
 
 def test_missing_hardware_reports_success_zero_without_traceback(agent_factory, tmp_path):
-    agent = agent_factory("--path.procfs", str(tmp_path), "--collector.interval", "0.1")
+    agent = agent_factory("--intake.rank-histograms",
+                          "--path.procfs", str(tmp_path), "--collector.interval", "0.1")
     assert _wait_for(agent, "laggard_collector_success", {"collector": "netdev"}, 0) == 0
     assert _value(agent.scrape(), "laggard_collector_success", {"collector": "host"}) == 1
     code, output = stop_agent(agent)
@@ -90,7 +94,7 @@ def test_missing_hardware_reports_success_zero_without_traceback(agent_factory, 
 
 
 def test_sigterm_stops_the_agent_cleanly(agent_factory):
-    agent = agent_factory()
+    agent = agent_factory("--intake.rank-histograms")
     code, output = stop_agent(agent)
     assert code == 0, output
     assert "stopping" in output
@@ -110,7 +114,7 @@ def test_bad_flags_give_a_clear_error_and_status_2():
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed "
                     "(Debian package prometheus; scripts/ensure-prometheus.sh installs it)")
 def test_promtool_accepts_the_exposition(agent_factory):
-    agent = agent_factory("--collector.interval", "0.1")
+    agent = agent_factory("--intake.rank-histograms", "--collector.interval", "0.1")
     _send(agent.intake_port, [StepRecord(rank=0, world_size=1, step=0, phases={"data": 0.1},
                                          comm={"bytes": 10}).encode(),
                               WindowReport(step=0, world_size=1, scores={0: 0.0}).encode()])
@@ -125,7 +129,7 @@ def test_naming_the_inspector_directory_enables_its_collector(agent_factory, tmp
 
     source = FIXTURES / "analyze" / "inspector" / "inspector01_doc_v4.0_allreduce_coll_perf.jsonl"
     (tmp_path / "rank2.log").write_text(source.read_text())
-    agent = agent_factory("--collector.interval", "0.1",
+    agent = agent_factory("--intake.rank-histograms", "--collector.interval", "0.1",
                           "--collector.nccl_inspector.dir", str(tmp_path))
     deadline = time.monotonic() + budget(5)
     count = None
@@ -140,7 +144,7 @@ def test_naming_the_inspector_directory_enables_its_collector(agent_factory, tmp
 def test_an_address_in_use_is_named_in_the_error(agent_factory):
     import sys
 
-    agent = agent_factory()
+    agent = agent_factory("--intake.rank-histograms")
     result = subprocess.run(
         [sys.executable, "-m", "laggard.cli", "agent",
          "--web.listen-address", f"127.0.0.1:{agent.port}", "--intake.address", "127.0.0.1:0"],

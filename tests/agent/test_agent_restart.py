@@ -44,7 +44,10 @@ def _held(agent) -> tuple[float | None, list[dict], float | None]:
 
 
 def _agent(sock: str):
-    return start_agent("--intake.socket", sock, "--no-collector.host", "--no-collector.netdev",
+    # --intake.rank-histograms: the checks here read each rank's counters and progress
+    # (laggard_steps_total...), outside the default series set since issue 34
+    return start_agent("--intake.rank-histograms",
+                       "--intake.socket", sock, "--no-collector.host", "--no-collector.netdev",
                        "--no-collector.xid", "--no-collector.nvml",
                        "--no-collector.infiniband")
 

@@ -15,7 +15,10 @@ def _samples(text, name):
 
 
 def test_two_runs_on_one_agent_stay_apart_and_name_their_gpus(agent_factory):
-    agent = agent_factory("--collector.nvml.fake-gpus", "4", "--collector.interval", "0.2",
+    # --intake.rank-histograms: the checks here read each rank's counters and progress
+    # (laggard_steps_total...), outside the default series set since issue 34
+    agent = agent_factory("--intake.rank-histograms",
+                          "--collector.nvml.fake-gpus", "4", "--collector.interval", "0.2",
                           "--intake.max-runs", "4", "--no-collector.host", "--no-collector.netdev",
                           "--no-collector.infiniband", "--no-collector.xid")
     records = []
@@ -53,8 +56,8 @@ def test_two_runs_on_one_agent_stay_apart_and_name_their_gpus(agent_factory):
     assert flags == {("b", "0")}
     unresolved = {x.labels["reason"]: x.value
                   for x in _samples(text, "laggard_intake_gpu_unresolved_total")}
-    assert unresolved == {"no_nvml": 0, "unknown_device": 1}
+    assert unresolved == {"unknown_device": 1}  # a reason's series comes with its first count
     assert [x.value for x in _samples(text, "laggard_intake_runs_limit")] == [4]
     restarts = {x.labels["reason"]: x.value
                 for x in _samples(text, "laggard_intake_ranks_forgotten_total")}
-    assert restarts["restart"] == 0
+    assert "restart" not in restarts  # none counted: no series yet

@@ -107,7 +107,10 @@ def _forgotten(agent: AgentProcess, reason: str) -> float | None:
 
 def test_a_stopped_rank_stays_while_it_lives_and_goes_when_it_exits(agent_factory, tmp_path):
     socket_path = tmp_path / "intake.sock"
-    agent = agent_factory("--intake.socket", str(socket_path), "--intake.rank-ttl", str(TTL_S),
+    # --intake.rank-histograms: the checks here read each rank's counters and progress
+    # (laggard_steps_total...), outside the default series set since issue 34
+    agent = agent_factory("--intake.rank-histograms",
+                          "--intake.socket", str(socket_path), "--intake.rank-ttl", str(TTL_S),
                           "--intake.stall-seconds", "1")
     hung, silent = Rank(socket_path, 0), Rank(socket_path, 1)
     try:
@@ -140,7 +143,7 @@ def test_a_stopped_rank_stays_while_it_lives_and_goes_when_it_exits(agent_factor
         assert wait_for(lambda: _value(agent, "laggard_steps_total", 0) is None, timeout=10)
         assert time.monotonic() - exited_at > TTL_S - 1.5
         assert _forgotten(agent, "exited") == 2
-        assert _forgotten(agent, "stale") == 0
+        assert _forgotten(agent, "stale") is None  # none: the series comes with the first
     finally:
         hung.stop()
         silent.stop()

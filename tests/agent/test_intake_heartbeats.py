@@ -15,10 +15,14 @@ from support import registry_of
 from laggard.agent.context import FindingLog
 from laggard.agent.progress import GROUP_SAMPLES, MAX_GROUPS_PER_RANK
 from laggard.agent.run_metrics import RunMetrics
-from laggard.agent.run_state import RANK_SAMPLES
+from laggard.agent.run_state import RANK_DETAIL_SAMPLES
+from laggard.agent.run_state import RANK_SAMPLES as DEFAULT_RANK_SAMPLES
 from laggard.agent.run_table import RankTable
 from laggard.agent.sender import SenderIdentity
 from laggard.wire import GroupProgress, Heartbeat, StepRecord
+
+#: A rank's cost in the tables here, which keep each rank's histograms (--intake.rank-histograms).
+RANK_SAMPLES = DEFAULT_RANK_SAMPLES + RANK_DETAIL_SAMPLES
 
 
 class _Clock:
@@ -57,7 +61,7 @@ def proc(tmp_path: Path) -> _Proc:
 
 
 def _table(clock: _Clock, proc: _Proc, **kw) -> RankTable:
-    return RankTable(max_ranks=64, findings=FindingLog(), default_node="n0",
+    return RankTable(rank_histograms=True, max_ranks=64, findings=FindingLog(), default_node="n0",
                      rank_ttl_seconds=20, clock=clock, proc_root=str(proc.root), **kw)
 
 
@@ -225,7 +229,7 @@ def test_a_zombie_has_exited(clock, proc):
 
 
 def test_no_procfs_or_no_pid_is_unknown_and_expires_as_before(clock, tmp_path):
-    table = RankTable(max_ranks=8, findings=FindingLog(), default_node="n0",
+    table = RankTable(rank_histograms=True, max_ranks=8, findings=FindingLog(), default_node="n0",
                       rank_ttl_seconds=20, clock=clock, proc_root=str(tmp_path / "none"))
     table.ingest(_beat(step=1, pid=4242))
     clock.now += 3
@@ -395,4 +399,38 @@ def test_the_stall_flags_reach_the_config_and_are_checked():
         with pytest.raises(ValueError, match="stall"):
             AgentConfig(**bad)
     with pytest.raises(ValueError, match="stall"):
-        RankTable(max_ranks=1, findings=FindingLog(), default_node="n0", stall_seconds=0)
+        RankTable(rank_histograms=True,
+                  max_ranks=1, findings=FindingLog(), default_node="n0", stall_seconds=0)
+
+
+def test_by_default_the_hang_evidence_is_exported_while_the_rank_is_stalled(clock, proc):
+    """Issue 34: group progress, process state and current phase cost series only while they
+    are evidence: once the rank is stalled (the hang rules compare stalled ranks only)."""
+    table = RankTable(max_ranks=64, findings=FindingLog(), default_node="n0",
+                      rank_ttl_seconds=20, clock=clock, proc_root=str(proc.root))
+    proc.start(4242, 100)
+    group = GroupProgress("g0[0,1]", issued=20, completed=19, op="allreduce",
+                          issued_age_seconds=0.5)
+    table.ingest(_step())
+    table.ingest(_beat(pid=4242, phase="backward", phase_seconds=0.1, groups=[group]))
+    assert _value(table, "laggard_rank_stalled_seconds") == 0
+    assert _value(table, "laggard_rank_heartbeat_age_seconds") == 0
+    for name, labels in (("laggard_rank_collective_issued", {"group": "g0[0,1]"}),
+                         ("laggard_rank_current_phase_seconds", {"phase": "backward"}),
+                         ("laggard_rank_process_state", {"state": "alive"}),
+                         ("laggard_rank_stall_threshold_seconds", {}),
+                         ("laggard_steps_total", {})):
+        assert _value(table, name, **labels) is None, name
+    # The budget charges what a stalled rank shows: the default rank and its group.
+    assert table.series == DEFAULT_RANK_SAMPLES + GROUP_SAMPLES
+    clock.now += 6  # past the 5 s stall threshold; its process lives
+    assert _value(table, "laggard_rank_stalled_seconds") == 6
+    assert _value(table, "laggard_rank_collective_issued", group="g0[0,1]") == 20
+    assert _value(table, "laggard_rank_collective_completed", group="g0[0,1]") == 19
+    assert _value(table, "laggard_rank_collective_inflight_seconds", group="g0[0,1]",
+                  op="allreduce") == 6.5
+    assert _value(table, "laggard_rank_current_phase_seconds", phase="backward") == 6.1
+    assert _process_state(table) == "alive"
+    table.ingest(_step(step=6))  # progress again: the evidence goes
+    assert _value(table, "laggard_rank_stalled_seconds") == 0
+    assert _value(table, "laggard_rank_collective_issued", group="g0[0,1]") is None

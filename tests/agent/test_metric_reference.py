@@ -42,7 +42,15 @@ def help_style_problems(helps: dict[str, str]) -> list[str]:
     return problems
 
 
-def _exported(agent_factory, tmp_path) -> dict[str, str]:
+def _sets(text: str) -> dict[str, str]:
+    """Family -> its ``set`` cell (``default``, ``default (stalled)``, ``opt-in``)."""
+    return dict(re.findall(r"^\| `(laggard_[a-z0-9_]+)` \| [^|]* \| [^|]* \| ([^|]*?) \|",
+                           text, flags=re.M))
+
+
+def _exported(agent_factory, tmp_path, *flags: str) -> tuple[dict[str, str], set[str]]:
+    """The families a live agent started with ``flags`` exports (name -> HELP; an empty
+    family has its HELP and TYPE lines too), and those with a sample."""
     kmsg = tmp_path / "kern.log"
     kmsg.write_text("")
     agent = agent_factory(
@@ -52,6 +60,7 @@ def _exported(agent_factory, tmp_path) -> dict[str, str]:
         "--collector.flight_recorder.path", str(tmp_path),
         "--intake.socket", str(tmp_path / "intake.sock"),  # its sender-lookup counter
         "--collector.netdev.device-include", "lo",  # the one interface every host has
+        *flags,
     )
     record = StepRecord(rank=0, world_size=1, step=0, phases={"forward": 0.1}, step_seconds=0.2,
                         collective_wait_seconds=0.01,
@@ -66,6 +75,8 @@ def _exported(agent_factory, tmp_path) -> dict[str, str]:
                           detector_stats={"windows": 1})
     # A heartbeat with a collective group and a P2P pair, each with work in flight: every
     # progress family has a sample.
+    # The rank's process lives (this one): with the default set its progress is exported
+    # while it is stalled only, and it is not; --intake.rank-histograms exports it always.
     heartbeat = Heartbeat(rank=0, world_size=1, step=1, pid=os.getpid(), phase="forward",
                           phase_seconds=0.1, groups=[
                               GroupProgress("g0[0]", issued=3, completed=2, op="allreduce",
@@ -75,23 +86,29 @@ def _exported(agent_factory, tmp_path) -> dict[str, str]:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for payload in (record.encode(), report.encode(), heartbeat.encode()):
             s.sendto(payload, ("127.0.0.1", agent.intake_port))
+    sets = _sets(METRICS_DOC.read_text())
+    expected = {name for name, kind in sets.items()
+                if "--intake.rank-histograms" in flags or kind == "default"}
     deadline = time.monotonic() + budget(10)
     names: dict[str, str] = {}
+    sampled: set[str] = set()
     while time.monotonic() < deadline:
         families = list(text_string_to_metric_families(agent.scrape()))
         names = {f.name + ("_total" if f.type == "counter" else ""): f.documentation
                  for f in families if f.name.startswith("laggard_")
                  and not f.name.startswith("laggard_agent_process")}
+        sampled = {f.name + ("_total" if f.type == "counter" else "") for f in families
+                   if f.samples}
         # Stop once every documented family is there (or on timeout, reported by the caller):
         # collectors and the intake fill in over their first rounds.
-        if _documented() <= names.keys():
+        if expected <= names.keys():
             break
         time.sleep(0.2)
-    return names
+    return names, sampled
 
 
 def test_metric_reference_matches_the_exposition(agent_factory, tmp_path):
-    helps = _exported(agent_factory, tmp_path)
+    helps, _ = _exported(agent_factory, tmp_path, "--intake.rank-histograms")
     exported = set(helps)
     assert "laggard_gpu_sm_clock_hertz" in exported  # the fake GPUs were sampled
     documented = _documented()
@@ -102,6 +119,20 @@ def test_metric_reference_matches_the_exposition(agent_factory, tmp_path):
     # The same agent's HELP texts: one style across collectors (issue 25, point 8).
     problems = help_style_problems(helps)
     assert not problems, "\n".join(problems)
+
+
+def test_the_default_set_is_what_the_reference_says(agent_factory, tmp_path):
+    """Issue 34: without --intake.rank-histograms the agent exports every family marked
+    default and none marked opt-in (nor the stalled ones: its rank is not stalled)."""
+    # A stall threshold of a day: its one rank is never stalled during the test.
+    exported, sampled = _exported(agent_factory, tmp_path, "--intake.stall-seconds", "86400")
+    sets = _sets(METRICS_DOC.read_text())
+    assert set(sets) == _documented()  # every row has a set
+    assert set(sets.values()) == {"default", "default (stalled)", "opt-in"}
+    missing = {name for name, kind in sets.items() if kind == "default"} - exported.keys()
+    assert not missing, f"marked default, not exported by default: {sorted(missing)}"
+    extra = {name for name, kind in sets.items() if kind != "default"} & sampled
+    assert not extra, f"marked opt-in or stalled, exported by default: {sorted(extra)}"
 
 
 def test_the_help_style_check_can_fail():

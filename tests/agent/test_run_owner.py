@@ -35,7 +35,8 @@ def _straggler(rank, severity="warning", **extra):
 
 def _running_job(findings: FindingLog | None = None) -> RankTable:
     """Run ``job``: two ranks of uid 1000 at step 9, rank 1 flagged by a window report."""
-    table = RankTable(max_ranks=64, findings=findings or FindingLog(), default_node="n0")
+    table = RankTable(rank_histograms=True,
+                      max_ranks=64, findings=findings or FindingLog(), default_node="n0")
     for step in range(10):
         table.ingest(_step(0, step), OWNER)
         table.ingest(_step(1, step), OWNER_RANK_1)
@@ -86,7 +87,7 @@ def test_udp_records_are_refused_for_a_run_owned_over_the_socket():
 
 
 def test_a_run_first_heard_over_udp_has_no_owner_until_the_socket_names_one():
-    table = RankTable(max_ranks=64, findings=FindingLog(), default_node="n0")
+    table = RankTable(rank_histograms=True, max_ranks=64, findings=FindingLog(), default_node="n0")
     table.ingest(_step(0, 0))
     table.ingest(_step(0, 1), OTHER_USER)  # unowned: UDP senders are trusted (docs/agent.md)
     table.ingest(_step(0, 2), OWNER)  # owned by uid 1001 since the last record
@@ -108,7 +109,7 @@ def test_two_slurm_jobs_of_one_user_are_two_owners():
     job_77 = SenderIdentity(pid=4001, uid=1000, gid=1000, labels={"slurm_job_id": "77"})
     job_78 = SenderIdentity(pid=4101, uid=1000, gid=1000, labels={"slurm_job_id": "78"})
     unknown_cgroup = SenderIdentity(pid=4002, uid=1000, gid=1000)  # exited before the lookup
-    table = RankTable(max_ranks=64, findings=FindingLog(), default_node="n0")
+    table = RankTable(rank_histograms=True, max_ranks=64, findings=FindingLog(), default_node="n0")
     table.ingest(_step(0, 0), job_77)
     table.ingest(_step(0, 0), job_78)
     table.ingest(_step(1, 0), unknown_cgroup)
@@ -118,7 +119,7 @@ def test_two_slurm_jobs_of_one_user_are_two_owners():
 
 
 def test_a_run_whose_ranks_said_goodbye_may_be_claimed_again():
-    table = RankTable(max_ranks=64, findings=FindingLog(), default_node="n0")
+    table = RankTable(rank_histograms=True, max_ranks=64, findings=FindingLog(), default_node="n0")
     table.ingest(Heartbeat(run="job", rank=0, world_size=1, step=3).encode(), OWNER)
     table.ingest(_step(0, 0, world=2), OTHER_USER)
     assert table.rejected == {FOREIGN_SENDER: 1}
@@ -133,7 +134,7 @@ def test_a_run_whose_ranks_said_goodbye_may_be_claimed_again():
 def test_findings_carry_the_kernels_pid_and_uid_not_the_datagrams(caplog):
     findings = FindingLog()
     caplog.set_level(logging.INFO, logger="laggard.findings")
-    table = RankTable(max_ranks=64, findings=findings, default_node="n0")
+    table = RankTable(rank_histograms=True, max_ranks=64, findings=findings, default_node="n0")
     table.ingest(_step(0, 0), OWNER)
     table.ingest(_report(0, [_straggler(1, sender_pid=1, sender_uid=0)]), OWNER)
     table.ingest(_report(0, [_straggler(0)], run="udp-run"))

@@ -75,11 +75,25 @@ def test_queries_use_only_defined_variables(name: str) -> None:
 
 
 def test_per_rank_dashboards_have_a_run_and_a_rank_variable() -> None:
-    for uid in ("laggard-job-overview", "laggard-communication"):
-        variables = DASHBOARDS[f"{uid}.json"]["templating"]["list"]
-        assert [v["name"] for v in variables][:4] == ["datasource", "node", "run", "rank"]
-        # The ranks listed are those of the runs chosen.
-        assert 'run=~"$run"' in variables[3]["query"]
+    variables = DASHBOARDS["laggard-job-overview.json"]["templating"]["list"]
+    assert [v["name"] for v in variables][:4] == ["datasource", "node", "run", "rank"]
+    # The ranks listed are those of the runs chosen.
+    assert 'run=~"$run"' in variables[3]["query"]
+    # Communication reads the default set's per-run sums (issue 34): nodes and runs only.
+    variables = DASHBOARDS["laggard-communication.json"]["templating"]["list"]
+    assert [v["name"] for v in variables][:3] == ["datasource", "node", "run"]
+    assert "rank" not in [v["name"] for v in variables]
+
+
+def test_dashboards_read_the_default_set_only() -> None:
+    """Issue 34: no panel needs --intake.rank-histograms (its per-rank families)."""
+    opt_in = re.compile(r"\blaggard_(step_phase_seconds|step_seconds|steps_total|collective_"
+                        r"seconds|collective_bytes_total|comm_\w+|rank_last_\w+|rank_stall_"
+                        r"threshold_seconds)\b")
+    for name, board in DASHBOARDS.items():
+        for panel in _panels(board):
+            for target in panel.get("targets", []):
+                assert not opt_in.search(target["expr"]), (name, panel["title"])
 
 
 def test_job_overview_has_the_panels_the_issue_asks_for() -> None:

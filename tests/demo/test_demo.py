@@ -54,14 +54,14 @@ def test_demo_names_the_slowed_rank_and_the_agent_exports_every_rank(tmp_path):
     scrapes: list[str] = []
 
     def scrape_during_the_run() -> None:
-        # poll until a scrape holds every rank's phase histogram, while training still runs
+        # poll until a scrape holds every rank's phase medians, while training still runs
         while proc.poll() is None:
             try:
                 text = scrape(f"http://127.0.0.1:{port}/metrics", timeout=2)
             except OSError:
                 time.sleep(0.2)
                 continue
-            if len(_per_rank_series(text, "laggard_step_phase_seconds_bucket")) == 3:
+            if len(_per_rank_series(text, "laggard_rank_phase_median_seconds")) == 3:
                 scrapes.append(text)
                 return
             time.sleep(0.2)
@@ -74,10 +74,11 @@ def test_demo_names_the_slowed_rank_and_the_agent_exports_every_rank(tmp_path):
 
     assert scrapes, "no scrape during the run held all three ranks"
     text = scrapes[0]
-    for metric in ("laggard_step_phase_seconds_bucket", "laggard_steps_total",
-                   "laggard_step_seconds_count"):
+    # The default series set (issue 34): each rank's window medians, the run's phase histogram.
+    for metric in ("laggard_rank_phase_median_seconds", "laggard_rank_step_median_seconds"):
         assert _per_rank_series(text, metric) == {"0", "1", "2"}, metric
-    assert 'phase="collective_wait"' in text and 'phase="forward"' in text
+    assert 'phase="collective_wait"' in text and 'phase="compute"' in text
+    assert "laggard_run_step_phase_seconds_bucket{" in text and 'phase="forward"' in text
 
     report = json.loads(report_path.read_text())
     assert set(report) >= {"world_size", "steps", "injected", "findings", "ranks", "loss",
@@ -126,7 +127,8 @@ def test_demo_without_slowdown_names_no_straggler_and_keeps_the_agent_up(tmp_pat
         assert time.monotonic() - started < ceiling, "".join(lines)
     out = "".join(lines)
     assert f"http://127.0.0.1:{port}/metrics and http://127.0.0.1:{port}/findings" in out
-    assert "laggard_steps_total" in scrape(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    assert "laggard_rank_step_median_seconds" in scrape(f"http://127.0.0.1:{port}/metrics",
+                                                        timeout=5)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=budget(60))
     assert proc.returncode == 0  # the signal is how a kept agent ends: the run succeeded

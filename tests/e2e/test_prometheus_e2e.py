@@ -40,7 +40,7 @@ from support import FIXTURES, AgentProcess, budget, start_agent, stop_agent
 from laggard.dashboards.catalog import render_dashboards
 from laggard.demo.harness import PrometheusServer, laggard_rules
 from laggard.detectors.finding import Finding, Severity
-from laggard.wire import CollectiveTiming, StepRecord, WindowReport
+from laggard.wire import CollectiveTiming, Heartbeat, StepRecord, WindowReport
 
 pytestmark = [
     pytest.mark.slow,
@@ -117,6 +117,10 @@ class RankFeeder:
             while not self._stop.is_set():
                 for rank in range(WORLD_SIZE):
                     sock.sendto(_step_record(rank, step, rng).encode(), self._address)
+                    if step % 10 == 0:  # a TrainingMonitor's heartbeats, about 2.5 a second
+                        sock.sendto(Heartbeat(rank=rank, world_size=WORLD_SIZE, step=step + 1,
+                                              run=RUN, pid=os.getpid()).encode(),
+                                    self._address)
                 if step % 10 == 9:
                     sock.sendto(_window_report(step).encode(), self._address)
                 self.sent += 1
