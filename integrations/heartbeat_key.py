@@ -16,6 +16,16 @@ with ages in seconds to the millisecond (:func:`laggard.wire.round_age`), WALL t
 ``time.time()``, MEMBERS a list of ``[start, count, stride]`` runs of global ranks (a TP, PP or
 DP group is one run), or null for a P2P pair or a group needing more than
 :data:`MAX_MEMBER_RUNS`.
+
+**The node key** (version :data:`NODE_KEY_VERSION`), the value of ``laggard/<run>/hb/n/<LEADER>``
+that a node's local leader writes for its ranks (:mod:`laggard.integrations.heartbeat_node`):
+one header line, then the ranks' own keys as they sent them, one per line, unchanged (compact
+JSON never holds a raw newline)::
+
+    {"v":1,"r":RUN,"l":LEADER,"b":BEAT,"k":[RANK,...]}\n KEY_OF_RANK\n KEY_OF_RANK ...
+
+so rank 0 decodes each rank's key with :func:`decode_key` exactly as when the rank wrote it
+itself (:func:`encode_node_key`, :func:`decode_node_key`).
 """
 
 from __future__ import annotations
@@ -28,13 +38,18 @@ from typing import Any, TypeGuard
 
 from laggard.wire import MAX_HEARTBEAT_GROUPS, GroupProgress, check_run, round_age
 
-__all__ = ["KEY_VERSION", "MAX_KEY_BYTES", "MAX_MEMBER_RUNS", "BadKey", "RankKey",
-           "RankSnapshot", "decode_key", "encode_key"]
+__all__ = ["KEY_VERSION", "MAX_KEY_BYTES", "MAX_MEMBER_RUNS", "MAX_NODE_RANKS",
+           "NODE_KEY_VERSION", "BadKey", "NodeKey", "RankKey", "RankSnapshot", "decode_key",
+           "decode_node_key", "encode_key", "encode_node_key"]
 
 #: Version of the store key's format (:func:`encode_key`).
 KEY_VERSION = 1
 #: Largest store key value accepted (bytes); a larger one is counted as bad input.
 MAX_KEY_BYTES = 8192
+#: Version of the node key's format (:func:`encode_node_key`).
+NODE_KEY_VERSION = 1
+#: Ranks one node key carries at most (a node of 8 GPUs carries 8; 64 leaves room for CPU ranks).
+MAX_NODE_RANKS = 64
 #: Member runs (``[start, count, stride]``) a key lists per group; a group needing more is sent
 #: without its members.
 MAX_MEMBER_RUNS = 4
@@ -194,6 +209,82 @@ def decode_key(payload: bytes, *, run: str, rank: int) -> RankKey:
                             members=members, pending_seconds=tuple(pending), wall=float(wall))
     return RankKey(rank=rank, run=key_run, pid=pid, beat=beat, closed=bool(doc.get("c")),
                    snapshot=snapshot, members=members)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeKey:
+    """One node key, decoded (:func:`decode_node_key`).
+
+    Attributes:
+        leader: the rank that wrote it (its node's local rank 0).
+        beat: the leader's write counter (rank 0 tells a live leader by it changing).
+        keys: rank -> that rank's own key value (:func:`decode_key` reads it), as the rank sent
+            it to its leader.
+    """
+
+    leader: int
+    beat: int
+    keys: Mapping[int, bytes]
+
+
+def encode_node_key(keys: Mapping[int, bytes], *, leader: int, run: str, beat: int) -> bytes:
+    """The node key value: a header line and the ranks' keys (the format in the module
+    docstring).
+
+    Args:
+        keys: rank -> its key value (:func:`encode_key`), at most :data:`MAX_NODE_RANKS`.
+        leader, run: the writer (its node's local leader) and the run.
+        beat: the leader's write counter.
+
+    Returns:
+        UTF-8 bytes: about 50 bytes plus 6 per rank, plus the ranks' keys and one newline each.
+
+    Raises:
+        ValueError: more than :data:`MAX_NODE_RANKS` keys, or a key holding a newline.
+    """
+    if len(keys) > MAX_NODE_RANKS:
+        raise ValueError(f"{len(keys)} ranks > {MAX_NODE_RANKS} in one node key")
+    ranks = sorted(keys)
+    if any(b"\n" in keys[r] for r in ranks):
+        raise ValueError("a rank's key holds a newline")
+    header = json.dumps({"v": NODE_KEY_VERSION, "r": run, "l": leader, "b": beat, "k": ranks},
+                        separators=(",", ":")).encode()
+    return b"\n".join([header, *(keys[r] for r in ranks)])
+
+
+def decode_node_key(payload: bytes, *, run: str, leader: int) -> NodeKey:
+    """Split one node key into its ranks' keys (each still to be read with :func:`decode_key`,
+    which checks it is the rank's own).
+
+    Args:
+        payload: the value read from the store under ``hb/n/<leader>``.
+        run: the run rank 0 belongs to; leader: the leader whose key this is.
+
+    Raises:
+        BadKey: oversized, a header that is not JSON of this version, another run's or
+            leader's key, a rank list that is not distinct counters matching the lines.
+    """
+    if len(payload) > MAX_NODE_RANKS * (MAX_KEY_BYTES + 1) + 4096:
+        raise BadKey(f"a node key of {len(payload)} bytes")
+    lines = payload.split(b"\n")
+    try:
+        head = json.loads(lines[0])
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadKey(f"node key header not JSON: {exc}"[:80]) from None
+    if not isinstance(head, dict) or head.get("v") != NODE_KEY_VERSION:
+        raise BadKey("not a laggard node key of this version")
+    if head.get("r") != run:
+        raise BadKey(f"a node key of run {head.get('r')!r}, not {run!r}")
+    if head.get("l") != leader:
+        raise BadKey(f"leader {head.get('l')!r}'s node key under leader {leader}'s name")
+    ranks, beat = head.get("k"), head.get("b")
+    if not _count(beat):
+        raise BadKey("bad node beat")
+    if (not isinstance(ranks, list) or len(ranks) > MAX_NODE_RANKS
+            or len(ranks) != len(lines) - 1 or not all(_count(r) for r in ranks)
+            or len(set(ranks)) != len(ranks)):
+        raise BadKey("the node key's ranks do not match its lines")
+    return NodeKey(leader=leader, beat=beat, keys=dict(zip(ranks, lines[1:], strict=True)))
 
 
 def _count(value: Any) -> TypeGuard[int]:
