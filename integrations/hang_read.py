@@ -146,16 +146,19 @@ class RoundReader:
 
 
 def newer(a: bytes | None, b: bytes) -> bytes:
-    """Of two key values of one rank, the one its writer wrote last (its ``w``, wall clock);
-    an unreadable one loses (the watch counts it when it decodes it)."""
+    """Of two key values of one rank, the one its writer wrote last (its ``w``, wall clock,
+    then its ``b``, write counter); an unreadable one loses (the watch counts it when it
+    decodes it)."""
     if a is None:
         return b
 
-    def wall(value: bytes) -> float:
+    def order(value: bytes) -> tuple[float, float]:
         try:
-            w = json.loads(value).get("w")
-            return float(w) if isinstance(w, (int, float)) else -1.0
+            doc = json.loads(value)
+            w, beat = doc.get("w"), doc.get("b")
+            return (float(w) if isinstance(w, (int, float)) else -1.0,
+                    float(beat) if isinstance(beat, (int, float)) else -1.0)
         except (ValueError, AttributeError, UnicodeDecodeError):
-            return -1.0
+            return (-1.0, -1.0)
 
-    return b if wall(b) >= wall(a) else a
+    return b if order(b) >= order(a) else a

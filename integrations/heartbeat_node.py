@@ -197,10 +197,11 @@ class NodeCollector:
         self.run = run
         self.members = members
         self.bad = 0
-        self._latest: dict[int, tuple[float, bytes]] = {}
+        self._latest: dict[int, tuple[tuple[float, int], bytes]] = {}
 
     def take(self, datagrams: list[bytes]) -> set[int]:
-        """Keep each member's newest key (by its wall time); returns the ranks heard from."""
+        """Keep each member's newest key (by its wall time, then its write counter); returns
+        the ranks heard from."""
         heard: set[int] = set()
         for payload in datagrams:
             try:
@@ -208,14 +209,15 @@ class NodeCollector:
                 rank = doc["k"] if isinstance(doc, dict) else None
                 if not isinstance(rank, int) or rank not in self.members:
                     raise BadKey(f"rank {rank!r} is not of this node")
-                wall = decode_key(payload, run=self.run, rank=rank).snapshot.wall
+                key = decode_key(payload, run=self.run, rank=rank)
             except (BadKey, ValueError, KeyError, UnicodeDecodeError):
                 self.bad += 1
                 continue
             heard.add(rank)
             before = self._latest.get(rank)
-            if before is None or wall >= before[0]:
-                self._latest[rank] = (wall, payload)
+            order = (key.snapshot.wall, key.beat)
+            if before is None or order >= before[0]:
+                self._latest[rank] = (order, payload)
         return heard
 
     def keys(self) -> dict[int, bytes]:
