@@ -26,14 +26,20 @@ Two daemon threads per rank, started by :class:`~laggard.integrations.monitor.Tr
   attributes and copies a few integers under the tracer's short lock; it never takes a lock the
   training thread holds for long and never raises. When the training thread holds the GIL in
   native code for good the heartbeat stops too: that silence is the agent's evidence.
-* **The hang store exchange** writes one small key per rank, every ``hang_store_seconds``
-  (more rarely in a large job: at most ``Config.hang_store_writes_per_second`` writes reach the
-  store, the job's ranks together), to the job's ``torch.distributed`` store (the default
-  group's, ``distributed_c10d._get_default_store()``, cloned: its own connection and its own
-  timeout, never the job's, whose timeout is global), under ``laggard/<run>/hb/<rank>``: its
-  state (:func:`~laggard.integrations.heartbeat_key.encode_key`). Rank 0, once its own training
-  thread has made no progress for one interval, reads every rank's key each interval (``check``
-  first, so a missing key never blocks; then one ``multi_get``) and hands them to a
+* **The hang store exchange** puts every rank's state in the job's ``torch.distributed`` store
+  (the default group's, ``distributed_c10d._get_default_store()``, cloned: its own connection
+  and its own timeout, never the job's, whose timeout is global), **one key per node**: each
+  rank hands its key (:func:`~laggard.integrations.heartbeat_key.encode_key`) every
+  ``hang_store_seconds`` to its node's local leader over a local datagram socket, and the
+  leader writes one key for its node's ranks under ``laggard/<run>/hb/n/<leader>``
+  (:func:`~laggard.integrations.heartbeat_key.encode_node_key`) each interval (more rarely in
+  a large job: at most ``Config.hang_store_writes_per_second`` writes reach the store, the
+  job's leaders together). A rank whose leader stops acking writes its own key
+  ``hb/<rank>`` (:mod:`laggard.integrations.heartbeat_node`). Rank 0, once its own training
+  thread has made no progress for one interval, reads the round each interval
+  (:class:`~laggard.integrations.hang_read.RoundReader`: node keys, and the own keys of ranks
+  no fresh node key speaks for, ``check`` first so a missing key never blocks, then
+  ``multi_get`` in batches) and hands it to a
   :class:`~laggard.integrations.hang_watch.HangWatch`, which reports a hang when the job has
   made no progress for longer than ``Config.hang_seconds`` (default ``max(10 s, 5 x`` the
   typical step)) and :func:`laggard.detectors.hang.classify_hang` names culprits. It is its own
@@ -51,13 +57,12 @@ hung: no report. Bad input (a key of another run, sequence numbers going backwar
 unreachable store, a dead rank) is counted in :class:`HeartbeatStats`, never raised, never
 reported as a hang by itself.
 
-**Store traffic** (``benchmarks/RESULTS.md``, Issue 24): per rank one ``set`` of a key of about
-150 bytes plus 40 per group every interval (2 s: 30 writes, about 7 KB a minute with two
-groups); rank 0 reads only while its own training thread is stopped. At 16,384 ranks the 2 s
-interval would be 8,192 writes a second into the one store server, and each of rank 0's reads 3
-MB; the write budget (500 a second) stretches the interval to 33 s there, which bounds the
-store's load and makes in-job attribution take minutes: at that scale the agent's heartbeats and
-Prometheus are the path.
+**Store traffic** (``benchmarks/hang_round.py``): per node one ``set`` of about 230 bytes a
+rank (8 ranks: 1.9 KB) every interval; rank 0 reads only while its own training thread is
+stopped. The write budget (500 a second) stretches the interval to ``nodes / 500`` s: 4.1 s at
+2,048 nodes of 8 (16,384 ranks), 16.4 s at 8,192 (65,536 ranks), where one key per rank took
+33 s and 131 s; a real ``TCPStore`` takes such writes at tens of thousands a second, so the
+budget, not the store, sets the pace, and leaves the job's own store traffic room.
 """
 
 from __future__ import annotations
