@@ -166,3 +166,43 @@ def test_a_member_reads_its_leaders_ack_off_a_real_socket():
     finally:
         leader.close()
         member.close()
+
+
+def test_a_round_of_2048_ranks_in_256_node_keys_names_the_one_rank_behind(server):
+    """256 leaders' keys on a real TCPStore (8 ranks each, in a TP group of its node and a DP
+    group of 256): rank 0 reads them in batches and names rank 5 alone, the 2,047 ranks waiting
+    on it victims."""
+    from laggard.integrations.hang_watch import HangWatch
+    from laggard.integrations.heartbeat_key import RankSnapshot, encode_node_key
+    from laggard.wire import GroupProgress
+
+    nodes, world = 256, 2048
+
+    def key(rank: int) -> bytes:
+        node, local = divmod(rank, 8)
+        tp, dp = f"tp:{node}", f"dp:{local}"
+        behind = rank == 5
+        snap = RankSnapshot(
+            step=9, phase="data" if behind else "backward", phase_seconds=60.0,
+            step_seconds=1.0, quiet_seconds=60.0,
+            groups=(GroupProgress(group=tp, issued=4, completed=4, op="allgather"),
+                    GroupProgress(group=dp, issued=10 if behind else 11, completed=10,
+                                  op="allreduce")),
+            members={tp: tuple(range(node * 8, node * 8 + 8)), dp: tuple(range(local, world, 8))},
+            pending_seconds=(None, None if behind else 60.0), wall=time.time())
+        return encode_key(snap, rank=rank, run=RUN, pid=1, beat=1)
+
+    store = torch_dist.PrefixStore(f"laggard/{RUN}/", server)
+    for node in range(nodes):
+        leader = node * 8
+        store.set(f"hb/n/{leader}", encode_node_key(
+            {r: key(r) for r in range(leader, leader + 8)}, leader=leader, run=RUN, beat=1))
+    stats = HeartbeatStats()
+    layout = NodeLayout.of(0, world, 0, 8)
+    payloads = RoundReader(run=RUN, layout=layout, interval=2.0, stats=stats).read(store, 0.0)
+    assert sum(p is not None for p in payloads.values()) == world and stats.own_keys_read == 0
+    watch = HangWatch(run=RUN, world_size=world, interval=2.0, stats=stats, device=False)
+    report = watch.observe(0.0, payloads, own_quiet=60.0, hang_after=10.0, own_step=9)
+    assert report is not None and report.ranks == (5,), report
+    assert [c.kind for c in report.verdict.culprits] == ["missing"]
+    assert stats.bad_keys == 0
