@@ -17,17 +17,21 @@ For each scale (``--nodes``, 8 ranks a node) and each scheme:
   job hung with one rank that never issued a DP all-reduce: decode every key, classify, the
   report (checked: that rank alone is named).
 
-The round time is the write interval the job's write budget sets (``max(store_seconds, keys
-/ writes_per_second)``: 500 writes/s, the store's measured capacity is far above) plus rank 0's
-read and verdict. The hang is then named, by the hang watch's rules
-(:mod:`laggard.integrations.hang_watch`: interval I, silence after ``3 I + 1 s``, keys quiet for
-``max(hang_after / 2, 3 I + 1 s)``), within:
+The round time (every rank's state at rank 0) is the write interval the job's write budget
+sets (``max(store_seconds, keys / writes_per_second)``: 500 writes/s; the store's measured
+capacity is far above) plus rank 0's read; the verdict's time is given apart, wall and CPU
+(the wall time swings with this shared machine's load; a job's rank 0 has its cores). The
+hang is then named, by the hang watch's rules (:mod:`laggard.integrations.hang_watch`:
+interval I, silence after ``3 I + 1 s``, keys quiet for ``max(hang_after / 2, 3 I + 1 s)``),
+within:
 
 * a rank whose heartbeat threads live (data, python, skip): ``max(hang_after, quiet_after +
-  s + 2 I) + R`` for node keys (the member's key at most ``store_seconds`` s old at its leader,
-  the leader's key at most I old at rank 0's read), ``quiet_after + 2 I + R`` for per-rank keys;
-* a silent rank (its process stopped): ``2 I + (3 I + 1) + I + R`` (rank 0 starts watching
-  after one quiet interval, read at most one interval late), R the read and verdict.
+  s + I + s) + R`` for node keys (the member's key at most ``s = store_seconds`` old at its
+  leader, the leader's key at most I old, rank 0 reading every s), ``max(hang_after,
+  quiet_after + 2 I) + R`` for per-rank keys (rank 0 read every I);
+* a silent rank (its process stopped): rank 0 starts watching once its own thread has been
+  quiet one interval (checked every s: ``I + s``; per-rank keys every I: ``2 I``), then the
+  silence threshold ``3 I + 1``, then at most one read period; R the read and verdict.
 
 Usage::
 
@@ -66,12 +70,13 @@ class SchemeRound:
     write_seconds: float  # the store took the round's writes (unthrottled, every writer)
     writes_per_second: float  # measured store capacity: keys / write_seconds
     mb_per_second: float
-    read_seconds: float  # rank 0's read of the round
+    read_seconds: float  # rank 0's read of the round (wall)
     multi_get_keys_per_second: float
-    verdict_seconds: float  # decode every key, classify, report
+    verdict_seconds: float  # decode every key, classify, report (wall)
+    verdict_cpu_seconds: float  # the same, CPU time of rank 0's thread (load-independent)
     named: tuple[int, ...]  # the ranks the verdict named
     interval: float  # the write interval the budget sets
-    round_seconds: float  # interval + read + verdict
+    round_seconds: float  # every rank's state at rank 0: interval + read
     named_live_seconds: float  # hang named, a rank whose threads live (arithmetic)
     named_silent_seconds: float  # hang named, a stopped rank (arithmetic)
 
@@ -155,8 +160,9 @@ def _write_round(pool: ProcessPoolExecutor, server: Any, writers: int, tag: str,
 
 
 def _read_and_verdict(server: Any, tag: str, scheme: str, nodes: int,
-                      ) -> tuple[float, float, tuple[int, ...]]:
-    """Rank 0's read of the round and its verdict: (read s, verdict s, ranks named)."""
+                      ) -> tuple[float, float, float, tuple[int, ...]]:
+    """Rank 0's read of the round and its verdict: (read s, verdict s, verdict CPU s, ranks
+    named)."""
     import torch.distributed as dist
 
     from laggard.integrations.hang_read import RoundReader, rank_key_name
@@ -177,11 +183,11 @@ def _read_and_verdict(server: Any, tag: str, scheme: str, nodes: int,
         payloads = {r: bytes(v) for r, v in enumerate(store.multi_get(names))}
     read = time.perf_counter() - began
     watch = HangWatch(run=RUN, world_size=world, interval=2.0, stats=stats, device=False)
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.thread_time()
     report = watch.observe(began, payloads, own_quiet=60.0, hang_after=10.0, own_step=812)
-    verdict = time.perf_counter() - began
+    verdict, verdict_cpu = time.perf_counter() - began, time.thread_time() - cpu
     assert stats.bad_keys == 0 and all(p is not None for p in payloads.values())
-    return read, verdict, report.ranks if report is not None else ()
+    return read, verdict, verdict_cpu, report.ranks if report is not None else ()
 
 
 def named_seconds(scheme: str, interval: float, rest: float, *, store_seconds: float = 2.0,
@@ -190,9 +196,12 @@ def named_seconds(scheme: str, interval: float, rest: float, *, store_seconds: f
     a stopped rank), seconds after the hang; ``rest``: rank 0's read and verdict."""
     silent_after = 3.0 * interval + 1.0
     quiet_after = max(hang_after / 2.0, silent_after)
-    staleness = store_seconds + interval if scheme == "node" else interval
-    live = max(hang_after, quiet_after + staleness + interval) + rest
-    silent = 2.0 * interval + silent_after + interval + rest
+    if scheme == "node":  # member -> leader -> store; rank 0 reads every store_seconds
+        staleness, period = store_seconds + interval, store_seconds
+    else:  # rank -> store; rank 0 reads every interval
+        staleness, period = interval, interval
+    live = max(hang_after, quiet_after + staleness + period) + rest
+    silent = (interval + period) + silent_after + period + rest
     return live, silent
 
 
@@ -220,7 +229,7 @@ def hang_rounds(nodes_list: tuple[int, ...] = (2048, 8192), *, writers: int = 16
             for scheme in ("node", "rank"):
                 tag = f"{scheme}{nodes}"
                 seconds, keys, nbytes = _write_round(pool, server, writers, tag, scheme, nodes)
-                read, verdict, named = _read_and_verdict(server, tag, scheme, nodes)
+                read, verdict, cpu, named = _read_and_verdict(server, tag, scheme, nodes)
                 interval = max(store_seconds, keys / writes_per_second)
                 live, silent = named_seconds(scheme, interval, read + verdict,
                                              store_seconds=store_seconds)
@@ -229,8 +238,8 @@ def hang_rounds(nodes_list: tuple[int, ...] = (2048, 8192), *, writers: int = 16
                     key_bytes=nbytes // keys, write_seconds=seconds,
                     writes_per_second=keys / seconds, mb_per_second=nbytes / seconds / 1e6,
                     read_seconds=read, multi_get_keys_per_second=keys / read,
-                    verdict_seconds=verdict, named=named, interval=interval,
-                    round_seconds=interval + read + verdict, named_live_seconds=live,
+                    verdict_seconds=verdict, verdict_cpu_seconds=cpu, named=named,
+                    interval=interval, round_seconds=interval + read, named_live_seconds=live,
                     named_silent_seconds=silent)
                 out.append(row)
                 if log is not None:
@@ -242,8 +251,9 @@ def hang_rounds(nodes_list: tuple[int, ...] = (2048, 8192), *, writers: int = 16
 def table(rows: list[SchemeRound], load: str) -> str:
     """The rounds as a Markdown table, each node row with its ratio to today's in that run."""
     lines = ["| ranks | scheme | keys x bytes | store takes the round (writes/s) | read "
-             "(multi_get keys/s) | verdict | interval | **round** | hang named: live / "
-             "stopped rank | load |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "(multi_get keys/s) | interval | **round** (interval + read) | verdict wall "
+             "(CPU) | hang named: live / stopped rank | load |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     today = {r.ranks: r for r in rows if r.scheme == "rank"}
     for r in rows:
         ratio = ""
@@ -255,8 +265,9 @@ def table(rows: list[SchemeRound], load: str) -> str:
             f"| {r.ranks:,} | {r.scheme} | {r.keys:,} x {r.key_bytes:,} B | "
             f"{r.write_seconds:.2f} s ({r.writes_per_second:,.0f}/s, "
             f"{r.mb_per_second:.0f} MB/s) | {r.read_seconds:.2f} s "
-            f"({r.multi_get_keys_per_second:,.0f}/s) | {r.verdict_seconds:.2f} s | "
-            f"{r.interval:.1f} s | **{r.round_seconds:.1f} s**{ratio} | "
+            f"({r.multi_get_keys_per_second:,.0f}/s) | {r.interval:.1f} s | "
+            f"**{r.round_seconds:.1f} s**{ratio} | {r.verdict_seconds:.2f} s "
+            f"({r.verdict_cpu_seconds:.2f} s) | "
             f"{r.named_live_seconds:.1f} / {r.named_silent_seconds:.1f} s | {load} |")
     return "\n".join(lines)
 

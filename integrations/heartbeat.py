@@ -323,9 +323,11 @@ class HeartbeatThreads:
 
     def _lead(self, store: Any, link: NodeLink | None) -> None:
         """A node's leader (every rank of a one-rank node, rank 0 too): each interval, read
-        its members' keys off the local socket and ack them, write the node key, and on rank 0
-        read the round. After store errors the writes back off (doubling up to a minute); the
-        acks go on each interval, so the members never take a slow store for a lost leader."""
+        its members' keys off the local socket and ack them, and write the node key; rank 0
+        also reads the round every ``store_seconds`` (not every interval: the hang is then
+        named up to two intervals sooner, and reads cost the store no writes). After store
+        errors both back off (doubling up to a minute); the acks go on each interval, so the
+        members never take a slow store for a lost leader."""
         watch = HangWatch(run=self.run, world_size=self.world_size, interval=self.interval,
                           classify=self._classify, stats=self.stats,
                           # a device clock (CUDA, the demo's emulated device): device verdicts
@@ -333,30 +335,44 @@ class HeartbeatThreads:
                           device=True if getattr(self.source, "device_clock", None) is not None
                           else None) if self.rank == 0 else None
         collector = NodeCollector(self.run, self.layout.members)
-        wait = 0.0  # first key at once: it exists before rank 0 reads it
-        failures, next_store = 0, 0.0
-        while not self._stop.wait(wait):
-            wait = self.interval
+        # first key at once: it exists before rank 0 reads it
+        next_write = next_read = time.perf_counter()
+        failures = 0
+        while not self._stop.wait(max(0.0, min(next_write, next_read if watch is not None
+                                                else math.inf) - time.perf_counter())):
+            now = time.perf_counter()
             try:
                 self._collect(link, collector)
-                if time.perf_counter() < next_store:
-                    continue
-                snapshot = take_snapshot(self.source)
-                ok = self._write_node(store, snapshot, collector)
-                if ok and watch is not None:
-                    ok = self._watch(store, watch, snapshot)
+                ok = True
+                if now >= next_write:
+                    next_write = now + self.interval
+                    ok = self._write_node(store, take_snapshot(self.source), collector)
+                if ok and watch is not None and now >= next_read:
+                    next_read = now + self.store_seconds
+                    ok = self._watch(store, watch, take_snapshot(self.source))
             except Exception as exc:  # noqa: BLE001
                 self._error("store", exc)
                 ok = False
             failures = 0 if ok else failures + 1
-            next_store = time.perf_counter() + (
-                min(_MAX_BACKOFF_SECONDS, self.interval * 2 ** min(failures, 6)) - self.interval
-                if failures else 0.0)
+            if failures:
+                backoff = min(_MAX_BACKOFF_SECONDS, self.interval * 2 ** min(failures, 6))
+                # the acks still go each interval; the store is left alone for the back-off
+                next_write = next_read = now + backoff
+                self._wait_acking(link, collector, backoff)
         try:
             self._collect(link, collector)
             self._write_node(store, take_snapshot(self.source), collector, closed=True)
         except Exception as exc:  # noqa: BLE001
             self._error("store", exc)
+
+    def _wait_acking(self, link: NodeLink | None, collector: NodeCollector,
+                     seconds: float) -> None:
+        """Wait ``seconds`` (or until closed), acking the members each interval."""
+        end = time.perf_counter() + seconds
+        while not self._stop.wait(max(0.0, min(self.interval, end - time.perf_counter()))):
+            if time.perf_counter() >= end:
+                return
+            self._collect(link, collector)
 
     def _follow(self, store: Any, link: NodeLink | None) -> None:
         """A member of a node: each ``store_seconds``, hand its key to the leader; while the
