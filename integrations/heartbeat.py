@@ -377,11 +377,14 @@ class HeartbeatThreads:
     def _follow(self, store: Any, link: NodeLink | None) -> None:
         """A member of a node: each ``store_seconds``, hand its key to the leader; while the
         leader has not acked for :attr:`fallback_after` seconds (or there is no local socket),
-        write its own key ``hb/<rank>`` to the store (each interval; each per-rank interval
-        without a socket, as every rank did before node keys)."""
-        own_interval = self.interval if link is not None else self.rank_interval
-        last_ack = time.perf_counter()  # the leader's grace at start: one fallback period
+        write its own key ``hb/<rank>`` to the store: each interval when the leader had
+        answered before (a leader that hung: few ranks write), each per-rank interval when it
+        never has (no socket, another network namespace, a launcher whose node ranks are not
+        ``rank - local_rank`` onwards: every rank may write, as every rank did before node
+        keys, within the job's write budget)."""
+        started = last_ack = time.perf_counter()  # the leader's grace at start
         last_own = next_store = -math.inf
+        own_interval = self.rank_interval
         failures = 0
         lost = False
         wait = 0.0
@@ -392,6 +395,7 @@ class HeartbeatThreads:
                 if link is not None:
                     last_ack = self._hand_over(link, payload, last_ack)
                 now = time.perf_counter()
+                own_interval = self.interval if last_ack > started else self.rank_interval
                 lost = self._lost(link is None or now - last_ack > self.fallback_after, lost)
                 if not lost or now - last_own < own_interval or now < next_store:
                     continue

@@ -23,8 +23,9 @@ the GIL) stops acking; a member that has had no ack for two intervals and one
 interval until acks come back; rank 0 reads such keys for the ranks of a node whose key has
 stopped changing, and keeps each rank's newest key (by its writer's wall clock). The leader is
 then read as silent, its members as what they are: victims are never named culprits for their
-leader's silence. A member whose socket cannot be made writes its own key at the per-rank
-interval, as every rank did before node keys.
+leader's silence. A member whose socket cannot be made, or whose leader has never answered
+(ranks of a node in separate network namespaces, a launcher that numbers a node's ranks
+otherwise), writes its own key at the per-rank interval, as every rank did before node keys.
 """
 
 from __future__ import annotations
