@@ -17,9 +17,9 @@ of 4.1 s at 16,384 ranks and 16.4 s at 65,536 (``benchmarks/hang_round.py`` meas
   :func:`~laggard.integrations.heartbeat_key.decode_key` (another run's, another node's, a
   garbled datagram is counted, never forwarded).
 
-**A hung leader.** A leader whose process stops (a fault, ``SIGSTOP``, a native call holding
-the GIL) stops acking; a member that has had no ack for two intervals and one
-``store_seconds`` (``HeartbeatThreads.fallback_after``) writes its own key ``hb/<rank>`` to the store each
+**A hung leader.** A leader whose process stops (a fault, ``SIGSTOP``, a native call holding the
+GIL) stops acking; a member that has had no ack for two intervals and one ``store_seconds``
+(``HeartbeatThreads.fallback_after``) writes its own key ``hb/<rank>`` to the store each
 interval until acks come back; rank 0 reads such keys for the ranks of a node whose key has
 stopped changing, and keeps each rank's newest key (by its writer's wall clock). The leader is
 then read as silent, its members as what they are: victims are never named culprits for their
