@@ -5,6 +5,7 @@ member whose leader stops acking writes its own key, and rank 0's read keeps the
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import threading
 import time
@@ -206,3 +207,37 @@ def test_a_round_of_2048_ranks_in_256_node_keys_names_the_one_rank_behind(server
     assert report is not None and report.ranks == (5,), report
     assert [c.kind for c in report.verdict.culprits] == ["missing"]
     assert stats.bad_keys == 0
+
+
+class _TimedStore:
+    """Records when each key was set (``time.perf_counter``)."""
+
+    def __init__(self) -> None:
+        self.sets: list[tuple[str, float]] = []
+
+    def set(self, key, value):
+        self.sets.append((key, time.perf_counter()))
+
+
+def test_a_member_whose_leader_never_answered_writes_at_the_per_rank_interval():
+    """No leader socket at all (as with ranks in separate network namespaces): the member falls
+    back to its own key, paced by the job's per-rank budget, not the node interval."""
+    job = f"test-{time.time_ns()}"
+    store = _TimedStore()
+    member = HeartbeatThreads(_Rank(1), rank=1, world_size=4, run=RUN, store_seconds=0.05,
+                              writes_per_second=10.0, local_rank=1, local_world_size=2,
+                              link_job=job)
+    assert (member.interval, member.rank_interval) == (0.2, 0.4)
+    link = NodeLink(job, 1)
+    thread = threading.Thread(target=member._follow, args=(store, link), daemon=True)
+    thread.start()
+    try:
+        assert wait_for(lambda: len(store.sets) >= 3, 20)
+        times = [t for key, t in store.sets if key == "hb/1"]  # before the goodbye
+    finally:
+        member._stop.set()
+        thread.join(10)
+        link.close()
+    assert len(times) >= 3 and member.stats.leader_lost == 1
+    assert store.sets[-1][0] == "hb/1" and len(store.sets) > len(times)  # the goodbye
+    assert min(b - a for a, b in itertools.pairwise(times)) >= 0.4 - 0.01
