@@ -8,9 +8,10 @@ interval while rank 0's training thread is quiet; hands rank -> key value to
 * **Node keys** ``hb/n/<leader>`` (:func:`~laggard.integrations.heartbeat_key.decode_node_key`)
   for every leader of the layout (:meth:`~laggard.integrations.heartbeat_node.NodeLayout.
   leaders`), read with ``multi_get`` in batches of :data:`READ_BATCH` keys (one request and one
-  reply each: torch's ``TCPStore`` has ``multi_get`` since 2.4). ``multi_get`` of a missing key
-  would block until the timeout, so keys not yet seen are looked for with ``check`` first,
-  halving a batch that is not all there (:func:`find_existing`); at most
+  reply each; ``TCPStore``, ``PrefixStore`` and ``FileStore`` have it in torch 2.13; one call
+  for 65,536 keys read 20 times slower here, ``benchmarks/hang_round.py``). ``multi_get`` of a
+  missing key would block until the timeout, so keys not yet seen are looked for with ``check``
+  first, halving a batch that is not all there (:func:`find_existing`); at most
   :data:`MAX_CHECKS_PER_READ` checks per read, the rest looked for at the next.
 * **Own keys** ``hb/<rank>`` of ranks that no node key lists, or whose node key has not changed
   for :attr:`RoundReader.stale_after` seconds (a leader that stopped: its members then write their
