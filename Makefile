@@ -47,6 +47,7 @@ test-fast: venv
 MYPY_INTEGRATIONS := $(addprefix integrations/,monitor.py monitor_config.py device_discovery.py \
 	step_table.py step_context.py window_gather.py finding_log.py windows_file.py \
 	agent_reports.py run_identity.py agent_socket.py heartbeat.py heartbeat_key.py hang_watch.py \
+	heartbeat_node.py hang_read.py \
 	hang_message.py integrity.py integrity_fingerprints.py integrity_hooks.py \
 	integrity_records.py participants.py gpu_state.py tracer.py trace_records.py \
 	trace_progress.py trace_ops.py trace_sources.py fsdp_trace.py pipeline_trace.py \

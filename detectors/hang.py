@@ -401,7 +401,10 @@ def _views(ranks: Mapping[int, RankState], previous: Mapping[int, RankState] | N
         for rank in [r for r, g in members.items() if g.generation < newest]:
             verdict.restarted.append((rank, key[0]))
             del members[rank]
-        declared = {m for g in members.values() for m in (g.members or ())}
+        # every member lists the same ranks (one shared tuple when decoded from keys): union
+        # each distinct list once, not |group| times
+        lists = {id(g.members): g.members for g in members.values() if g.members}
+        declared = {m for listed in lists.values() for m in listed}
         if key[1] is not None:
             declared = set(key[1])
         views.absent[key] = tuple(sorted(m for m in declared if m not in ranks))
@@ -449,6 +452,25 @@ def _read_collective(key: _Key, members: dict[int, GroupState], absent: tuple[in
                      silent: set[int], waits: list[_Wait], stuck: list[_Stuck], device: bool,
                      in_progress: set[int]) -> None:
     top_completed = max(g.completed for g in members.values())
+    # the ranks a waiting rank's sequence number points at depend on the number alone (a
+    # waiting rank is never silent, so never among the stopped): one scan per number, not
+    # one per waiting rank (a DP group of 8,192 ranks waiting on one: 8,192 scans, not 67 M)
+    by_seq: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    def ranks_at(kind: str, seq: int) -> tuple[int, ...]:
+        found = by_seq.get((kind, seq))
+        if found is None:
+            if kind == "stopped":
+                found = tuple(sorted([r for r, g in members.items() if r in silent
+                                      and g.completed < seq] + list(absent)))
+            elif kind == "done":
+                found = tuple(sorted(r for r, g in members.items() if g.completed >= seq))
+            else:
+                found = tuple(sorted([r for r, g in members.items() if g.issued < seq]
+                                     + list(absent)))
+            by_seq[(kind, seq)] = found
+        return found
+
     for rank, state in sorted(members.items()):
         if rank in silent or state.issued <= state.completed:
             continue
@@ -457,8 +479,7 @@ def _read_collective(key: _Key, members: dict[int, GroupState], absent: tuple[in
             # on the host a collective completes at a peer before every part of it ran
             # everywhere (gloo's rings): still in progress, or a peer stopped mid-way; the
             # members it may wait on are the silent ones that did not complete it
-            stopped = tuple(sorted([r for r, g in members.items() if r in silent
-                                    and r != rank and g.completed < seq] + list(absent)))
+            stopped = ranks_at("stopped", seq)
             if stopped:
                 waits.append(_Wait(rank, key, seq, stopped, _oldest_age(state, seq),
                                    _listed(state, seq)))
@@ -466,11 +487,9 @@ def _read_collective(key: _Key, members: dict[int, GroupState], absent: tuple[in
                 in_progress.add(rank)
             continue
         if top_completed >= seq:
-            done = tuple(sorted(r for r, g in members.items() if g.completed >= seq))
-            stuck.append(_Stuck(rank, key, seq, done, _listed(state, seq)))
+            stuck.append(_Stuck(rank, key, seq, ranks_at("done", seq), _listed(state, seq)))
             continue
-        targets = tuple(sorted([r for r, g in members.items() if g.issued < seq] + list(absent)))
-        waits.append(_Wait(rank, key, seq, targets, _oldest_age(state, seq),
+        waits.append(_Wait(rank, key, seq, ranks_at("targets", seq), _oldest_age(state, seq),
                            _listed(state, seq)))
 
 

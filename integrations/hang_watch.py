@@ -70,12 +70,16 @@ class HeartbeatStats:
         sent: heartbeat datagrams handed to the kernel.
         send_dropped: datagrams dropped, the agent's queue full (``EAGAIN``).
         send_errors: datagrams that failed otherwise (no agent: ``ECONNREFUSED``...).
-        store_writes: keys written to the store.
+        store_writes: keys written to the store (a leader's node keys, a rank's own keys).
         store_reads: rank 0's reads of every rank's keys.
+        keys_to_leader: keys a rank handed to its node's leader over the local socket.
+        leader_lost: times a rank found its node's leader gone (no ack for two intervals, or
+            no local socket) and began writing its own key.
+        own_keys_read: rank 0: ranks' own keys read (ranks no fresh node key speaks for).
         store_errors: store operations that failed (an unreachable store, a timeout); the
             thread backs off, doubling its wait up to a minute.
-        bad_keys: keys rank 0 could not use: another run's, another rank's, garbled,
-            oversized.
+        bad_keys: keys rank 0 could not use (another run's, another rank's or node's,
+            garbled, oversized), or a leader refused from a rank of its node.
         seq_backwards: a rank's sequence numbers for a group went backwards (a restarted
             group): that group is left out of the episode's classification.
         silent_ranks: ranks found silent at a classification (summed over classifications).
@@ -91,6 +95,9 @@ class HeartbeatStats:
     send_errors: int = 0
     store_writes: int = 0
     store_reads: int = 0
+    keys_to_leader: int = 0
+    leader_lost: int = 0
+    own_keys_read: int = 0
     store_errors: int = 0
     bad_keys: int = 0
     seq_backwards: int = 0

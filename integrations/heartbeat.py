@@ -26,14 +26,20 @@ Two daemon threads per rank, started by :class:`~laggard.integrations.monitor.Tr
   attributes and copies a few integers under the tracer's short lock; it never takes a lock the
   training thread holds for long and never raises. When the training thread holds the GIL in
   native code for good the heartbeat stops too: that silence is the agent's evidence.
-* **The hang store exchange** writes one small key per rank, every ``hang_store_seconds``
-  (more rarely in a large job: at most ``Config.hang_store_writes_per_second`` writes reach the
-  store, the job's ranks together), to the job's ``torch.distributed`` store (the default
-  group's, ``distributed_c10d._get_default_store()``, cloned: its own connection and its own
-  timeout, never the job's, whose timeout is global), under ``laggard/<run>/hb/<rank>``: its
-  state (:func:`~laggard.integrations.heartbeat_key.encode_key`). Rank 0, once its own training
-  thread has made no progress for one interval, reads every rank's key each interval (``check``
-  first, so a missing key never blocks; then one ``multi_get``) and hands them to a
+* **The hang store exchange** puts every rank's state in the job's ``torch.distributed`` store
+  (the default group's, ``distributed_c10d._get_default_store()``, cloned: its own connection
+  and its own timeout, never the job's, whose timeout is global), **one key per node**: each
+  rank hands its key (:func:`~laggard.integrations.heartbeat_key.encode_key`) every
+  ``hang_store_seconds`` to its node's local leader over a local datagram socket, and the
+  leader writes one key for its node's ranks under ``laggard/<run>/hb/n/<leader>``
+  (:func:`~laggard.integrations.heartbeat_key.encode_node_key`) each interval (more rarely in
+  a large job: at most ``Config.hang_store_writes_per_second`` writes reach the store, the
+  job's leaders together). A rank whose leader stops acking writes its own key
+  ``hb/<rank>`` (:mod:`laggard.integrations.heartbeat_node`). Rank 0, once its own training
+  thread has made no progress for one interval, reads the round each interval
+  (:class:`~laggard.integrations.hang_read.RoundReader`: node keys, and the own keys of ranks
+  no fresh node key speaks for, ``check`` first so a missing key never blocks, then
+  ``multi_get`` in batches) and hands it to a
   :class:`~laggard.integrations.hang_watch.HangWatch`, which reports a hang when the job has
   made no progress for longer than ``Config.hang_seconds`` (default ``max(10 s, 5 x`` the
   typical step)) and :func:`laggard.detectors.hang.classify_hang` names culprits. It is its own
@@ -51,13 +57,12 @@ hung: no report. Bad input (a key of another run, sequence numbers going backwar
 unreachable store, a dead rank) is counted in :class:`HeartbeatStats`, never raised, never
 reported as a hang by itself.
 
-**Store traffic** (``benchmarks/RESULTS.md``, Issue 24): per rank one ``set`` of a key of about
-150 bytes plus 40 per group every interval (2 s: 30 writes, about 7 KB a minute with two
-groups); rank 0 reads only while its own training thread is stopped. At 16,384 ranks the 2 s
-interval would be 8,192 writes a second into the one store server, and each of rank 0's reads 3
-MB; the write budget (500 a second) stretches the interval to 33 s there, which bounds the
-store's load and makes in-job attribution take minutes: at that scale the agent's heartbeats and
-Prometheus are the path.
+**Store traffic** (``benchmarks/hang_round.py``): per node one ``set`` of about 230 bytes a
+rank (8 ranks: 1.9 KB) every interval; rank 0 reads only while its own training thread is
+stopped. The write budget (500 a second) stretches the interval to ``nodes / 500`` s: 4.1 s at
+2,048 nodes of 8 (16,384 ranks), 16.4 s at 8,192 (65,536 ranks), where one key per rank took
+33 s and 131 s; a real ``TCPStore`` takes such writes at tens of thousands a second, so the
+budget, not the store, sets the pace, and leaves the job's own store traffic room.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ import atexit
 import dataclasses
 import datetime
 import logging
+import math
 import os
 import threading
 import time
@@ -73,8 +79,10 @@ from collections.abc import Callable
 from typing import Any
 
 from laggard.detectors.hang import HangVerdict
+from laggard.integrations.hang_read import RoundReader, node_key_name, rank_key_name
 from laggard.integrations.hang_watch import HangReport, HangWatch, HeartbeatStats
-from laggard.integrations.heartbeat_key import RankSnapshot, encode_key
+from laggard.integrations.heartbeat_key import RankSnapshot, encode_key, encode_node_key
+from laggard.integrations.heartbeat_node import ACK, NodeCollector, NodeLayout, NodeLink, job_tag
 from laggard.log_once import LogOnce
 from laggard.wire import (
     CLOSED_PHASE,
@@ -88,8 +96,6 @@ log = logging.getLogger(__name__)
 #: The logger of the hang report (one WARNING line per hang episode, on rank 0).
 hang_log = logging.getLogger("laggard.hang")
 
-#: Keys whose existence rank 0 checks one by one in one read, at most (a key seen once stays).
-MAX_CHECKS_PER_READ = 256
 #: Timeout of the cloned store's operations, seconds (the job's own store is left as it is).
 STORE_TIMEOUT_SECONDS = 10.0
 #: Longest back-off between store attempts after errors, seconds.
@@ -165,7 +171,11 @@ class HeartbeatThreads:
         heartbeat_seconds: seconds between datagrams; 0: none.
         store: the job's store (None: the default group's, when there is one); store_seconds:
             the interval of the key writes (0: no store exchange); writes_per_second: the
-            job's write budget (stretches the interval to ``world_size / writes_per_second``).
+            job's write budget (stretches the interval to ``nodes / writes_per_second``).
+        local_rank, local_world_size: this rank's place on its node (None:
+            ``$LOCAL_RANK``, ``$LOCAL_WORLD_SIZE``; :class:`~laggard.integrations.
+            heartbeat_node.NodeLayout`); link_job: the name of the job's node sockets (None:
+            :func:`~laggard.integrations.heartbeat_node.job_tag` of the run).
         hang_seconds: the hang threshold; None: ``max(10 s, 5 x`` rank 0's typical step).
         on_hang: called with each :class:`HangReport` (rank 0, the store thread).
         classify: the hang rules; None: :func:`laggard.detectors.hang.classify_hang`.
@@ -173,7 +183,13 @@ class HeartbeatThreads:
     Attributes:
         stats: :class:`HeartbeatStats`.
         reports: the hang reports rank 0 made (at most 16 kept).
-        interval: seconds between two key writes.
+        layout: the rank's node (:class:`~laggard.integrations.heartbeat_node.NodeLayout`).
+        interval: seconds between two node key writes (and rank 0's reads):
+            ``max(store_seconds, nodes / writes_per_second)``.
+        rank_interval: seconds between two writes of a rank's own key where it has no node
+            socket: ``max(store_seconds, world_size / writes_per_second)``.
+        fallback_after: seconds without the leader's ack after which a member writes its own
+            key: two intervals and one ``store_seconds``.
     """
 
     def __init__(self, source: Any, *, rank: int, world_size: int, run: str = "",
@@ -182,7 +198,9 @@ class HeartbeatThreads:
                  store_seconds: float = 2.0, writes_per_second: float = 500.0,
                  hang_seconds: float | None = None,
                  on_hang: Callable[[HangReport], Any] | None = None,
-                 classify: Callable[..., HangVerdict] | None = None) -> None:
+                 classify: Callable[..., HangVerdict] | None = None,
+                 local_rank: int | None = None, local_world_size: int | None = None,
+                 link_job: str | None = None) -> None:
         self.source = source
         self.rank = rank
         self.world_size = world_size
@@ -191,8 +209,15 @@ class HeartbeatThreads:
         self.pid = os.getpid()
         self._send = send
         self.heartbeat_seconds = heartbeat_seconds
-        self.interval = max(store_seconds, world_size / writes_per_second) if (
+        self.layout = (NodeLayout.from_env(rank, world_size, local_rank)
+                       if local_world_size is None else
+                       NodeLayout.of(rank, world_size, local_rank, local_world_size))
+        self.store_seconds = store_seconds
+        self.interval = max(store_seconds, self.layout.nodes / writes_per_second) if (
             store_seconds > 0) else 0.0
+        self.rank_interval = max(store_seconds, world_size / writes_per_second)
+        self.fallback_after = 2.0 * self.interval + store_seconds
+        self.link_job = link_job if link_job is not None else job_tag(run)
         self.hang_seconds = hang_seconds
         self.on_hang = on_hang
         self.stats = HeartbeatStats()
@@ -203,7 +228,9 @@ class HeartbeatThreads:
         self._threads: list[threading.Thread] = []
         self._log_once = LogOnce(log)
         self._beat = 0
-        self._known: set[int] = set()  # ranks whose key is known to exist
+        #: rank 0's reader of rounds
+        self.reader = RoundReader(run=run, layout=self.layout, interval=self.interval,
+                                  stats=self.stats)
 
     def start(self) -> HeartbeatThreads:
         """Start the threads. They are daemon threads, and :meth:`close` is also registered
@@ -284,27 +311,109 @@ class HeartbeatThreads:
         store = self._open_store()
         if store is None:
             return
+        link = self._open_link()
+        try:
+            if self.layout.is_leader:
+                self._lead(store, link)
+            else:
+                self._follow(store, link)
+        finally:
+            if link is not None:
+                link.close()
+
+    def _lead(self, store: Any, link: NodeLink | None) -> None:
+        """A node's leader (every rank of a one-rank node, rank 0 too): each interval, read
+        its members' keys off the local socket and ack them, and write the node key; rank 0
+        also reads the round every ``store_seconds`` (not every interval: the hang is then
+        named up to two intervals sooner, and reads cost the store no writes). After store
+        errors both back off (doubling up to a minute); the acks go on each interval, so the
+        members never take a slow store for a lost leader."""
         watch = HangWatch(run=self.run, world_size=self.world_size, interval=self.interval,
                           classify=self._classify, stats=self.stats,
                           # a device clock (CUDA, the demo's emulated device): device verdicts
                           # hold even on gloo; else the watch reads the backend
                           device=True if getattr(self.source, "device_clock", None) is not None
                           else None) if self.rank == 0 else None
-        wait = 0.0  # first key at once: it exists before rank 0 reads it
+        collector = NodeCollector(self.run, self.layout.members)
+        # first key at once: it exists before rank 0 reads it
+        next_write = next_read = time.perf_counter()
         failures = 0
-        while not self._stop.wait(wait):
-            ok = True
+        while not self._stop.wait(max(0.0, min(next_write, next_read if watch is not None
+                                                else math.inf) - time.perf_counter())):
+            now = time.perf_counter()
             try:
-                snapshot = take_snapshot(self.source)
-                ok = self._write(store, snapshot)
-                if ok and watch is not None:
-                    ok = self._watch(store, watch, snapshot)
+                self._collect(link, collector)
+                ok = True
+                if now >= next_write:
+                    next_write = now + self.interval
+                    ok = self._write_node(store, take_snapshot(self.source), collector)
+                if ok and watch is not None and now >= next_read:
+                    next_read = now + self.store_seconds
+                    ok = self._watch(store, watch, take_snapshot(self.source))
             except Exception as exc:  # noqa: BLE001
                 self._error("store", exc)
+                ok = False
             failures = 0 if ok else failures + 1
-            wait = min(_MAX_BACKOFF_SECONDS, self.interval * 2 ** min(failures, 6))
+            if failures:
+                backoff = min(_MAX_BACKOFF_SECONDS, self.interval * 2 ** min(failures, 6))
+                # the acks still go each interval; the store is left alone for the back-off
+                next_write = next_read = now + backoff
+                self._wait_acking(link, collector, backoff)
         try:
-            self._write(store, take_snapshot(self.source), closed=True)
+            self._collect(link, collector)
+            self._write_node(store, take_snapshot(self.source), collector, closed=True)
+        except Exception as exc:  # noqa: BLE001
+            self._error("store", exc)
+
+    def _wait_acking(self, link: NodeLink | None, collector: NodeCollector,
+                     seconds: float) -> None:
+        """Wait ``seconds`` (or until closed), acking the members each interval."""
+        end = time.perf_counter() + seconds
+        while not self._stop.wait(max(0.0, min(self.interval, end - time.perf_counter()))):
+            if time.perf_counter() >= end:
+                return
+            self._collect(link, collector)
+
+    def _follow(self, store: Any, link: NodeLink | None) -> None:
+        """A member of a node: each ``store_seconds``, hand its key to the leader; while the
+        leader has not acked for :attr:`fallback_after` seconds (or there is no local socket),
+        write its own key ``hb/<rank>`` to the store: each interval when the leader had
+        answered before (a leader that hung: few ranks write), each per-rank interval when it
+        never has (no socket, another network namespace, a launcher whose node ranks are not
+        ``rank - local_rank`` onwards: every rank may write, as every rank did before node
+        keys, within the job's write budget)."""
+        started = last_ack = time.perf_counter()  # the leader's grace at start
+        last_own = next_store = -math.inf
+        own_interval = self.rank_interval
+        failures = 0
+        lost = False
+        wait = 0.0
+        while not self._stop.wait(wait):
+            wait = self.store_seconds
+            try:
+                payload = self._key(take_snapshot(self.source))
+                if link is not None:
+                    last_ack = self._hand_over(link, payload, last_ack)
+                now = time.perf_counter()
+                own_interval = self.interval if last_ack > started else self.rank_interval
+                lost = self._lost(link is None or now - last_ack > self.fallback_after, lost)
+                if not lost or now - last_own < own_interval or now < next_store:
+                    continue
+                last_own = now
+                ok = self._set(store, rank_key_name(self.rank), payload)
+            except Exception as exc:  # noqa: BLE001
+                self._error("store", exc)
+                ok = False
+            failures = 0 if ok else failures + 1
+            next_store = time.perf_counter() + (
+                min(_MAX_BACKOFF_SECONDS, own_interval * 2 ** min(failures, 6)) if failures
+                else 0.0)
+        try:  # the goodbye: through the leader, and the store itself when the leader is lost
+            payload = self._key(take_snapshot(self.source), closed=True)
+            if link is not None:
+                self._hand_over(link, payload, last_ack)
+            if lost:
+                self._set(store, rank_key_name(self.rank), payload)
         except Exception as exc:  # noqa: BLE001
             self._error("store", exc)
 
@@ -332,12 +441,68 @@ class HeartbeatThreads:
                            "attribution (the agent's heartbeats still go)", exc)
             return None
 
-    def _write(self, store: Any, snapshot: RankSnapshot, closed: bool = False) -> bool:
-        self._beat += 1
-        payload = encode_key(snapshot, rank=self.rank, run=self.run, pid=self.pid,
-                             beat=self._beat, closed=closed)
+    def _open_link(self) -> NodeLink | None:
+        """This rank's node socket; None for a one-rank node, or when it cannot be made
+        (logged once; a member then writes its own key)."""
+        if self.layout.size == 1:
+            return None
         try:
-            store.set(f"hb/{self.rank}", payload)
+            return NodeLink(self.link_job, self.rank)
+        except OSError as exc:
+            self._log_once("link", "laggard: no node socket for the hang exchange (%r); this "
+                           "rank writes its own key to the store", exc)
+            return None
+
+    def _key(self, snapshot: RankSnapshot, closed: bool = False) -> bytes:
+        """This rank's key value, its write counter advanced."""
+        self._beat += 1
+        return encode_key(snapshot, rank=self.rank, run=self.run, pid=self.pid,
+                          beat=self._beat, closed=closed)
+
+    def _collect(self, link: NodeLink | None, collector: NodeCollector) -> None:
+        """Leader: take the members' keys off the socket, ack each sender at once."""
+        if link is None:
+            return
+        bad = collector.bad
+        for rank in collector.take(link.drain()):
+            try:
+                link.send(rank, ACK)
+            except OSError:
+                pass  # the member is gone; its key stays as it was
+        self.stats.bad_keys += collector.bad - bad
+
+    def _hand_over(self, link: NodeLink, payload: bytes, last_ack: float) -> float:
+        """Member: send the key to the leader; returns when the leader last acked."""
+        try:
+            self.stats.keys_to_leader += link.send(self.layout.leader, payload)
+        except OSError:
+            pass  # no leader socket (not up yet, or its process is gone): the ack tells
+        if ACK in link.drain():
+            return time.perf_counter()
+        return last_ack
+
+    def _lost(self, lost: bool, was: bool) -> bool:
+        if lost and not was:
+            self.stats.leader_lost += 1
+            self._log_once("lost", "laggard: rank %d's node leader (rank %d) answers no more; "
+                           "this rank writes its own hang key until it does", self.rank,
+                           self.layout.leader)
+        return lost
+
+    def _write_node(self, store: Any, snapshot: RankSnapshot, collector: NodeCollector,
+                    closed: bool = False) -> bool:
+        keys = collector.keys()
+        keys[self.rank] = self._key(snapshot, closed=closed)
+        return self._set(store, node_key_name(self.rank),
+                         encode_node_key(keys, leader=self.rank, run=self.run, beat=self._beat))
+
+    def _write(self, store: Any, snapshot: RankSnapshot, closed: bool = False) -> bool:
+        """Write this rank's own key (a rank without a leader to hand it to)."""
+        return self._set(store, rank_key_name(self.rank), self._key(snapshot, closed=closed))
+
+    def _set(self, store: Any, name: str, payload: bytes) -> bool:
+        try:
+            store.set(name, payload)
         except Exception as exc:  # noqa: BLE001 - an unreachable store: counted, backed off
             self._store_error(exc)
             return False
@@ -363,23 +528,9 @@ class HeartbeatThreads:
         return True
 
     def _read(self, store: Any) -> dict[int, bytes | None]:
-        """Every rank's key; ``check`` first for keys not yet seen, so a missing key never
-        blocks; at most :data:`MAX_CHECKS_PER_READ` such checks per read."""
-        unknown = [r for r in range(self.world_size) if r not in self._known]
-        if unknown:
-            names = [f"hb/{r}" for r in unknown]
-            if store.check(names):
-                self._known.update(unknown)
-            else:
-                for r in unknown[:MAX_CHECKS_PER_READ]:
-                    if store.check([f"hb/{r}"]):
-                        self._known.add(r)
-        ranks = sorted(self._known)
-        values = store.multi_get([f"hb/{r}" for r in ranks]) if ranks else []
-        out: dict[int, bytes | None] = dict.fromkeys(range(self.world_size))
-        for r, value in zip(ranks, values, strict=True):
-            out[r] = bytes(value)
-        return out
+        """One round of every rank's key (:class:`~laggard.integrations.hang_read.
+        RoundReader`)."""
+        return self.reader.read(store, time.perf_counter())
 
     def _report(self, report: HangReport) -> None:
         self.stats.hangs_reported += 1

@@ -16,10 +16,21 @@ with ages in seconds to the millisecond (:func:`laggard.wire.round_age`), WALL t
 ``time.time()``, MEMBERS a list of ``[start, count, stride]`` runs of global ranks (a TP, PP or
 DP group is one run), or null for a P2P pair or a group needing more than
 :data:`MAX_MEMBER_RUNS`.
+
+**The node key** (version :data:`NODE_KEY_VERSION`), the value of ``laggard/<run>/hb/n/<LEADER>``
+that a node's local leader writes for its ranks (:mod:`laggard.integrations.heartbeat_node`):
+one header line, then the ranks' own keys as they sent them, one per line, unchanged (compact
+JSON never holds a raw newline)::
+
+    {"v":1,"r":RUN,"l":LEADER,"b":BEAT,"k":[RANK,...]}\n KEY_OF_RANK\n KEY_OF_RANK ...
+
+so rank 0 decodes each rank's key with :func:`decode_key` exactly as when the rank wrote it
+itself (:func:`encode_node_key`, :func:`decode_node_key`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -28,13 +39,18 @@ from typing import Any, TypeGuard
 
 from laggard.wire import MAX_HEARTBEAT_GROUPS, GroupProgress, check_run, round_age
 
-__all__ = ["KEY_VERSION", "MAX_KEY_BYTES", "MAX_MEMBER_RUNS", "BadKey", "RankKey",
-           "RankSnapshot", "decode_key", "encode_key"]
+__all__ = ["KEY_VERSION", "MAX_KEY_BYTES", "MAX_MEMBER_RUNS", "MAX_NODE_RANKS",
+           "NODE_KEY_VERSION", "BadKey", "NodeKey", "RankKey", "RankSnapshot", "decode_key",
+           "decode_node_key", "encode_key", "encode_node_key"]
 
 #: Version of the store key's format (:func:`encode_key`).
 KEY_VERSION = 1
 #: Largest store key value accepted (bytes); a larger one is counted as bad input.
 MAX_KEY_BYTES = 8192
+#: Version of the node key's format (:func:`encode_node_key`).
+NODE_KEY_VERSION = 1
+#: Ranks one node key carries at most (a node of 8 GPUs carries 8; 64 leaves room for CPU ranks).
+MAX_NODE_RANKS = 64
 #: Member runs (``[start, count, stride]``) a key lists per group; a group needing more is sent
 #: without its members.
 MAX_MEMBER_RUNS = 4
@@ -196,6 +212,82 @@ def decode_key(payload: bytes, *, run: str, rank: int) -> RankKey:
                    snapshot=snapshot, members=members)
 
 
+@dataclass(frozen=True, slots=True)
+class NodeKey:
+    """One node key, decoded (:func:`decode_node_key`).
+
+    Attributes:
+        leader: the rank that wrote it (its node's local rank 0).
+        beat: the leader's write counter (rank 0 tells a live leader by it changing).
+        keys: rank -> that rank's own key value (:func:`decode_key` reads it), as the rank sent
+            it to its leader.
+    """
+
+    leader: int
+    beat: int
+    keys: Mapping[int, bytes]
+
+
+def encode_node_key(keys: Mapping[int, bytes], *, leader: int, run: str, beat: int) -> bytes:
+    """The node key value: a header line and the ranks' keys (the format in the module
+    docstring).
+
+    Args:
+        keys: rank -> its key value (:func:`encode_key`), at most :data:`MAX_NODE_RANKS`.
+        leader, run: the writer (its node's local leader) and the run.
+        beat: the leader's write counter.
+
+    Returns:
+        UTF-8 bytes: about 50 bytes plus 6 per rank, plus the ranks' keys and one newline each.
+
+    Raises:
+        ValueError: more than :data:`MAX_NODE_RANKS` keys, or a key holding a newline.
+    """
+    if len(keys) > MAX_NODE_RANKS:
+        raise ValueError(f"{len(keys)} ranks > {MAX_NODE_RANKS} in one node key")
+    ranks = sorted(keys)
+    if any(b"\n" in keys[r] for r in ranks):
+        raise ValueError("a rank's key holds a newline")
+    header = json.dumps({"v": NODE_KEY_VERSION, "r": run, "l": leader, "b": beat, "k": ranks},
+                        separators=(",", ":")).encode()
+    return b"\n".join([header, *(keys[r] for r in ranks)])
+
+
+def decode_node_key(payload: bytes, *, run: str, leader: int) -> NodeKey:
+    """Split one node key into its ranks' keys (each still to be read with :func:`decode_key`,
+    which checks it is the rank's own).
+
+    Args:
+        payload: the value read from the store under ``hb/n/<leader>``.
+        run: the run rank 0 belongs to; leader: the leader whose key this is.
+
+    Raises:
+        BadKey: oversized, a header that is not JSON of this version, another run's or
+            leader's key, a rank list that is not distinct counters matching the lines.
+    """
+    if len(payload) > MAX_NODE_RANKS * (MAX_KEY_BYTES + 1) + 4096:
+        raise BadKey(f"a node key of {len(payload)} bytes")
+    lines = payload.split(b"\n")
+    try:
+        head = json.loads(lines[0])
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadKey(f"node key header not JSON: {exc}"[:80]) from None
+    if not isinstance(head, dict) or head.get("v") != NODE_KEY_VERSION:
+        raise BadKey("not a laggard node key of this version")
+    if head.get("r") != run:
+        raise BadKey(f"a node key of run {head.get('r')!r}, not {run!r}")
+    if head.get("l") != leader:
+        raise BadKey(f"leader {head.get('l')!r}'s node key under leader {leader}'s name")
+    ranks, beat = head.get("k"), head.get("b")
+    if not _count(beat):
+        raise BadKey("bad node beat")
+    if (not isinstance(ranks, list) or len(ranks) > MAX_NODE_RANKS
+            or len(ranks) != len(lines) - 1 or not all(_count(r) for r in ranks)
+            or len(set(ranks)) != len(ranks)):
+        raise BadKey("the node key's ranks do not match its lines")
+    return NodeKey(leader=leader, beat=beat, keys=dict(zip(ranks, lines[1:], strict=True)))
+
+
 def _count(value: Any) -> TypeGuard[int]:
     """A counter: a non-negative int (not a bool) exact as a float."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 53
@@ -229,14 +321,23 @@ def _runs(ranks: Sequence[int] | None) -> list[list[int]] | None:
 
 def _unruns(runs: Any) -> tuple[int, ...] | None:
     """The ranks of ``[start, count, stride]`` runs; None for anything else (too many runs, a
-    malformed run, a count beyond 2**24)."""
+    malformed run, a count beyond 2**24). Every rank of a group lists the same runs, so the
+    ranks are built once per distinct runs (:func:`_ranks_of`) and shared: rank 0 decodes a
+    round of R keys in O(R + group sizes), not O(R x group size)."""
     if not isinstance(runs, list) or len(runs) > MAX_MEMBER_RUNS:
         return None
+    if not all(isinstance(run, list) and len(run) == 3 and all(type(v) is int for v in run)
+               for run in runs):
+        return None  # plain ints only (a bool would hash as 1 and share a valid run's entry)
+    return _ranks_of(tuple(tuple(run) for run in runs))
+
+
+@functools.lru_cache(maxsize=4096)
+def _ranks_of(runs: tuple[tuple[int, int, int], ...]) -> tuple[int, ...] | None:
+    """:func:`_unruns` of runs already checked to be int triples."""
     out: list[int] = []
-    for run in runs:
-        if (not isinstance(run, list) or len(run) != 3 or not all(_count(v) for v in run[:2])
-                or not isinstance(run[2], int) or not 0 < run[1] <= 1 << 24):
+    for start, count, stride in runs:
+        if not (_count(start) and _count(count) and 0 < count <= 1 << 24):
             return None
-        start, count, stride = run
         out.extend(start + k * stride for k in range(count))
     return tuple(out)

@@ -264,7 +264,8 @@ class TrainingMonitor:
                 heartbeat_seconds=cfg.heartbeat_seconds,
                 store_seconds=cfg.hang_store_seconds if dist_mod is not None else 0.0,
                 writes_per_second=cfg.hang_store_writes_per_second,
-                hang_seconds=cfg.hang_seconds, on_hang=cfg.on_hang).start()
+                hang_seconds=cfg.hang_seconds, on_hang=cfg.on_hang,
+                local_rank=self.local_rank).start()
             self.stats.heartbeat = self._heartbeat.stats
         except Exception as exc:  # noqa: BLE001 - no heartbeat, the job goes on
             self._internal_error("heartbeat", exc)

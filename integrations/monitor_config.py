@@ -178,14 +178,15 @@ class MonitorConfig:
     whatever the training thread does (:mod:`laggard.integrations.heartbeat`); 0: none."""
 
     hang_store_seconds: float = 2.0
-    """Seconds between two writes of this rank's state to the job's ``torch.distributed``
-    store, from which rank 0 names the ranks that hold a hung job up (its own daemon
-    thread); 0: no in-job hang attribution."""
+    """Seconds between two hand-overs of this rank's state to its node's leader, which
+    writes it to the job's ``torch.distributed`` store, from which rank 0 names the ranks
+    that hold a hung job up (its own daemon thread); 0: no in-job hang attribution."""
 
     hang_store_writes_per_second: float = 500.0
-    """Store writes per second the job's ranks make together at most: in a job of more
-    than ``hang_store_seconds x`` this many ranks the interval is ``world_size /`` it
-    (16,384 ranks: 33 s)."""
+    """Store writes per second the job's node leaders make together at most (one key per
+    node, :mod:`laggard.integrations.heartbeat_node`): in a job of more than
+    ``hang_store_seconds x`` this many nodes the interval is ``nodes /`` it (16,384 ranks in
+    nodes of 8: 4.1 s)."""
 
     hang_seconds: float | None = None
     """A job whose ranks have all made no progress for this long, seconds, with ranks the

@@ -24,7 +24,11 @@ from laggard.integrations.heartbeat import (  # noqa: E402
     heartbeat_datagram,
     take_snapshot,
 )
-from laggard.integrations.heartbeat_key import RankSnapshot, encode_key  # noqa: E402
+from laggard.integrations.heartbeat_key import (  # noqa: E402
+    RankSnapshot,
+    encode_key,
+    encode_node_key,
+)
 from laggard.integrations.monitor import TrainingMonitor  # noqa: E402
 from laggard.integrations.trace_records import GroupInfo  # noqa: E402
 from laggard.integrations.tracer import CollectiveTracer  # noqa: E402
@@ -238,18 +242,21 @@ def _source(phase="data", since=0.0, step=3):
                            typical_step_seconds=lambda: 0.2)
 
 
-def test_rank_0_reads_keys_that_exist_and_checks_the_rest_one_by_one():
+def test_rank_0_reads_keys_that_exist_and_checks_the_rest_by_halves():
     store = FakeStore()
     threads = HeartbeatThreads(_source(), rank=0, world_size=3, run="r1", store=store,
-                               store_seconds=2.0)
-    for rank in (0, 2):
-        store.set(f"hb/{rank}", encode_key(make_snapshot(), rank=rank, run="r1", pid=1, beat=1))
+                               store_seconds=2.0, local_rank=0, local_world_size=1)
+    for rank in (0, 2):  # one-rank nodes: each writes a node key of itself
+        store.set(f"hb/n/{rank}", encode_node_key(
+            {rank: encode_key(make_snapshot(), rank=rank, run="r1", pid=1, beat=1)},
+            leader=rank, run="r1", beat=1))
     payloads = threads._read(store)
     assert payloads[1] is None and payloads[0] is not None and payloads[2] is not None
-    assert threads._known == {0, 2}
-    store.set("hb/1", b"{}")
+    assert threads.reader._known_nodes == {0, 2}
+    store.set("hb/1", b"{}")  # rank 1's own key (no node key speaks for it)
     store.checks = 0
-    assert threads._read(store)[1] == b"{}" and store.checks == 1  # only rank 1 rechecked
+    assert threads._read(store)[1] == b"{}" and store.checks == 2  # only rank 1 rechecked
+    assert threads.stats.own_keys_read == 1
 
 
 def test_an_unreachable_store_is_counted_and_reports_nothing():
@@ -276,7 +283,7 @@ def test_the_store_thread_reports_through_on_hang_and_survives_a_raising_callbac
     watch = HangWatch(run="r1", world_size=4, interval=2.0,
                       stats=threads.stats)
     for rank, payload in make_keys(hung_job(), beat=1).items():
-        store.set(f"hb/{rank}", payload)
+        store.set(f"hb/{rank}", payload)  # ranks' own keys: no node key speaks for them
     with caplog.at_level("WARNING", logger="laggard.hang"):
         assert threads._watch(store, watch, take_snapshot(threads.source)) is True
     assert [r.ranks for r in got] == [(1,)] and threads.stats.callback_errors == 1

@@ -8,10 +8,13 @@ from heartbeat_data import make_snapshot
 
 from laggard.integrations.heartbeat_key import (
     MAX_KEY_BYTES,
+    MAX_NODE_RANKS,
     BadKey,
     RankSnapshot,
     decode_key,
+    decode_node_key,
     encode_key,
+    encode_node_key,
 )
 from laggard.wire import GroupProgress
 
@@ -68,3 +71,35 @@ def test_members_needing_more_runs_than_a_key_lists_are_left_out():
     key = decode_key(encode_key(snap, rank=0, run="r", pid=1, beat=1), run="r", rank=0)
     assert key.members == {}
     assert len(encode_key(snap, rank=0, run="r", pid=1, beat=1)) < MAX_KEY_BYTES
+
+
+# ------------------------------------------------------------------ the node key
+def _node(keys=(2, 3), leader=2, run="r1", beat=5) -> bytes:
+    return encode_node_key({r: encode_key(make_snapshot(), rank=r, run=run, pid=1, beat=r)
+                            for r in keys}, leader=leader, run=run, beat=beat)
+
+
+def test_a_node_key_carries_its_ranks_keys_unchanged():
+    own = {r: encode_key(make_snapshot(step=r), rank=r, run="r1", pid=9, beat=r) for r in (5, 4)}
+    node = decode_node_key(encode_node_key(own, leader=4, run="r1", beat=7), run="r1", leader=4)
+    assert (node.leader, node.beat) == (4, 7) and node.keys == own
+    assert decode_key(node.keys[5], run="r1", rank=5).snapshot.step == 5
+
+
+@pytest.mark.parametrize("payload, leader", [
+    (_node(run="other"), 2),  # another run's
+    (_node(), 3),  # another leader's, under this one's name
+    (_node().rsplit(b"\n", 1)[0], 2),  # a line short of its rank list
+    (_node().replace(b'"v":1', b'"v":2', 1), 2),  # another version
+    (_node().replace(b'"k":[2,3]', b'"k":[2,2]'), 2),  # a rank twice
+    (b"\xff\n{}", 2),
+])
+def test_a_node_key_of_another_run_leader_or_shape_is_refused(payload, leader):
+    with pytest.raises(BadKey):
+        decode_node_key(payload, run="r1", leader=leader)
+
+
+def test_a_node_key_refuses_more_ranks_than_a_node_holds():
+    with pytest.raises(ValueError, match="ranks"):
+        encode_node_key({r: b"{}" for r in range(MAX_NODE_RANKS + 1)}, leader=0, run="r",
+                        beat=1)
