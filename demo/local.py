@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,18 +72,28 @@ def run(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with tempfile.TemporaryDirectory(prefix="laggard-demo-") as tmp:
-            return _run(args, metrics_address, intake_address, Path(tmp), children)
+            try:
+                return _run(args, metrics_address, intake_address, Path(tmp), children)
+            finally:
+                # Every child stopped before the directory they write into is removed (a rank
+                # still writing made the removal fail with ENOTEMPTY after a Ctrl-C).
+                _stop_children(children, previous)
     except _Stop as stop:
         print(f"\nlaggard demo: {signal.Signals(stop.signum).name}, stopping everything",
               file=sys.stderr)
         return 128 + stop.signum
     finally:
-        # Ignore further signals while stopping, so a second Ctrl-C cannot orphan a rank.
-        for s in previous:
-            signal.signal(s, signal.SIG_IGN)
-        children.stop_all()
+        _stop_children(children, previous)
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _stop_children(children: _Children, signals: Iterable[int]) -> None:
+    """Stop every child, ignoring further ``signals`` meanwhile so a second Ctrl-C cannot
+    orphan a rank (they stay ignored: the caller restores its handlers)."""
+    for s in signals:
+        signal.signal(s, signal.SIG_IGN)
+    children.stop_all()
 
 
 def fake_gpu_scenario(args: argparse.Namespace) -> str:
