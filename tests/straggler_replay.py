@@ -1,8 +1,8 @@
-"""Recorded windows for the straggler detector's replay test (test_straggler_replay.py): the
+"""Recorded windows for the straggler detector's replay test (tests/detectors/test_straggler_replay.py): the
 synthetic job's windows (the simulator's timings per peer group, with bad input), their
 storage in tests/fixtures/straggler_groups/, and one detector run's outputs as plain data.
 
-``python tests/detectors/straggler_replay.py`` wrote the fixtures with the per-group detectors
+``python tests/straggler_replay.py`` wrote the fixtures with the per-group detectors
 of commit 1271479 (one ``StragglerDetector`` per group, before the vectorised detector); the
 test replays the same windows through today's code and compares its outputs with those.
 """
@@ -18,7 +18,7 @@ import numpy as np
 from laggard.detectors.peer_groups import PeerGroups
 from laggard.detectors.window import WindowRecord
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "straggler_groups"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "straggler_groups"
 COLUMNS = ("compute_seconds", "data_seconds", "collective_wait_seconds", "transfer_seconds",
            "step_seconds")
 
@@ -41,7 +41,7 @@ def synthetic_records() -> list[WindowRecord]:
     slower from step 900; then bad input: rank 7's row NaN (window 30), rank 27 absent
     (windows 31-37), a duplicate and two out-of-range rows (window 40), group 3 all NaN
     (window 45), a window of another world size (50), the step counter going back (52)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from straggler_sim import JobModel, Straggler, simulate
 
     groups = synthetic_groups()
