@@ -615,8 +615,11 @@ class StragglerDetector:
         warmed = advancing & (self._windows_seen >= self.config.persistence_windows)
         warm_rows = warmed[groups]
         if warmed.any():
+            # every group's pooled noise at once: the median of its last windows' sigmas
+            noise = self._noise
+            pooled = row_nanmedian(np.where(np.isfinite(noise), noise, np.nan).transpose(0, 2, 1))
             for g in np.flatnonzero(warmed).tolist():
-                self._tests[g] = self._calibrate(g, int(index.counts[g]))
+                self._tests[g] = self._calibrate(pooled[g], int(index.counts[g]))
             confirmed = self._corroborated(excess[warm_rows], deficit[warm_rows],
                                            groups[warm_rows])
             self._accumulate(ranks[warm_rows], groups[warm_rows], excess[warm_rows], confirmed)
@@ -667,21 +670,24 @@ class StragglerDetector:
     def _history(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each present rank's median over the last N windows, per ring column, and in how
         many of them it was present: (R, C) float64 and (R, C) int64."""
-        history = self._ring[:, ranks]  # (N, R, C)
+        if ranks.size == self._capacity and (ranks == np.arange(ranks.size)).all():
+            history = self._ring  # every rank, in order (the usual window): no copy
+        else:
+            history = self._ring[:, ranks]  # (N, R, C)
         count = np.sum(~np.isnan(history), axis=0)
         ordered = _sort_windows(history)  # absent windows last
         typical = _pick(ordered, (count - 1) // 2) / 2 + _pick(ordered, count // 2) / 2
         typical[count == 0] = np.nan
         return typical, count
 
-    def _calibrate(self, group: int, ranks: int) -> _Test:
-        """Each chart's reference value and interval from the group's pooled noise: h such
-        that the group raises a false alarm once per ``false_alarm_windows`` windows
-        (Siegmund's approximation per test, the run length split over ranks x measured signals
-        x charts)."""
+    def _calibrate(self, pooled: np.ndarray, ranks: int) -> _Test:
+        """Each chart's reference value and interval from a group's pooled noise ((S + 1,):
+        the median over its last windows of each signal's cross-rank sigma, then the wait
+        deficit's), for its ``ranks`` present ranks: h such that the group raises a false
+        alarm once per ``false_alarm_windows`` windows (Siegmund's approximation per test, the
+        run length split over ranks x measured signals x charts)."""
         c = self.config
         signals, charts = len(SIGNAL_KINDS), len(c.charts)
-        pooled = nanmedian_rows(self._noise[group])
         noise, deficit_noise = pooled[:signals], float(pooled[signals])
         measured = np.isfinite(noise)
         run_length = c.false_alarm_windows * ranks * max(int(measured.sum()), 1) * charts
