@@ -128,10 +128,12 @@ def monitor_for(job: Job) -> TrainingMonitor:
 
 @dataclass(slots=True)
 class Result:
-    """One run: analysis seconds per window, the window the slow rank was named at (None:
-    never), other ranks named, RSS growth (bytes) after each window."""
+    """One run: analysis seconds per window (wall, and this thread's CPU: on a loaded host
+    the wall time also counts the waits for a core), the window the slow rank was named at
+    (None: never), other ranks named, RSS growth (bytes) after each window."""
 
     seconds: list[float]
+    cpu_seconds: list[float]
     named_at: int | None
     others: set[int]
     rss_growth: list[int]
@@ -142,6 +144,9 @@ class Result:
     def p95_ms(self) -> float:
         return 1e3 * float(np.percentile(self.seconds, 95))
 
+    def cpu_ms(self) -> float:
+        return 1e3 * statistics.median(self.cpu_seconds)
+
 
 def run_monitor(job: Job, windows: int) -> Result:
     """``windows`` windows through the real rank-0 path; the stack + unpack + analyse timed."""
@@ -150,13 +155,14 @@ def run_monitor(job: Job, windows: int) -> Result:
     process = psutil.Process()
     gc.collect()
     rss0 = process.memory_info().rss
-    seconds, growth, named_at, others = [], [], None, set()
+    seconds, cpu, growth, named_at, others = [], [], [], None, set()
     for w in range(windows):
         gathered = gathered_rows(monitor.layout, job.columns(w, rng), job.ranks)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         record = unpacked(monitor.layout, gathered, 20 * w + 19, job.ranks)
         findings = monitor.analyse(record)
         seconds.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
         del gathered, record
         for f in findings:
             if f.rank is None or f.cleared:
@@ -167,7 +173,7 @@ def run_monitor(job: Job, windows: int) -> Result:
                 others.add(f.rank)
         growth.append(process.memory_info().rss - rss0)
     monitor.close()
-    return Result(seconds, named_at, others, growth)
+    return Result(seconds, cpu, named_at, others, growth)
 
 
 def run_per_group_objects(job: Job, windows: int) -> Result:
@@ -182,10 +188,10 @@ def run_per_group_objects(job: Job, windows: int) -> Result:
         false_alarm_windows=base.false_alarm_windows * job.groups)) for _ in range(job.groups)]
     size = job.ranks // job.groups
     rng = np.random.default_rng(job.seed)
-    seconds, named_at, others = [], None, set()
+    seconds, cpu, named_at, others = [], [], None, set()
     for w in range(windows):
         gathered = gathered_rows(layout, job.columns(w, rng), job.ranks)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         record = unpacked(layout, gathered, 20 * w + 19, job.ranks)
         window = RankWindow.from_record(record)
         findings = []
@@ -193,12 +199,13 @@ def run_per_group_objects(job: Job, windows: int) -> Result:
             rows = np.arange(g * size, (g + 1) * size)
             findings += detector.update(window_rows(window, rows))
         seconds.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
         for f in findings:
             if f.rank == job.slow_rank and not f.cleared and named_at is None:
                 named_at = w
             elif f.rank is not None and f.rank != job.slow_rank and not f.cleared:
                 others.add(f.rank)
-    return Result(seconds, named_at, others, [])
+    return Result(seconds, cpu, named_at, others, [])
 
 
 def load() -> str:
@@ -216,17 +223,17 @@ def analysis_section(args: argparse.Namespace) -> dict[tuple[int, int], Result]:
     print("\n## Analysis per window: stack + unpack + TrainingMonitor.analyse on rank 0\n")
     print(f"{args.windows} windows each, slow rank {SLOWDOWN:.2f}x from window {args.onset} "
           f"(named at window {args.onset + 2} at the earliest: min_windows = 3)\n")
-    print("| ranks | peer groups | median ms | p95 ms | x 1,024 ranks (median) | "
-          "slow rank named at window | other ranks named | load 1/5 min |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| ranks | peer groups | median ms | p95 ms | CPU median ms | x 1,024 ranks "
+          "(median) | slow rank named at window | other ranks named | load 1/5 min |")
+    print("|---|---|---|---|---|---|---|---|---|")
     results: dict[tuple[int, int], Result] = {}
     for ranks, groups in sizes(args.quick):
         job = Job(ranks, groups, args.onset)
         result = results[(ranks, groups)] = run_monitor(job, args.windows)
         base = results[(1024, groups)]
         print(f"| {ranks:,} | {groups} | {result.median_ms():.0f} | {result.p95_ms():.0f} | "
-              f"{result.median_ms() / base.median_ms():.1f} | {result.named_at} | "
-              f"{sorted(result.others) or 'none'} | {load()} |", flush=True)
+              f"{result.cpu_ms():.0f} | {result.median_ms() / base.median_ms():.1f} | "
+              f"{result.named_at} | {sorted(result.others) or 'none'} | {load()} |", flush=True)
     return results
 
 
@@ -241,7 +248,7 @@ def rss_section(args: argparse.Namespace) -> None:
     for ranks in (1024, 4096) if args.quick else (1024, 65536):
         result = run_monitor(Job(ranks, 64, args.onset), args.rss_windows)
         first, last = result.rss_growth[0], result.rss_growth[-1]
-        baseline = baseline or max(last, 1)
+        baseline = baseline or max(last, MB)  # at least 1 MB: RSS moves in pages
         print(f"| {ranks:,} | {first / MB:.0f} | {last / MB:.0f} | {last / baseline:.1f} | "
               f"{result.median_ms():.0f} | {result.named_at} | {load()} |", flush=True)
 
@@ -249,14 +256,15 @@ def rss_section(args: argparse.Namespace) -> None:
 def baseline_section(args: argparse.Namespace,
                      results: dict[tuple[int, int], Result]) -> None:
     print("\n## Against one StragglerDetector object per peer group (the old path)\n")
-    print("| ranks | peer groups | per-group objects median ms | vectorised (monitor) "
-          "median ms | ratio | named at (objects / vectorised) | load 1/5 min |")
+    print("| ranks | peer groups | per-group objects median ms (CPU) | vectorised (monitor) "
+          "median ms (CPU) | ratio (wall) | named at (objects / vectorised) | load 1/5 min |")
     print("|---|---|---|---|---|---|---|")
     for ranks in (1024,) if args.quick else (1024, 4096):
         job = Job(ranks, 64, args.onset)
         old = run_per_group_objects(job, args.windows)
         new = results[(ranks, 64)]
-        print(f"| {ranks:,} | 64 | {old.median_ms():.0f} | {new.median_ms():.0f} | "
+        print(f"| {ranks:,} | 64 | {old.median_ms():.0f} ({old.cpu_ms():.0f}) | "
+              f"{new.median_ms():.0f} ({new.cpu_ms():.0f}) | "
               f"{old.median_ms() / new.median_ms():.1f} | {old.named_at} / {new.named_at} | "
               f"{load()} |", flush=True)
 

@@ -1,13 +1,16 @@
-"""The straggler detector per peer group: a window's rows sliced by group, small groups pooled
-by work-normalised time, and the stage balance beside them.
+"""The straggler detection of a job with peer groups: every group compared within itself in
+one pass over the window, small groups pooled by work-normalised time, and the stage balance
+beside them.
 
 With peer groups (:class:`~laggard.detectors.peer_groups.PeerGroups` of more than one group: a
 pipeline's stages, tensor-parallel coordinates), each rank is compared only with the ranks doing
 the same work:
 
-- a group of at least ``min_ranks`` ranks gets a :class:`StragglerDetector` of its own, fed that
-  group's rows (:func:`window_rows`: global ranks kept, ``world_size=None`` so the other groups'
-  ranks do not count as missing), so its thresholds follow its own noise;
+- each group of at least ``min_ranks`` ranks is a comparison of its own (its thresholds follow
+  its own noise, its warm-up and whole-group slowdown are its own), all of them run by one
+  :class:`StragglerDetector` (:meth:`~StragglerDetector.update_groups`: the window's rows
+  labelled by comparison, global ranks kept, ``world_size=None`` so the ranks of groups not
+  compared do not count as missing);
 - groups smaller than that are pooled into one comparison across groups by work-normalised time
   (:func:`normalised`): each rank's compute, data, wait and transfer seconds divided by its
   group's reference work, the *fastest* rank's compute + data in the window (with two ranks the
@@ -17,11 +20,18 @@ the same work:
 - :class:`~laggard.detectors.stage_balance.StageBalance` compares the groups' work (2 or more
   groups): a heavier stage is ``kind="stage_imbalance"``, not a straggler.
 
-Each of the D detectors is tuned for ``false_alarm_windows x D`` windows between false alarms,
-so the job as a whole keeps the configured rate. Memory: a group's detector keeps per-rank arrays
-up to its highest global rank (about 330 bytes a rank), so G groups of a job of R ranks hold
-about ``330 x G x R`` bytes (64 groups of 16,384 ranks: 350 MB); the per-group rows are not
-compacted yet.
+Each of the D comparisons is tuned for ``false_alarm_windows x D`` windows between false
+alarms, so the job as a whole keeps the configured rate. Its findings, scores and counters are
+those of D detectors side by side, one per comparison, each fed its group's rows (what this
+module did before issue 31; ``tests/detectors/test_straggler_replay.py`` replays recorded
+windows against their outputs), except the step counter's ``step_regressions`` and
+``window_length_changes``, counted once per window rather than once per detector.
+
+Cost: the per-rank state is one array for the whole job, about 340 bytes a rank (the history
+ring of 5 windows x 5 columns, the CUSUM sums, the last excess), whatever the number of groups:
+22 MB at 65,536 ranks; the per-group figures (medians, noise) come from one sort of the window
+(:class:`~laggard.detectors.stats.GroupIndex`), not a pass per group. ``benchmarks/scale.py``
+measures it.
 
 Pure numpy, no torch: the monitor's :class:`~laggard.integrations.participants.
 StragglerParticipant` feeds it the gathered window record on rank 0.

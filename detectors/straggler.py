@@ -28,6 +28,14 @@ window record by name (:meth:`RankWindow.from_record`: each rank's medians over 
 robust to a one-step garbage-collection pause, so K = 1); windows of raw K steps per rank are
 accepted too and give the same statistic, at K times the gathered bytes.
 
+Peer groups (issue 31): one detector compares several groups of ranks side by side, each
+within itself (:meth:`StragglerDetector.update_groups`, rows labelled by group), as separate
+detectors would, in one pass over the window: the per-rank state is one array indexed by
+global rank for all groups (each rank is in one group), the per-group figures (medians, noise,
+thresholds, warm-up, whole-group baseline) are (G,) arrays computed from one sort of the window
+(:class:`~laggard.detectors.stats.GroupIndex`). :meth:`StragglerDetector.update` is the one
+group case.
+
 This module is over 600 lines: it is one cohesive class, :class:`StragglerDetector`, with its
 findings' text and evidence beside the test that raises them; the window format
 (:mod:`~laggard.detectors.window`), the sequential test (:mod:`~laggard.detectors.sequential`),
@@ -674,7 +682,15 @@ class StragglerDetector:
             history = self._ring  # every rank, in order (the usual window): no copy
         else:
             history = self._ring[:, ranks]  # (N, R, C)
-        count = np.sum(~np.isnan(history), axis=0)
+        missing = np.isnan(history)
+        n = history.shape[0]
+        if not missing.any():
+            # every rank in each of the N windows (a steady job): the middle rows of the
+            # sorted history, without the per-element picks (the same values)
+            ordered = _sort_windows(history, absent=False)
+            typical = ordered[(n - 1) // 2] / 2 + ordered[n // 2] / 2
+            return typical, np.full(typical.shape, n, dtype=np.int64)
+        count = n - np.sum(missing, axis=0)
         ordered = _sort_windows(history)  # absent windows last
         typical = _pick(ordered, (count - 1) // 2) / 2 + _pick(ordered, count // 2) / 2
         typical[count == 0] = np.nan
@@ -1038,14 +1054,16 @@ def _message(*, signal: int, where: str, slowdown: float, job_work: float,
             f"it ({cost}): check its network link (NIC, cable, switch port)")
 
 
-def _sort_windows(history: np.ndarray) -> np.ndarray:
-    """Sort each rank's few windows: (N, R, C) ascending along N, NaN replaced by +inf.
+def _sort_windows(history: np.ndarray, *, absent: bool = True) -> np.ndarray:
+    """Sort each rank's few windows: (N, R, C) ascending along N, NaN replaced by +inf
+    (``absent=False``: the caller has checked there is no NaN).
 
     An odd-even transposition network (Knuth, TAOCP vol. 3, 5.3.4) of elementwise min/max over
     all ranks at once: N is small (a handful of windows), and numpy's sort of 16,384 x C rows of
     N values costs ten times more in per-row overhead.
     """
-    rows = list(np.where(np.isnan(history), np.inf, history))  # N contiguous (R, C) arrays
+    rows = list(np.where(np.isnan(history), np.inf, history) if absent
+                else history)  # N (R, C) arrays, never written to
     for phase in range(len(rows)):
         for i in range(phase % 2, len(rows) - 1, 2):
             low, high = rows[i], rows[i + 1]

@@ -1,6 +1,7 @@
-"""Recorded windows for the straggler detector's replay test (tests/detectors/test_straggler_replay.py): the
-synthetic job's windows (the simulator's timings per peer group, with bad input), their
-storage in tests/fixtures/straggler_groups/, and one detector run's outputs as plain data.
+"""Recorded windows for the straggler detector's replay test
+(tests/detectors/test_straggler_replay.py): the synthetic job's windows (the simulator's
+timings per peer group, with bad input), their storage in tests/fixtures/straggler_groups/,
+and one detector run's outputs as plain data.
 
 ``python tests/straggler_replay.py`` wrote the fixtures with the per-group detectors
 of commit 1271479 (one ``StragglerDetector`` per group, before the vectorised detector); the
