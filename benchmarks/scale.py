@@ -110,18 +110,27 @@ def gathered_rows(layout: WindowLayout, columns: dict[str, np.ndarray], ranks: i
     return list(torch.from_numpy(matrix).unbind(0))
 
 
+def node_names(ranks: int) -> list[str]:
+    """Each rank's host name, 8 ranks a node (WindowGather gathers them once, at the first
+    window, and gives every record a new list of the same strings)."""
+    return [f"node{r // 8:05d}" for r in range(ranks)]
+
+
 def unpacked(layout: WindowLayout, gathered: list[torch.Tensor], step: int,
-             ranks: int) -> WindowRecord:
+             nodes: list[str]) -> WindowRecord:
     """WindowGather.gather's record from the gathered tensors."""
+    ranks = len(nodes)
     return WindowRecord(step=step, columns=layout.unpack(torch.stack(gathered).numpy()),
                         ranks=np.arange(ranks, dtype=np.int64), world_size=ranks,
-                        nodes=[f"node{r // 8:05d}" for r in range(ranks)],
-                        local_ranks=np.arange(ranks, dtype=np.int64) % 8)
+                        nodes=list(nodes), local_ranks=np.arange(ranks, dtype=np.int64) % 8)
 
 
-def monitor_for(job: Job) -> TrainingMonitor:
+def monitor_for(job: Job, history_windows: int = 256) -> TrainingMonitor:
+    """Rank 0's monitor of ``job``: no agent, no heartbeat, no dist; ``history_windows`` the
+    window records it keeps (``Config.history_windows``, 256 by default)."""
     config = TrainingMonitor.Config(agent_address="", heartbeat_seconds=0,
                                     hang_store_seconds=0, gc_timing=False,
+                                    history_windows=history_windows,
                                     peer_groups=job.peer_groups(), node="node00000")
     return TrainingMonitor(config, rank=0, world_size=job.ranks)
 
@@ -148,9 +157,10 @@ class Result:
         return 1e3 * statistics.median(self.cpu_seconds)
 
 
-def run_monitor(job: Job, windows: int) -> Result:
+def run_monitor(job: Job, windows: int, history_windows: int = 256) -> Result:
     """``windows`` windows through the real rank-0 path; the stack + unpack + analyse timed."""
-    monitor = monitor_for(job)
+    monitor = monitor_for(job, history_windows)
+    nodes = node_names(job.ranks)
     rng = np.random.default_rng(job.seed)
     process = psutil.Process()
     gc.collect()
@@ -159,7 +169,7 @@ def run_monitor(job: Job, windows: int) -> Result:
     for w in range(windows):
         gathered = gathered_rows(monitor.layout, job.columns(w, rng), job.ranks)
         start, start_cpu = time.perf_counter(), time.thread_time()
-        record = unpacked(monitor.layout, gathered, 20 * w + 19, job.ranks)
+        record = unpacked(monitor.layout, gathered, 20 * w + 19, nodes)
         findings = monitor.analyse(record)
         seconds.append(time.perf_counter() - start)
         cpu.append(time.thread_time() - start_cpu)
@@ -187,12 +197,13 @@ def run_per_group_objects(job: Job, windows: int) -> Result:
     detectors = [StragglerDetector(StragglerDetector.Config(
         false_alarm_windows=base.false_alarm_windows * job.groups)) for _ in range(job.groups)]
     size = job.ranks // job.groups
+    nodes = node_names(job.ranks)
     rng = np.random.default_rng(job.seed)
     seconds, cpu, named_at, others = [], [], None, set()
     for w in range(windows):
         gathered = gathered_rows(layout, job.columns(w, rng), job.ranks)
         start, start_cpu = time.perf_counter(), time.thread_time()
-        record = unpacked(layout, gathered, 20 * w + 19, job.ranks)
+        record = unpacked(layout, gathered, 20 * w + 19, nodes)
         window = RankWindow.from_record(record)
         findings = []
         for g, detector in enumerate(detectors):
@@ -239,18 +250,21 @@ def analysis_section(args: argparse.Namespace) -> dict[tuple[int, int], Result]:
 
 def rss_section(args: argparse.Namespace) -> None:
     print(f"\n## Rank 0 RSS growth over {args.rss_windows} windows, 64 groups\n")
-    print("The monitor's whole growth: the detector's state and the kept history "
-          "(TrainingMonitor.windows, up to Config.history_windows = 256 full records).\n")
-    print("| ranks | after window 1 MB | after the last MB | x 1,024 ranks | analysis median ms "
-          "| slow rank named at | load 1/5 min |")
-    print("|---|---|---|---|---|---|---|")
+    print("With the kept history (TrainingMonitor.windows, Config.history_windows = 256 full "
+          "records: issue 31 part 3 compacts it), and without it (history_windows = 0: the "
+          "detectors' share).\n")
+    print("| ranks | kept windows | after window 1 MB | after the last MB | x 1,024 ranks "
+          "| analysis median ms | slow rank named at | load 1/5 min |")
+    print("|---|---|---|---|---|---|---|---|")
     baseline = None
-    for ranks in (1024, 4096) if args.quick else (1024, 65536):
-        result = run_monitor(Job(ranks, 64, args.onset), args.rss_windows)
+    largest = 4096 if args.quick else 65536
+    for ranks, kept in ((1024, 256), (largest, 256), (largest, 0)):
+        result = run_monitor(Job(ranks, 64, args.onset), args.rss_windows, kept)
         first, last = result.rss_growth[0], result.rss_growth[-1]
         baseline = baseline or max(last, MB)  # at least 1 MB: RSS moves in pages
-        print(f"| {ranks:,} | {first / MB:.0f} | {last / MB:.0f} | {last / baseline:.1f} | "
-              f"{result.median_ms():.0f} | {result.named_at} | {load()} |", flush=True)
+        print(f"| {ranks:,} | {kept} | {first / MB:.0f} | {last / MB:.0f} | "
+              f"{last / baseline:.1f} | {result.median_ms():.0f} | {result.named_at} | "
+              f"{load()} |", flush=True)
 
 
 def baseline_section(args: argparse.Namespace,
