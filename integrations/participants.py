@@ -165,10 +165,11 @@ class StragglerParticipant(WindowParticipant):
     the ranks doing the same work, by
     :class:`~laggard.detectors.group_straggler.PeerGroupStraggler` (each group compared
     within itself, small groups pooled by work-normalised time, the stage balance; its
-    docstring says how and what it costs). Every straggler finding carries ``evidence["peer_group"]`` (its group's name,
-    ``"all"`` without groups) and ``evidence["compared"]`` (``"within peer group"`` or
-    ``"across groups, work-normalised"``). Without peer groups (or with one group of every
-    rank) it is one detector over all ranks.
+    docstring says how and what it costs). Every straggler finding carries
+    ``evidence["peer_group"]`` (its group's name, ``"all"`` without groups) and
+    ``evidence["compared"]`` (``"within peer group"`` or ``"across groups,
+    work-normalised"``). Without peer groups (or with one group of every rank) it is one
+    detector over all ranks.
 
     Args:
         config: ``StragglerDetector.Config``; None for its defaults.
