@@ -213,3 +213,52 @@ def test_bad_rows_through_the_participant_are_counted_not_raised():
     stats = outcome.detector_stats
     assert stats["invalid_ranks"] == 1 and stats["missing_rank_reports"] == 1 + 1
     assert stats["too_few_ranks_windows"] == 4 + 1  # every group of window 0, group 0 of 2
+
+
+def test_one_pass_equals_a_detector_per_group_fed_its_rows():
+    """Groups of uneven sizes, random NaN cells, a group short of ranks for two windows and a
+    raised rank that stops reporting (cleared ``not_reporting``): the one detector's findings
+    and scores equal those of one single-group detector per group, each fed its group's rows
+    (the single-group detector is what test_straggler_replay.py checks against the old code)."""
+    groups = PeerGroups.from_lists([list(range(0, 5)), list(range(5, 11)),
+                                    list(range(11, 18))], 18)
+    grouped = PeerGroupStraggler(groups)
+    config = grouped.detector.config
+    alone = [StragglerDetector(config) for _ in groups.groups]
+    rng = np.random.default_rng(7)
+    raised = []
+    for i in range(32):
+        compute = 0.1 * rng.lognormal(0, 0.01, 18)
+        compute[2] *= 1.3 if i >= 5 else 1.0
+        compute[13] *= 1.2 if 9 <= i < 16 else 1.0
+        wait = np.zeros(18)
+        for ranks in groups.groups:
+            members = list(ranks)
+            wait[members] = compute[members].max() - compute[members] + 0.002
+        columns = {"compute_seconds": compute, "data_seconds": np.full(18, 0.002),
+                   "collective_wait_seconds": wait}
+        columns["data_seconds"][rng.random(18) < 0.05] = np.nan
+        keep = np.ones(18, dtype=bool)
+        if i >= 12:
+            keep[2] = False  # the slow rank stops reporting
+        if i in (8, 9):
+            keep[[5, 6, 7, 8]] = False  # group 1 keeps 2 ranks: too few
+        ranks = np.flatnonzero(keep)
+        record = WindowRecord(step=20 * i + 19, ranks=ranks, world_size=18,
+                              columns={k: v[keep] for k, v in columns.items()})
+        outcome = grouped.update(record)
+        window = RankWindow.from_record(record)
+        expected, scores = [], {}
+        for g, detector in enumerate(alone):
+            rows = np.flatnonzero(np.isin(ranks, groups.groups[g]))
+            expected += [tagged(f, groups.names[g], WITHIN)
+                         for f in detector.update(window_rows(window, rows))]
+            scores.update(detector.scores)
+        found = [f for f in outcome.findings if f.kind != "stage_imbalance"]
+        assert [f.to_dict() for f in found] == [f.to_dict() for f in expected], i
+        assert outcome.scores == scores, i
+        raised += found
+    assert [(f.rank, f.kind, f.cleared) for f in raised] == [
+        (2, "compute", False), (13, "compute", False), (2, "compute", True),
+        (13, "compute", True)]
+    assert raised[2].evidence["reason"] == "not_reporting"
