@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import multiprocessing
 import os
 import statistics
 import sys
@@ -127,7 +128,9 @@ def unpacked(layout: WindowLayout, gathered: list[torch.Tensor], step: int,
 
 def monitor_for(job: Job, history_windows: int = 256) -> TrainingMonitor:
     """Rank 0's monitor of ``job``: no agent, no heartbeat, no dist; ``history_windows`` the
-    window records it keeps (``Config.history_windows``, 256 by default)."""
+    window records it keeps (``Config.history_windows``, 256 by default); its findings are
+    not logged (they are counted here)."""
+    logging.getLogger("laggard").setLevel(logging.ERROR)
     config = TrainingMonitor.Config(agent_address="", heartbeat_seconds=0,
                                     hang_store_seconds=0, gc_timing=False,
                                     history_windows=history_windows,
@@ -259,7 +262,10 @@ def rss_section(args: argparse.Namespace) -> None:
     baseline = None
     largest = 4096 if args.quick else 65536
     for ranks, kept in ((1024, 256), (largest, 256), (largest, 0)):
-        result = run_monitor(Job(ranks, 64, args.onset), args.rss_windows, kept)
+        # each in a fresh process: the heap that earlier runs freed would hide new pages
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            result = pool.apply(run_monitor, (Job(ranks, 64, args.onset), args.rss_windows,
+                                              kept))
         first, last = result.rss_growth[0], result.rss_growth[-1]
         baseline = baseline or max(last, MB)  # at least 1 MB: RSS moves in pages
         print(f"| {ranks:,} | {kept} | {first / MB:.0f} | {last / MB:.0f} | "
@@ -304,7 +310,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--onset", type=int, default=6,
                         help="first slowed window (after the 5 warm-up windows)")
     args = parser.parse_args(argv)
-    logging.getLogger("laggard").setLevel(logging.ERROR)  # the findings, once per size
     args.windows = args.windows or (14 if args.quick else 20)
     args.rss_windows = args.rss_windows or (30 if args.quick else 300)
     if args.windows < args.onset + 4:
