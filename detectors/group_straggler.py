@@ -1,13 +1,16 @@
-"""The straggler detector per peer group: a window's rows sliced by group, small groups pooled
-by work-normalised time, and the stage balance beside them.
+"""The straggler detection of a job with peer groups: every group compared within itself in
+one pass over the window, small groups pooled by work-normalised time, and the stage balance
+beside them.
 
 With peer groups (:class:`~laggard.detectors.peer_groups.PeerGroups` of more than one group: a
 pipeline's stages, tensor-parallel coordinates), each rank is compared only with the ranks doing
 the same work:
 
-- a group of at least ``min_ranks`` ranks gets a :class:`StragglerDetector` of its own, fed that
-  group's rows (:func:`window_rows`: global ranks kept, ``world_size=None`` so the other groups'
-  ranks do not count as missing), so its thresholds follow its own noise;
+- each group of at least ``min_ranks`` ranks is a comparison of its own (its thresholds follow
+  its own noise, its warm-up and whole-group slowdown are its own), all of them run by one
+  :class:`StragglerDetector` (:meth:`~StragglerDetector.update_groups`: the window's rows
+  labelled by comparison, global ranks kept, ``world_size=None`` so the ranks of groups not
+  compared do not count as missing);
 - groups smaller than that are pooled into one comparison across groups by work-normalised time
   (:func:`normalised`): each rank's compute, data, wait and transfer seconds divided by its
   group's reference work, the *fastest* rank's compute + data in the window (with two ranks the
@@ -17,11 +20,18 @@ the same work:
 - :class:`~laggard.detectors.stage_balance.StageBalance` compares the groups' work (2 or more
   groups): a heavier stage is ``kind="stage_imbalance"``, not a straggler.
 
-Each of the D detectors is tuned for ``false_alarm_windows x D`` windows between false alarms,
-so the job as a whole keeps the configured rate. Memory: a group's detector keeps per-rank arrays
-up to its highest global rank (about 330 bytes a rank), so G groups of a job of R ranks hold
-about ``330 x G x R`` bytes (64 groups of 16,384 ranks: 350 MB); the per-group rows are not
-compacted yet.
+Each of the D comparisons is tuned for ``false_alarm_windows x D`` windows between false
+alarms, so the job as a whole keeps the configured rate. Its findings, scores and counters are
+those of D detectors side by side, one per comparison, each fed its group's rows (what this
+module did before issue 31; ``tests/detectors/test_straggler_replay.py`` replays recorded
+windows against their outputs), except the step counter's ``step_regressions`` and
+``window_length_changes``, counted once per window rather than once per detector.
+
+Cost: the per-rank state is one array for the whole job, about 340 bytes a rank (the history
+ring of 5 windows x 5 columns, the CUSUM sums, the last excess), whatever the number of groups:
+22 MB at 65,536 ranks; the per-group figures (medians, noise) come from one sort of the window
+(:class:`~laggard.detectors.stats.GroupIndex`), not a pass per group. ``benchmarks/scale.py``
+measures it.
 
 Pure numpy, no torch: the monitor's :class:`~laggard.integrations.participants.
 StragglerParticipant` feeds it the gathered window record on rank 0.
@@ -68,32 +78,35 @@ class GroupOutcome:
 
 
 class PeerGroupStraggler:
-    """The straggler detectors of a job with peer groups (module docstring), on rank 0.
+    """The straggler detection of a job with peer groups (module docstring), on rank 0.
 
-    Counters (:attr:`GroupOutcome.stats`): the detectors' summed, but ``windows`` (this one's),
-    ``missing_rank_reports`` (counted once over the job), ``invalid_ranks`` (the detectors'
+    Counters (:attr:`GroupOutcome.stats`): the detector's, but ``windows`` (this one's),
+    ``missing_rank_reports`` (counted once over the job), ``invalid_ranks`` (the detector's
     plus rows of a rank in no group), ``stage_too_few_groups_windows`` and
     ``stage_unknown_ranks`` (the stage balance's), and ``peer_group_mismatch_windows``
-    (windows of another world size than the groups', skipped).
+    (windows of another world size than the groups', skipped). ``too_few_ranks_windows``
+    counts each compared group's windows without enough ranks.
 
     Args:
         groups: the job's peer groups (more than one group, or one smaller than the job).
-        config: ``StragglerDetector.Config`` of every detector (its ``false_alarm_windows``
-            multiplied by the number of detectors); None for the defaults.
+        config: ``StragglerDetector.Config`` of the comparisons (its ``false_alarm_windows``
+            multiplied by the number of comparisons); None for the defaults.
 
     Attributes:
-        detectors: group name (or :attr:`POOLED`) -> its detector.
+        detector: the one :class:`StragglerDetector` of every comparison (its groups are
+            :attr:`compared`), or None when no group is compared.
+        compared: the names of the comparisons, in order: each group of ``min_ranks`` ranks
+            or more, then :attr:`POOLED` when the small groups are pooled.
         stage_balance: the :class:`StageBalance` of the groups.
         notes: ``(key, message, *args)`` to log once: groups pooled, or too small to compare.
     """
 
-    #: ``detectors`` key of the comparison across small groups.
+    #: Name of the comparison across small groups.
     POOLED = "pooled"
 
     def __init__(self, groups: PeerGroups,
                  config: StragglerDetector.Config | None = None) -> None:
         self.groups = groups
-        self.detectors: dict[str, StragglerDetector] = {}
         self.notes: list[tuple[object, ...]] = []
         base = config or StragglerDetector.Config()
         min_ranks = base.min_ranks
@@ -101,16 +114,9 @@ class PeerGroupStraggler:
         self._pooled_groups = [g for g in range(len(groups.groups)) if g not in big]
         pooled = sum(len(groups.groups[g]) for g in self._pooled_groups)
         small = [groups.names[g] for g in self._pooled_groups]
-        # Each detector splits its false-alarm budget over its own ranks only: D detectors
-        # side by side would raise D times as many false alarms as one over the job, so each
-        # gets D times the mean windows between them (the job's rate is the configured one).
-        count = len(big) + (pooled >= min_ranks)
-        config = dataclasses.replace(
-            base, false_alarm_windows=base.false_alarm_windows * max(count, 1))
-        for g in big:
-            self.detectors[groups.names[g]] = StragglerDetector(config)
+        self.compared = [groups.names[g] for g in big]
         if pooled >= min_ranks:
-            self.detectors[self.POOLED] = StragglerDetector(config)
+            self.compared.append(self.POOLED)
             self.notes.append((
                 "peer-groups-pooled", "laggard: peer groups %s have fewer than %d ranks each: "
                 "their ranks are compared across groups by work-normalised time (each rank's "
@@ -121,14 +127,38 @@ class PeerGroupStraggler:
                 "peer-groups-small", "laggard: peer groups %s have %d ranks in all, fewer than "
                 "the %d a comparison needs: their ranks are not compared", small, pooled,
                 min_ranks))
+        # Each comparison splits its false-alarm budget over its own ranks only: D of them
+        # side by side would raise D times as many false alarms as one over the job, so each
+        # gets D times the mean windows between them (the job's rate is the configured one).
+        count = len(self.compared)
+        config = dataclasses.replace(
+            base, false_alarm_windows=base.false_alarm_windows * max(count, 1))
+        self.detector = StragglerDetector(config, groups=count) if count else None
+        # global rank -> its comparison (-1: none), and -> its peer group
+        self._comparison = np.full(groups.world_size, -1, dtype=np.int64)
+        self._group = np.full(groups.world_size, -1, dtype=np.int64)
+        for g, ranks in enumerate(groups.groups):
+            self._group[list(ranks)] = g
+        for c, g in enumerate(big):
+            self._comparison[list(groups.groups[g])] = c
+        if self._pooled_groups:
+            for g in self._pooled_groups:
+                self._comparison[list(groups.groups[g])] = len(big)
+        self._normalised = np.array([name == self.POOLED for name in self.compared])
         self.stage_balance = StageBalance(groups)
         self._mismatched_windows = 0
         self._windows = 0
         self._stray_ranks = 0
         self._missing_reports = 0
 
+    @property
+    def detectors(self) -> dict[str, StragglerDetector]:
+        """Comparison name -> the detector that runs it (the one :attr:`detector`)."""
+        return {} if self.detector is None else dict.fromkeys(self.compared, self.detector)
+
     def update(self, record: WindowRecord, *, step_seconds: float | None = None) -> GroupOutcome:
-        """One window through every group's detector, the pooled one and the stage balance.
+        """One window through every comparison (one pass of :attr:`detector`) and the stage
+        balance.
 
         Args:
             record: the gathered window (needs ``compute_seconds``, ``data_seconds`` and
@@ -145,34 +175,45 @@ class PeerGroupStraggler:
         out = GroupOutcome()
         window = RankWindow.from_record(record)
         ranks = np.asarray(window.ranks, dtype=np.int64).ravel()
-        # rows of a rank in no group (negative, past the world size) reach no detector
-        stray = int((~np.isin(ranks, np.arange(groups.world_size))).sum())
-        for g, name in enumerate(groups.names):
-            detector = self.detectors.get(name)
-            if detector is None:
-                continue
-            rows = np.flatnonzero(np.isin(ranks, groups.groups[g]))
-            out.findings += [tagged(f, name, WITHIN) for f in detector.update(
-                window_rows(window, rows), step_seconds=step_seconds)]
-        pooled = self.detectors.get(self.POOLED)
-        if pooled is not None:
-            part, units = normalised(window, ranks, groups, self._pooled_groups)
-            for f in pooled.update(part, step_seconds=step_seconds, unit_seconds=units):
-                name = (groups.names[groups.group_of(f.rank)]
-                        if f.rank is not None and 0 <= f.rank < groups.world_size else "pooled")
-                out.findings.append(tagged(f, name, ACROSS))
+        # rows of a rank in no group (negative, past the world size) reach no comparison
+        known = (ranks >= 0) & (ranks < groups.world_size)
+        stray = int((~known).sum())
+        comparison = np.full(ranks.size, -1, dtype=np.int64)
+        comparison[known] = self._comparison[ranks[known]]
         stats = out.stats
-        for detector in self.detectors.values():
-            out.scores.update(detector.scores)
-            for key, value in detector.stats.items():
-                stats[key] = stats.get(key, 0) + int(value)
-        # cumulative, like the detectors' own counters
+        if self.detector is not None:
+            # each comparison's rows in the window's order, the pooled ones work-normalised
+            rows = np.flatnonzero(comparison >= 0)
+            # every row compared (the usual window): no copy of the columns
+            part = (dataclasses.replace(window, world_size=None) if rows.size == ranks.size
+                    else window_rows(window, rows))
+            labels = comparison[rows]
+            units: dict[int, float] | None = None
+            if self._pooled_groups:
+                part, units = _normalise_pooled(part, self._group[part.ranks],
+                                                labels == len(self.compared) - 1)
+            found = self.detector.update_groups(part, labels, step_seconds=step_seconds,
+                                                unit_seconds=units, normalised=self._normalised)
+            for name, mine in zip(self.compared, found, strict=True):
+                if name != self.POOLED:
+                    out.findings += [tagged(f, name, WITHIN) for f in mine]
+                    continue
+                for f in mine:
+                    group = (groups.names[groups.group_of(f.rank)]
+                             if f.rank is not None and 0 <= f.rank < groups.world_size
+                             else self.POOLED)
+                    out.findings.append(tagged(f, group, ACROSS))
+            out.scores = self.detector.scores
+            stats.update(self.detector.stats)
+        # cumulative, like the detector's own counters
         self._windows += 1
         self._stray_ranks += stray
         if record.world_size is not None:
-            # each detector sees a subset with world_size=None: count absent ranks once here
-            known = np.unique(ranks[(ranks >= 0) & (ranks < groups.world_size)]).size
-            self._missing_reports += max(record.world_size - int(known), 0)
+            # the detector sees the groups' rows with world_size=None: count absent ranks here
+            # distinct ranks reporting (a bincount: numpy's hash-based unique took 90 ms
+            # a window at 65,536 ranks)
+            present = np.count_nonzero(np.bincount(ranks[known], minlength=groups.world_size))
+            self._missing_reports += max(record.world_size - int(present), 0)
         stats["windows"] = self._windows  # not one per group
         stats["invalid_ranks"] = stats.get("invalid_ranks", 0) + self._stray_ranks
         stats["missing_rank_reports"] = self._missing_reports
@@ -248,18 +289,33 @@ def normalised(window: RankWindow, ranks: np.ndarray, groups: PeerGroups,
 
     A group without a valid reference (no rank with finite, positive compute + data) leaves
     its rows NaN: absent for the detector, which counts them."""
-    rows = np.flatnonzero(np.isin(ranks, [r for g in pooled for r in groups.groups[g]]))
-    part = window_rows(window, rows)
-    work = (part.compute_seconds + part.data_seconds)[:, 0]
-    scale = np.full(rows.size, np.nan)
-    units: dict[int, float] = {}
+    group_of = np.full(groups.world_size, -1, dtype=np.int64)
     for g in pooled:
-        mine = np.isin(part.ranks, groups.groups[g])
-        valid = work[mine][np.isfinite(work[mine]) & (work[mine] > 0)]
-        if valid.size:
-            reference = float(valid.min())
-            scale[mine] = reference
-            units.update(dict.fromkeys(np.asarray(part.ranks)[mine].tolist(), reference))
+        group_of[list(groups.groups[g])] = g
+    known = (ranks >= 0) & (ranks < groups.world_size)
+    label = np.full(ranks.size, -1, dtype=np.int64)
+    label[known] = group_of[ranks[known]]
+    rows = np.flatnonzero(label >= 0)
+    return _normalise_pooled(window_rows(window, rows), label[rows],
+                             np.ones(rows.size, dtype=bool))
+
+
+def _normalise_pooled(part: RankWindow, group: np.ndarray,
+                      pooled: np.ndarray) -> tuple[RankWindow, dict[int, float]]:
+    """:func:`normalised` of the rows ``pooled`` ((R,) bool) of ``part``, each in peer group
+    ``group`` ((R,) int64 index into the groups); the other rows as they are. Returns the
+    window and global rank -> its group's reference work (seconds), for the pooled rows of a
+    group with one."""
+    work = (part.compute_seconds + part.data_seconds)[:, 0]
+    valid = pooled & np.isfinite(work) & (work > 0)
+    reference = np.full(int(group.max()) + 1 if group.size else 0, np.inf)
+    np.minimum.at(reference, group[valid], work[valid])  # each group's fastest rank
+    scale = np.ones(group.size)
+    scale[pooled] = reference[group[pooled]]
+    scale[pooled & np.isinf(scale)] = np.nan  # no valid reference: the rows are absent
+    with_unit = np.flatnonzero(pooled & np.isfinite(scale))
+    units = dict(zip(np.asarray(part.ranks)[with_unit].tolist(), scale[with_unit].tolist(),
+                     strict=True))
     per = scale[:, None]
     return dataclasses.replace(
         part,

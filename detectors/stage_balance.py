@@ -29,7 +29,7 @@ import numpy as np
 
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.peer_groups import PeerGroups
-from laggard.detectors.stats import evidence_round, nanmedian, nanmedian_rows
+from laggard.detectors.stats import GroupIndex, evidence_round, nanmedian, nanmedian_rows
 from laggard.detectors.straggler import DETECTOR, lost_text, time_lost
 from laggard.detectors.window import WindowRecord
 
@@ -172,9 +172,13 @@ class StageBalance:
         self.stats["unknown_ranks"] += int((~known).sum())
         group = np.where(known, self._group_of[np.clip(ranks, 0, self._group_of.size - 1)], -1)
         waits = _column(record, "p2p_wait_seconds", ranks.size)
+        # each group's valid rows sorted, in one sort for all groups (not a pass per group)
+        mine = (group >= 0) & ~bad
+        by_group = np.lexsort((rows[mine], group[mine]))
+        ordered = rows[mine][by_group]
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(group[mine], minlength=count))])
         for g in range(count):
-            mine = (group == g) & ~bad
-            values = np.sort(rows[mine])
+            values = ordered[bounds[g]:bounds[g + 1]]
             if not values.size:
                 continue
             if len(self.groups.groups[g]) <= _SMALL_GROUP:
@@ -182,8 +186,9 @@ class StageBalance:
             else:
                 q1, q2, q3 = np.percentile(values, [25, 50, 75])
                 work[g], spread[g] = q2, q3 - q1
-            if waits is not None:
-                p2p[g] = nanmedian(waits[group == g])
+        if waits is not None:
+            medians = GroupIndex(group[known], count).medians(waits[known])
+            p2p = np.where(np.isfinite(work), medians, np.nan)
         steps = _column(record, "step_seconds", ranks.size)
         step = math.nan if steps is None else nanmedian(steps)
         return work, spread, p2p, step

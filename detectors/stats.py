@@ -11,8 +11,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["MAD_TO_SIGMA", "evidence_round", "mad", "nanmedian", "nanmedian_rows",
-           "robust_sigma", "row_nanmedian"]
+__all__ = ["MAD_TO_SIGMA", "GroupIndex", "evidence_round", "mad", "nanmedian",
+           "nanmedian_rows", "robust_sigma", "row_nanmedian"]
 
 #: Consistency constant of the MAD for the normal distribution: 1 / Phi^-1(3/4)
 #: (Rousseeuw & Croux 1993, "Alternatives to the median absolute deviation", JASA 88).
@@ -122,6 +122,73 @@ def robust_sigma(values: np.ndarray) -> float:
         return math.nan
     factor = _MAD_SMALL_SAMPLE.get(n, n / (n - 0.8))
     return MAD_TO_SIGMA * factor * mad(finite)
+
+
+class GroupIndex:
+    """Rows labelled by group, for the per-group statistics of one window in one pass: each
+    group's rows scattered into a row of a NaN-padded ``(G, L)`` matrix (L the largest group's
+    row count), whose sorted rows give every group's median at once.
+
+    The medians equal :func:`nanmedian` of each group's rows taken alone, bit for bit (the same
+    two middle values, averaged as ``(low + high) / 2`` like ``numpy.median``), and
+    :meth:`robust_sigmas` equals :func:`robust_sigma` per group. Cost: one sort of G x L values
+    per column (G x L is R when groups are of one size; a job of very uneven groups pads the
+    small ones up to the largest).
+
+    Args:
+        labels: (R,) int64 group of each row, in ``[0, groups)``.
+        groups: G, the number of groups.
+
+    Attributes:
+        counts: (G,) int64 rows of each group.
+    """
+
+    def __init__(self, labels: np.ndarray, groups: int) -> None:
+        labels = np.asarray(labels, dtype=np.int64).ravel()
+        self.groups = groups
+        self.counts = np.bincount(labels, minlength=groups)
+        order = np.argsort(labels, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+        self._labels = labels
+        self._rows = labels[order]  # the group of each scattered value
+        self._columns = np.arange(labels.size) - starts[self._rows]  # its place in that row
+        self._order = order
+        self._width = max(int(self.counts.max()) if labels.size else 0, 1)
+
+    def padded(self, values: np.ndarray) -> np.ndarray:
+        """(R,) or (R, C) values as (G, L) or (G, C, L) float64, NaN where a group has no row;
+        non-finite values become NaN (left out, as :func:`nanmedian` leaves them)."""
+        values = np.asarray(values, dtype=np.float64)
+        finite = np.where(np.isfinite(values), values, np.nan)[self._order]
+        if values.ndim == 1:
+            out = np.full((self.groups, self._width), np.nan)
+            out[self._rows, self._columns] = finite
+            return out
+        out = np.full((self.groups, values.shape[1], self._width), np.nan)
+        out[self._rows, :, self._columns] = finite
+        return out
+
+    def medians(self, values: np.ndarray) -> np.ndarray:
+        """Each group's median of its finite values: (R,) -> (G,), (R, C) -> (G, C) float64;
+        NaN for a group (and column) with no finite value."""
+        return row_nanmedian(self.padded(values))
+
+    def robust_sigmas(self, values: np.ndarray) -> np.ndarray:
+        """:func:`robust_sigma` of each group's finite values: (R,) -> (G,), (R, C) -> (G, C)
+        float64; NaN for fewer than 2 finite values."""
+        padded = self.padded(values)
+        ordered = np.sort(padded, axis=-1)  # NaN last
+        count = np.sum(~np.isnan(ordered), axis=-1, keepdims=True)
+        centre = _sorted_median(ordered, count)
+        deviation = row_nanmedian(np.abs(padded - centre[..., None]))
+        n = count[..., 0]
+        factor = np.array([_MAD_SMALL_SAMPLE.get(int(k), k / (k - 0.8) if k > 1 else math.nan)
+                           for k in n.ravel().tolist()]).reshape(n.shape)
+        return np.where(n >= 2, MAD_TO_SIGMA * factor * deviation, math.nan)
+
+    def of_rows(self, per_group: np.ndarray) -> np.ndarray:
+        """A per-group array (G, ...) taken at each row's group: (R, ...)."""
+        return per_group[self._labels]
 
 
 def evidence_round(value: float | None, digits: int = 6) -> float | None:

@@ -28,6 +28,14 @@ window record by name (:meth:`RankWindow.from_record`: each rank's medians over 
 robust to a one-step garbage-collection pause, so K = 1); windows of raw K steps per rank are
 accepted too and give the same statistic, at K times the gathered bytes.
 
+Peer groups (issue 31): one detector compares several groups of ranks side by side, each
+within itself (:meth:`StragglerDetector.update_groups`, rows labelled by group), as separate
+detectors would, in one pass over the window: the per-rank state is one array indexed by
+global rank for all groups (each rank is in one group), the per-group figures (medians, noise,
+thresholds, warm-up, whole-group baseline) are (G,) arrays computed from one sort of the window
+(:class:`~laggard.detectors.stats.GroupIndex`). :meth:`StragglerDetector.update` is the one
+group case.
+
 This module is over 600 lines: it is one cohesive class, :class:`StragglerDetector`, with its
 findings' text and evidence beside the test that raises them; the window format
 (:mod:`~laggard.detectors.window`), the sequential test (:mod:`~laggard.detectors.sequential`),
@@ -48,10 +56,9 @@ import numpy as np
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.sequential import cusum_step, decision_interval
 from laggard.detectors.stats import (
+    GroupIndex,
     evidence_round,
-    nanmedian,
     nanmedian_rows,
-    robust_sigma,
     row_nanmedian,
 )
 from laggard.detectors.window import RankWindow
@@ -259,11 +266,12 @@ class StragglerDetector:
     #: The ``detector`` of its findings.
     name = DETECTOR
 
-    def __init__(self, config: Config | None = None) -> None:
+    def __init__(self, config: Config | None = None, *, groups: int = 1) -> None:
+        if groups < 1:
+            raise ValueError(f"groups must be >= 1, got {groups}")
         self.config = config or StragglerDetector.Config()
-        self.scores: dict[int, float] = {}
+        self.groups = groups
         self.active: dict[int, Finding] = {}
-        self.job_slowdown: Finding | None = None
         self.stats: dict[str, int] = dict.fromkeys(
             (
                 "windows",
@@ -285,13 +293,29 @@ class StragglerDetector:
         self._intervals: dict[tuple[float, float], float] = {}
         self._reset_state()
 
+    @property
+    def scores(self) -> dict[int, float]:
+        """Global rank -> straggler score (class docstring), each group's from its latest
+        window with enough ranks."""
+        if self.groups == 1:
+            return self._scores[0]
+        merged: dict[int, float] = {}
+        for scores in self._scores:
+            merged.update(scores)
+        return merged
+
+    @property
+    def job_slowdown(self) -> Finding | None:
+        """The active whole-job slowdown finding (of the first group with one), or None."""
+        return next((f for f in self._job_slowdown if f is not None), None)
+
     def reset(self) -> list[Finding]:
         """Forget all history (e.g. after a deliberate change of per-step work).
 
         Returns:
             the cleared findings for everything that was active.
         """
-        cleared = self._clear_all(step=None, reason="reset")
+        cleared = [f for group in self._clear_all(step=None, reason="reset") for f in group]
         self._reset_state()
         return cleared
 
@@ -308,9 +332,11 @@ class StragglerDetector:
             ``recovery_evidence``, ``recovery_interval``, ``recovery_reference``; and
             ``noise``, ``deficit_noise``, ``active`` (the finding's kind or None).
         """
-        if not 0 <= rank < self._capacity or not np.isfinite(self._test.interval).any():
+        if not 0 <= rank < self._capacity or self._rank_group[rank] < 0:
             return None
-        t = self._test
+        t = self._tests[int(self._rank_group[rank])]
+        if not np.isfinite(t.interval).any():
+            return None
         by_chart = self._raise_sum[rank] / t.interval  # (J, S)
         chart = np.argmax(np.nan_to_num(by_chart, nan=-1.0), axis=0)  # (S,)
         columns = np.arange(len(SIGNAL_KINDS))
@@ -337,32 +363,39 @@ class StragglerDetector:
 
     def _reset_state(self) -> None:
         c = self.config
-        n, s = c.persistence_windows, len(SIGNAL_KINDS)
+        n, s, g = c.persistence_windows, len(SIGNAL_KINDS), self.groups
         self._capacity = 0
-        self._windows_seen = 0
+        # Windows each group has recorded (its ring slot and warm-up), (G,).
+        self._windows_seen = np.zeros(g, dtype=np.int64)
         # History of the last N windows, [window slot, rank, column]; NaN = rank absent.
         # Columns: compute, data and transfer excess and wait deficit (fractions of the median
-        # rank's work), then compute + data seconds (for the job baseline).
+        # rank's work), then compute + data seconds (for the job baseline). One array for all
+        # groups, indexed by global rank: each rank is in one group (its slot is its group's).
         self._ring = np.full((n, 0, s + 2), np.nan)
+        # The group each rank was last seen in (-1: never), for its group's slot and absence.
+        self._rank_group = np.full(0, -1, dtype=np.int64)
         # Sequential evidence per [rank, signal]: for a slowdown, and (while a finding is
         # active) for recovery; windows in a row each rank was absent.
         j = len(c.charts)
         self._raise_sum = np.zeros((0, j, s))
         self._clear_sum = np.zeros((0, s))
         self._absent = np.zeros(0, dtype=np.int64)
-        self._test = _Test(noise=np.full(s, np.nan), reference=np.full((j, s), c.reference),
-                           interval=np.full((j, s), np.inf), clip=np.full((j, s), np.inf),
-                           deficit_noise=math.nan,
-                           recovery_reference=np.full(s, c.reference * _RECOVERY_REFERENCE),
-                           recovery_interval=np.full(s, np.inf),
-                           recovery_clip=np.full(s, np.inf))
-        # Pooled noise: per window, the cross-rank sigma of each signal's excess, then of the
-        # wait deficit (the last column).
-        self._noise = np.full((c.noise_history_windows, s + 1), np.nan)
+        self._tests = [_Test(noise=np.full(s, np.nan), reference=np.full((j, s), c.reference),
+                             interval=np.full((j, s), np.inf), clip=np.full((j, s), np.inf),
+                             deficit_noise=math.nan,
+                             recovery_reference=np.full(s, c.reference * _RECOVERY_REFERENCE),
+                             recovery_interval=np.full(s, np.inf),
+                             recovery_clip=np.full(s, np.inf))
+                       for _ in range(g)]
+        # Pooled noise per group: per window, the cross-rank sigma of each signal's excess,
+        # then of the wait deficit (the last column).
+        self._noise = np.full((g, c.noise_history_windows, s + 1), np.nan)
         self._last_excess = np.zeros((0, s))  # (R, S) raw, then confirmed: for statistics()
         self._last_confirmed = np.zeros((0, s))
-        self._job_baseline = math.inf  # best typical work seconds of the median rank
-        self._job_over = np.zeros(n, dtype=bool)
+        self._job_baseline = np.full(g, math.inf)  # best typical work seconds, median rank
+        self._job_over = np.zeros((g, n), dtype=bool)
+        self._job_slowdown: list[Finding | None] = [None] * g
+        self._scores: list[dict[int, float]] = [{} for _ in range(g)]
         self._active_signal: dict[int, int] = {}
 
     def _grow(self, capacity: int) -> None:
@@ -372,6 +405,7 @@ class StragglerDetector:
         capacity = max(capacity, 2 * self._capacity)
         extra = capacity - self._capacity
         self._ring = np.pad(self._ring, [(0, 0), (0, extra), (0, 0)], constant_values=np.nan)
+        self._rank_group = np.pad(self._rank_group, [(0, extra)], constant_values=-1)
         self._raise_sum = np.pad(self._raise_sum, [(0, extra), (0, 0), (0, 0)])
         self._clear_sum = np.pad(self._clear_sum, [(0, extra), (0, 0)])
         self._last_excess = np.pad(self._last_excess, [(0, extra), (0, 0)],
@@ -381,11 +415,20 @@ class StragglerDetector:
         self._absent = np.pad(self._absent, [(0, extra)])
         self._capacity = capacity
 
+    def _members(self, groups: np.ndarray) -> np.ndarray:
+        """(capacity,) bool: the ranks last seen in one of ``groups`` ((G,) bool)."""
+        known = self._rank_group >= 0
+        out = np.zeros(self._capacity, dtype=bool)
+        out[known] = groups[self._rank_group[known]]
+        return out
+
     # -- input checks ----------------------------------------------------------------------
 
-    def _clean(self, window: RankWindow) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
-        """Validated ranks and the (R, K) durations by :class:`RankWindow` field name, bad
-        durations set to NaN."""
+    def _clean(self, window: RankWindow, labels: np.ndarray | None,
+               ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
+        """Validated ranks, their groups and the (R, K) durations by :class:`RankWindow` field
+        name, bad durations set to NaN; a row of a group outside ``[0, groups)`` is an invalid
+        rank."""
         try:
             ranks = np.asarray(window.ranks).astype(np.int64, copy=False).ravel()
             signals = {name: np.array(getattr(window, name), dtype=np.float64, ndmin=2)
@@ -395,10 +438,12 @@ class StragglerDetector:
             signals["transfer_seconds"] = (
                 np.full(signals["compute_seconds"].shape, np.nan) if transfer is None
                 else np.array(transfer, dtype=np.float64, ndmin=2))
+            groups = (np.zeros(ranks.size, dtype=np.int64) if labels is None
+                      else np.asarray(labels).astype(np.int64, copy=False).ravel())
         except (TypeError, ValueError):
             return None
         shape = signals["compute_seconds"].shape
-        if len(shape) != 2 or shape[0] != ranks.size or any(
+        if len(shape) != 2 or shape[0] != ranks.size or groups.size != ranks.size or any(
                 a.shape != shape for a in signals.values()):
             return None
         for name, values in signals.items():
@@ -414,9 +459,9 @@ class StragglerDetector:
         _, first = np.unique(ranks, return_index=True)
         keep = np.zeros(ranks.size, dtype=bool)
         keep[first] = True  # the first row of a duplicated rank wins
-        keep &= (ranks >= 0) & (ranks <= limit)
+        keep &= (ranks >= 0) & (ranks <= limit) & (groups >= 0) & (groups < self.groups)
         self.stats["invalid_ranks"] += int(ranks.size - keep.sum())
-        return ranks[keep], {name: a[keep] for name, a in signals.items()}
+        return ranks[keep], groups[keep], {name: a[keep] for name, a in signals.items()}
 
     def _check_steps(self, step: int) -> None:
         """Count a step counter that went back (a rank restarted from a checkpoint) and a
@@ -445,7 +490,7 @@ class StragglerDetector:
                 ``step_seconds``), for a finding's time lost per hour; None (or not > 0):
                 estimated as the median rank's compute + data + wait (+ transfer).
             unit_seconds: when the window's durations are work-normalised (each rank's divided
-                by its peer group's work per step, :func:`laggard.detectors.group_window.
+                by its peer group's work per step, :func:`laggard.detectors.group_straggler.
                 normalised`): global rank -> the seconds one unit stands for on that rank, so
                 a finding's seconds (message, ``lost_seconds_per_step``) are the rank's own;
                 None: durations are seconds.
@@ -459,22 +504,54 @@ class StragglerDetector:
         a change of world size clears every finding and restarts the history (an elastic job
         re-shards its work, so the old baselines no longer apply).
         """
+        normalised = None if unit_seconds is None else np.ones(self.groups, dtype=bool)
+        return [f for group in self.update_groups(
+            window, None, step_seconds=step_seconds, unit_seconds=unit_seconds,
+            normalised=normalised) for f in group]
+
+    def update_groups(self, window: RankWindow, labels: np.ndarray | None, *,
+                      step_seconds: float | None = None,
+                      unit_seconds: Mapping[int, float] | None = None,
+                      normalised: np.ndarray | None = None) -> list[list[Finding]]:
+        """Take one window of every group's rows; return each group's findings.
+
+        Each group is compared within itself, as by a detector of its own (:meth:`update`
+        on its rows alone, with its own noise, calibration, warm-up and whole-job baseline),
+        in one pass over the window's (R, K) arrays: the per-rank state is one array for all
+        groups, the per-group figures come from a :class:`~laggard.detectors.stats.
+        GroupIndex`.
+
+        Args:
+            window: every group's rows; its ``world_size`` as in :meth:`update` (None when the
+                groups do not cover the job).
+            labels: (R,) int64 group of each row in ``[0, groups)`` (other values: counted
+                in ``invalid_ranks``, dropped); None: every row in group 0.
+            step_seconds: as in :meth:`update`, for every group.
+            unit_seconds: as in :meth:`update`, for the ranks of the ``normalised`` groups.
+            normalised: (G,) bool, the groups whose durations are work-normalised; None: none.
+
+        Returns:
+            G lists: each group's findings raised or cleared by this window, in the order a
+            detector of its own would give them.
+        """
         self.stats["windows"] += 1
         self._check_steps(window.step)
-        cleaned = self._clean(window)
+        findings: list[list[Finding]] = [[] for _ in range(self.groups)]
+        cleaned = self._clean(window, labels)
         if cleaned is None:
             self.stats["malformed_windows"] += 1
-            return []
-        ranks, signals = cleaned
+            return findings
+        ranks, groups, signals = cleaned
         compute, data = signals["compute_seconds"], signals["data_seconds"]
         wait, transfer = signals["collective_wait_seconds"], signals["transfer_seconds"]
 
-        findings: list[Finding] = []
         world_size = window.world_size
         if world_size is not None:
             if self._world_size is not None and world_size != self._world_size:
                 self.stats["world_size_changes"] += 1
-                findings += self._clear_all(step=window.step, reason="world_size_changed")
+                for mine, cleared in zip(findings, self._clear_all(
+                        step=window.step, reason="world_size_changed"), strict=True):
+                    mine += cleared
                 self._reset_state()
             self._world_size = world_size
             self.stats["missing_rank_reports"] += max(world_size - ranks.size, 0)
@@ -486,25 +563,32 @@ class StragglerDetector:
         work = row_nanmedian(compute + data)
         # A rank without a valid compute and data time in this window counts as absent.
         present = ~np.isnan(work)
-        job_work = nanmedian(work)
-        if present.sum() < self.config.min_ranks or not job_work > 0:
-            self.stats["too_few_ranks_windows"] += 1
+        index = GroupIndex(groups[present], self.groups)
+        job_work = index.medians(work[present])  # (G,)
+        with np.errstate(invalid="ignore"):
+            advancing = (index.counts >= self.config.min_ranks) & (job_work > 0)
+        self.stats["too_few_ranks_windows"] += int((~advancing).sum())
+        if not advancing.any():
             return findings
 
         self._grow(int(ranks.max()) + 1)
-        step_s = step_seconds
-        if step_s is None or not step_s > 0:
+        if step_seconds is not None and step_seconds > 0:
+            step_s = np.full(self.groups, float(step_seconds))
+        else:
             # every rank's step ends at the sync point: its work, its wait, its transfer
-            step_s = nanmedian(work + np.nan_to_num(wait_med)
-                               + np.nan_to_num(row_nanmedian(transfer)))
-        scale = _Scale(step_seconds=step_s, units=unit_seconds,
-                       step_in_units=unit_seconds is not None and step_seconds is None)
-        findings += self._advance(
-            window, ranks[present], per_rank[present], wait_med[present], work[present], job_work,
-            scale,
-        )
+            step_s = index.medians((work + np.nan_to_num(wait_med)
+                                    + np.nan_to_num(per_rank[:, _TRANSFER]))[present])
+        flags = (np.zeros(self.groups, dtype=bool) if normalised is None or unit_seconds is None
+                 else np.asarray(normalised, dtype=bool))
+        scales = [_Scale(step_seconds=float(step_s[g]),
+                         units=unit_seconds if flags[g] else None,
+                         step_in_units=bool(flags[g]) and step_seconds is None)
+                  for g in range(self.groups)]
+        rows = present & advancing[groups]
+        self._rank_group[ranks[rows]] = groups[rows]
+        self._advance(window, ranks[rows], groups[rows], per_rank[rows], wait_med[rows],
+                      work[rows], job_work, scales, advancing, findings)
         return findings
-
 
     # -- the detector ----------------------------------------------------------------------
 
@@ -512,77 +596,114 @@ class StragglerDetector:
         self,
         window: RankWindow,
         ranks: np.ndarray,
+        groups: np.ndarray,
         per_rank: np.ndarray,
         wait: np.ndarray,
         work: np.ndarray,
-        job_work: float,
-        scale: _Scale,
-    ) -> list[Finding]:
-        """One window of present ranks: record, test, clear, raise, then the whole job."""
-        slot = self._windows_seen % self.config.persistence_windows
-        excess, deficit, medians = self._record(slot, ranks, per_rank, wait, work, job_work)
+        job_work: np.ndarray,
+        scales: list[_Scale],
+        advancing: np.ndarray,
+        findings: list[list[Finding]],
+    ) -> None:
+        """One window of the present ranks of the advancing groups (enough ranks): record,
+        test, clear, raise, then each group's whole job; findings appended per group."""
+        slots = self._windows_seen % self.config.persistence_windows  # (G,) before recording
+        index = GroupIndex(groups, self.groups)
+        excess, deficit, medians = self._record(slots, index, ranks, groups, per_rank, wait,
+                                                work, job_work, advancing)
         typical, count = self._history(ranks)
-        self.scores = dict(zip(
-            ranks.tolist(), np.round(np.nansum(typical[:, :_WAIT_DEFICIT], axis=1), 6).tolist(),
-            strict=True))
-        warmed_up = self._windows_seen >= self.config.persistence_windows
-        if warmed_up:
-            self._test = self._calibrate(ranks.size)
-            confirmed = self._corroborated(excess, deficit)
-            self._accumulate(ranks, excess, confirmed)
-            self._last_excess[:], self._last_confirmed[:] = np.nan, np.nan
-            self._last_excess[ranks], self._last_confirmed[ranks] = excess, confirmed
-        findings = self._clear_ranks(window.step, ranks)
-        if warmed_up:
-            findings += self._raise_ranks(window, ranks, typical, job_work, medians, scale)
-        findings += self._check_job(window.step, typical[:, _WORK_SECONDS],
-                                    count[:, _WORK_SECONDS], slot, warmed_up)
-        return findings
+        score = np.round(np.nansum(typical[:, :_WAIT_DEFICIT], axis=1), 6)
+        order = np.argsort(groups, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(index.counts)])
+        ranks_by_group, score_by_group = ranks[order].tolist(), score[order].tolist()
+        for g in np.flatnonzero(advancing).tolist():
+            start, end = int(bounds[g]), int(bounds[g + 1])
+            self._scores[g] = dict(zip(ranks_by_group[start:end], score_by_group[start:end],
+                                       strict=True))
+        warmed = advancing & (self._windows_seen >= self.config.persistence_windows)
+        warm_rows = warmed[groups]
+        if warmed.any():
+            # every group's pooled noise at once: the median of its last windows' sigmas
+            noise = self._noise
+            pooled = row_nanmedian(np.where(np.isfinite(noise), noise, np.nan).transpose(0, 2, 1))
+            for g in np.flatnonzero(warmed).tolist():
+                self._tests[g] = self._calibrate(pooled[g], int(index.counts[g]))
+            confirmed = self._corroborated(excess[warm_rows], deficit[warm_rows],
+                                           groups[warm_rows])
+            self._accumulate(ranks[warm_rows], groups[warm_rows], excess[warm_rows], confirmed)
+            stale = self._members(warmed)
+            self._last_excess[stale], self._last_confirmed[stale] = np.nan, np.nan
+            self._last_excess[ranks[warm_rows]] = excess[warm_rows]
+            self._last_confirmed[ranks[warm_rows]] = confirmed
+        self._clear_ranks(window.step, advancing, findings)
+        if warmed.any():
+            self._raise_ranks(window, ranks, groups, warm_rows, typical, job_work, medians,
+                              scales, findings)
+        self._check_job(window.step, index, groups, typical[:, _WORK_SECONDS],
+                        count[:, _WORK_SECONDS], slots, advancing, findings)
 
     def _record(
-        self, slot: int, ranks: np.ndarray, per_rank: np.ndarray, wait: np.ndarray,
-        work: np.ndarray, job_work: float,
+        self, slots: np.ndarray, index: GroupIndex, ranks: np.ndarray, groups: np.ndarray,
+        per_rank: np.ndarray, wait: np.ndarray, work: np.ndarray, job_work: np.ndarray,
+        advancing: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Excess over the median rank per signal and wait deficit, as fractions of the median
-        rank's work per step (the fraction by which a rank stretches every step of the job),
-        into the history ring and the noise pool.
+        """Excess over the group's median rank per signal and wait deficit, as fractions of
+        that median rank's work per step (the fraction by which a rank stretches every step of
+        its group), into the history ring and the noise pool.
 
         Returns:
-            excess (R, S), wait deficit (R,), the median rank's seconds per signal (S,).
+            excess (R, S), wait deficit (R,), each group's median rank's seconds per signal
+            (G, S).
         """
         c = self.config
-        signals = range(len(SIGNAL_KINDS))
-        medians = nanmedian_rows(per_rank)
-        excess = (per_rank - medians) / job_work
-        deficit = (nanmedian(wait) - wait) / job_work
-        self._ring[slot] = np.nan
-        self._ring[slot, ranks, :_WAIT_DEFICIT] = excess
-        self._ring[slot, ranks, _WAIT_DEFICIT] = deficit
-        self._ring[slot, ranks, _WORK_SECONDS] = work
-        self._noise[self._windows_seen % c.noise_history_windows] = [
-            *(robust_sigma(excess[:, i]) for i in signals), robust_sigma(deficit)]
-        self._absent += 1
+        medians = index.medians(per_rank)  # (G, S)
+        row_work = job_work[groups]
+        excess = (per_rank - medians[groups]) / row_work[:, None]
+        deficit = (index.medians(wait)[groups] - wait) / row_work
+        # each advancing group's slot is emptied for its ranks, then filled for those present
+        members = np.flatnonzero(self._members(advancing))
+        self._ring[slots[self._rank_group[members]], members] = np.nan
+        row_slots = slots[groups]
+        self._ring[row_slots, ranks, :_WAIT_DEFICIT] = excess
+        self._ring[row_slots, ranks, _WAIT_DEFICIT] = deficit
+        self._ring[row_slots, ranks, _WORK_SECONDS] = work
+        sigmas = index.robust_sigmas(np.column_stack([excess, deficit]))  # (G, S + 1)
+        for g in np.flatnonzero(advancing).tolist():
+            self._noise[g, self._windows_seen[g] % c.noise_history_windows] = sigmas[g]
+        self._absent[members] += 1
         self._absent[ranks] = 0
-        self._windows_seen += 1
+        self._windows_seen[advancing] += 1
         return excess, deficit, medians
 
     def _history(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each present rank's median over the last N windows, per ring column, and in how
         many of them it was present: (R, C) float64 and (R, C) int64."""
-        history = self._ring[:, ranks]  # (N, R, C)
-        count = np.sum(~np.isnan(history), axis=0)
+        if ranks.size == self._capacity and (ranks == np.arange(ranks.size)).all():
+            history = self._ring  # every rank, in order (the usual window): no copy
+        else:
+            history = self._ring[:, ranks]  # (N, R, C)
+        missing = np.isnan(history)
+        n = history.shape[0]
+        if not missing.any():
+            # every rank in each of the N windows (a steady job): the middle rows of the
+            # sorted history, without the per-element picks (the same values)
+            ordered = _sort_windows(history, absent=False)
+            typical = ordered[(n - 1) // 2] / 2 + ordered[n // 2] / 2
+            return typical, np.full(typical.shape, n, dtype=np.int64)
+        count = n - np.sum(missing, axis=0)
         ordered = _sort_windows(history)  # absent windows last
         typical = _pick(ordered, (count - 1) // 2) / 2 + _pick(ordered, count // 2) / 2
         typical[count == 0] = np.nan
         return typical, count
 
-    def _calibrate(self, ranks: int) -> _Test:
-        """Each chart's reference value and interval from the pooled noise: h such that the
-        job raises a false alarm once per ``false_alarm_windows`` windows (Siegmund's
-        approximation per test, the run length split over ranks x measured signals x charts)."""
+    def _calibrate(self, pooled: np.ndarray, ranks: int) -> _Test:
+        """Each chart's reference value and interval from a group's pooled noise ((S + 1,):
+        the median over its last windows of each signal's cross-rank sigma, then the wait
+        deficit's), for its ``ranks`` present ranks: h such that the group raises a false
+        alarm once per ``false_alarm_windows`` windows (Siegmund's approximation per test, the
+        run length split over ranks x measured signals x charts)."""
         c = self.config
         signals, charts = len(SIGNAL_KINDS), len(c.charts)
-        pooled = nanmedian_rows(self._noise)
         noise, deficit_noise = pooled[:signals], float(pooled[signals])
         measured = np.isfinite(noise)
         run_length = c.false_alarm_windows * ranks * max(int(measured.sum()), 1) * charts
@@ -628,15 +749,20 @@ class StragglerDetector:
             self._intervals[key] = decision_interval(key[0], 10 ** key[1])
         return self._intervals[key] * sigma
 
-    def _corroborated(self, excess: np.ndarray, deficit: np.ndarray) -> np.ndarray:
+    def _per_row(self, name: str, groups: np.ndarray) -> np.ndarray:
+        """The tests' field ``name`` stacked over groups, taken at each row's group."""
+        return np.stack([getattr(t, name) for t in self._tests])[groups]
+
+    def _corroborated(self, excess: np.ndarray, deficit: np.ndarray,
+                      groups: np.ndarray) -> np.ndarray:
         """Compute and data excess capped by what the wait confirms, (deficit + z sigma) /
         ratio (``corroboration_sigmas``: the wait's own noise is no veto); the transfer excess,
         and every signal where the wait is not measured, as they are."""
         c = self.config
         if c.corroboration_ratio == 0:
             return excess
-        slack = c.corroboration_sigmas * self._test.deficit_noise
-        slack = slack if math.isfinite(slack) else 0.0
+        slack = c.corroboration_sigmas * np.array([t.deficit_noise for t in self._tests])
+        slack = np.where(np.isfinite(slack), slack, 0.0)[groups]
         confirmed = excess.copy()
         with np.errstate(invalid="ignore"):
             cap = np.where(np.isnan(deficit), np.inf,
@@ -644,74 +770,78 @@ class StragglerDetector:
             confirmed[:, :_TRANSFER] = np.minimum(excess[:, :_TRANSFER], cap)
         return confirmed
 
-    def _accumulate(self, ranks: np.ndarray, excess: np.ndarray,
+    def _accumulate(self, ranks: np.ndarray, groups: np.ndarray, excess: np.ndarray,
                     confirmed: np.ndarray) -> None:
         """Add this window's evidence: of a slowdown (the confirmed excess) always, of recovery
         (the rank's own excess) while a finding is active."""
-        t = self._test
-        self._raise_sum[ranks] = cusum_step(self._raise_sum[ranks],
-                                            confirmed[:, None, :] - t.reference, t.clip)
-        self._clear_sum[ranks] = cusum_step(self._clear_sum[ranks],
-                                            t.recovery_reference - excess, t.recovery_clip)
+        self._raise_sum[ranks] = cusum_step(
+            self._raise_sum[ranks], confirmed[:, None, :] - self._per_row("reference", groups),
+            self._per_row("clip", groups))
+        self._clear_sum[ranks] = cusum_step(
+            self._clear_sum[ranks], self._per_row("recovery_reference", groups) - excess,
+            self._per_row("recovery_clip", groups))
         inactive = np.ones(ranks.size, dtype=bool)
         inactive[np.isin(ranks, list(self.active))] = False
         self._clear_sum[ranks[inactive]] = 0.0  # recovery evidence counts only once raised
 
-    def _clear_ranks(self, step: int, ranks: np.ndarray) -> list[Finding]:
-        """Clear findings whose recovery evidence reached the interval, or whose rank has been
-        absent for N windows in a row."""
-        cleared = []
+    def _clear_ranks(self, step: int, advancing: np.ndarray,
+                     findings: list[list[Finding]]) -> None:
+        """Clear the findings of the advancing groups whose recovery evidence reached the
+        interval, or whose rank has been absent for N windows in a row."""
         for rank in list(self.active):
+            group = int(self._rank_group[rank])
+            if not advancing[group]:
+                continue
             signal = self._active_signal[rank]
             if self._absent[rank] >= self.config.persistence_windows:
                 reason = "not_reporting"
-            elif self._clear_sum[rank, signal] >= self._test.recovery_interval[signal]:
+            elif self._clear_sum[rank, signal] >= self._tests[group].recovery_interval[signal]:
                 reason = "recovered"
             else:
                 continue
-            cleared.append(_cleared(self.active.pop(rank), step, reason))
+            findings[group].append(_cleared(self.active.pop(rank), step, reason))
             del self._active_signal[rank]
             self._raise_sum[rank] = 0.0
             self._clear_sum[rank] = 0.0
-        return cleared
 
     def _raise_ranks(
-        self, window: RankWindow, ranks: np.ndarray, typical: np.ndarray, job_work: float,
-        medians: np.ndarray, scale: _Scale,
-    ) -> list[Finding]:
-        """Raise a finding for each present rank whose evidence reached the interval, on the
-        signal with the most evidence relative to its interval."""
-        t = self._test
-        by_chart = self._raise_sum[ranks] / t.interval  # (R, J, S): 1 = enough evidence
-        progress = by_chart.max(axis=1)  # (R, S)
-        findings = []
+        self, window: RankWindow, ranks: np.ndarray, groups: np.ndarray, warm: np.ndarray,
+        typical: np.ndarray, job_work: np.ndarray, medians: np.ndarray, scales: list[_Scale],
+        findings: list[list[Finding]],
+    ) -> None:
+        """Raise a finding for each present rank of a warmed-up group whose evidence reached
+        the interval, on the signal with the most evidence relative to its interval."""
+        rows = np.flatnonzero(warm)
+        by_chart = self._raise_sum[ranks[rows]] / self._per_row("interval", groups[rows])
+        progress = by_chart.max(axis=1)  # (R, S): 1 = enough evidence
         context = _RankContext(window)
-        for row in np.flatnonzero((progress >= 1).any(axis=1)).tolist():
-            rank = int(ranks[row])
+        for i in np.flatnonzero((progress >= 1).any(axis=1)).tolist():
+            row = int(rows[i])
+            rank, group = int(ranks[row]), int(groups[row])
             if rank in self.active:
                 continue
-            signal = int(np.argmax(progress[row]))
-            chart = int(np.argmax(by_chart[row, :, signal]))
+            signal = int(np.argmax(progress[i]))
+            chart = int(np.argmax(by_chart[i, :, signal]))
             finding = self._rank_finding(
-                rank=rank, signal=signal, step=window.step, context=context,
-                typical=self._recent(rank, typical[row]), chart=chart,
-                job_work=job_work, medians=medians, scale=scale,
+                rank=rank, group=group, signal=signal, step=window.step, context=context,
+                typical=self._recent(rank, group, typical[row]), chart=chart,
+                job_work=float(job_work[group]), medians=medians[group], scale=scales[group],
             )
             self.active[rank] = finding
             self._active_signal[rank] = signal
             self._raise_sum[rank] = 0.0
             self._clear_sum[rank] = 0.0
-            findings.append(finding)
-        return findings
+            findings[group].append(finding)
 
-    def _recent(self, rank: int, typical: np.ndarray) -> np.ndarray:
+    def _recent(self, rank: int, group: int, typical: np.ndarray) -> np.ndarray:
         """The rank's median over its last ``min_windows`` windows, per ring column (where
         it was absent in all of them: ``typical``, its median over N): the figures a raised
         finding states (slowdown, time lost). A rank named ``min_windows`` windows after its
         onset still has unslowed windows among the last N, whose median would state a 25%
         straggler as 7% (issue 23's re-run of the demo) and its cost a third of the truth."""
         n = self.config.persistence_windows
-        last = [(self._windows_seen - 1 - i) % n for i in range(min(self.config.min_windows, n))]
+        seen = int(self._windows_seen[group])
+        last = [(seen - 1 - i) % n for i in range(min(self.config.min_windows, n))]
         recent = self._ring[last, rank]  # (W, C)
         median = nanmedian_rows(recent)
         return np.where(np.isnan(median), typical, median)
@@ -719,12 +849,16 @@ class StragglerDetector:
     def _check_job(
         self,
         step: int,
+        index: GroupIndex,
+        groups: np.ndarray,
         work: np.ndarray,
         windows: np.ndarray,
-        slot: int,
-        warmed_up: bool,
-    ) -> list[Finding]:
-        """Whole-job slowdown: the median rank's work per step against the job's best.
+        slots: np.ndarray,
+        advancing: np.ndarray,
+        findings: list[list[Finding]],
+    ) -> None:
+        """Whole-job (whole-group) slowdown: the median rank's work per step against the
+        group's best.
 
         Each rank's history (median over its last N windows) first, then the median rank:
         both medians keep one slow rank or one slow window out of the job's baseline, and the
@@ -734,21 +868,34 @@ class StragglerDetector:
             work: (R,) median compute + data seconds of each rank present over the last N
                 windows.
             windows: (R,) in how many of the last N windows each was present.
+            slots: (G,) each group's ring slot of this window.
         """
         c = self.config
         full = windows == c.persistence_windows
-        now_s = nanmedian(work[full])
+        steady = GroupIndex(groups[full], self.groups)
+        now = steady.medians(work[full])  # (G,)
+        for g in np.flatnonzero(advancing).tolist():
+            findings[g] += self._check_group_job(g, step, float(now[g]), int(steady.counts[g]),
+                                                 int(slots[g]))
+
+    def _check_group_job(self, group: int, step: int, now_s: float, ranks: int,
+                         slot: int) -> list[Finding]:
+        """:meth:`_check_job` for one group: ``now_s`` its median rank's work (seconds),
+        ``ranks`` how many ranks that median is over."""
+        c = self.config
+        warmed_up = self._windows_seen[group] >= c.persistence_windows
         if warmed_up and now_s > 0:
-            self._job_baseline = min(self._job_baseline, now_s)
-        baseline_s = self._job_baseline
+            self._job_baseline[group] = min(self._job_baseline[group], now_s)
+        baseline_s = float(self._job_baseline[group])
         ratio = now_s / baseline_s if math.isfinite(baseline_s) else math.nan
-        self._job_over[slot] = warmed_up and ratio >= 1 + c.job_slowdown_threshold
-        if self.job_slowdown is not None and not self._job_over.any():
-            cleared = _cleared(self.job_slowdown, step, "recovered")
-            self.job_slowdown = None
-            return [cleared]
-        if self.job_slowdown is None and self._job_over.sum() >= _JOB_OVER_WINDOWS:
-            self.job_slowdown = Finding(
+        over = self._job_over[group]
+        over[slot] = warmed_up and ratio >= 1 + c.job_slowdown_threshold
+        active = self._job_slowdown[group]
+        if active is not None and not over.any():
+            self._job_slowdown[group] = None
+            return [_cleared(active, step, "recovered")]
+        if active is None and over.sum() >= _JOB_OVER_WINDOWS:
+            finding = Finding(
                 detector=DETECTOR,
                 kind="job_slowdown",
                 severity=Severity.WARNING,
@@ -764,16 +911,18 @@ class StragglerDetector:
                     "threshold": c.job_slowdown_threshold,
                     "work_seconds": evidence_round(now_s),
                     "baseline_work_seconds": evidence_round(baseline_s),
-                    "ranks": int(full.sum()),
+                    "ranks": ranks,
                 },
             )
-            return [self.job_slowdown]
+            self._job_slowdown[group] = finding
+            return [finding]
         return []
 
     def _rank_finding(
         self,
         *,
         rank: int,
+        group: int,
         signal: int,
         step: int,
         context: _RankContext,
@@ -801,7 +950,7 @@ class StragglerDetector:
                            windows=min(self.config.min_windows,
                                        self.config.persistence_windows),
                            cost=lost_text(lost))
-        t = self._test
+        t = self._tests[group]
         details: dict[str, Any] = {
             "slowdown": evidence_round(slowdown),
             "evidence": evidence_round(float(self._raise_sum[rank, chart, signal])),
@@ -831,13 +980,19 @@ class StragglerDetector:
             evidence=details,
         )
 
-    def _clear_all(self, step: int | None, reason: str) -> list[Finding]:
-        cleared = [_cleared(f, step, reason) for f in self.active.values()]
-        if self.job_slowdown is not None:
-            cleared.append(_cleared(self.job_slowdown, step, reason))
+    def _clear_all(self, step: int | None, reason: str) -> list[list[Finding]]:
+        """Every active finding cleared, per group (rank findings, then the group's whole-job
+        one)."""
+        cleared: list[list[Finding]] = [[] for _ in range(self.groups)]
+        for rank, finding in self.active.items():
+            group = int(self._rank_group[rank]) if rank < self._capacity else 0
+            cleared[max(group, 0)].append(_cleared(finding, step, reason))
+        for group, active in enumerate(self._job_slowdown):
+            if active is not None:
+                cleared[group].append(_cleared(active, step, reason))
         self.active.clear()
         self._active_signal.clear()
-        self.job_slowdown = None
+        self._job_slowdown = [None] * self.groups
         return cleared
 
 
@@ -899,19 +1054,25 @@ def _message(*, signal: int, where: str, slowdown: float, job_work: float,
             f"it ({cost}): check its network link (NIC, cable, switch port)")
 
 
-def _sort_windows(history: np.ndarray) -> np.ndarray:
-    """Sort each rank's few windows: (N, R, C) ascending along N, NaN replaced by +inf.
+def _sort_windows(history: np.ndarray, *, absent: bool = True) -> np.ndarray:
+    """Sort each rank's few windows: (N, R, C) ascending along N, NaN replaced by +inf
+    (``absent=False``: the caller has checked there is no NaN).
 
     An odd-even transposition network (Knuth, TAOCP vol. 3, 5.3.4) of elementwise min/max over
     all ranks at once: N is small (a handful of windows), and numpy's sort of 16,384 x C rows of
-    N values costs ten times more in per-row overhead.
+    N values costs ten times more in per-row overhead. Sorted in place in one copy: a new
+    array per compare-exchange (megabytes at 65,536 ranks) cost more in page faults than in
+    comparisons.
     """
-    rows = list(np.where(np.isnan(history), np.inf, history))  # N contiguous (R, C) arrays
-    for phase in range(len(rows)):
-        for i in range(phase % 2, len(rows) - 1, 2):
-            low, high = rows[i], rows[i + 1]
-            rows[i], rows[i + 1] = np.minimum(low, high), np.maximum(low, high)
-    return np.stack(rows)
+    ordered = np.where(np.isnan(history), np.inf, history) if absent else history.copy()
+    smaller = np.empty_like(ordered[0])
+    for phase in range(len(ordered)):
+        for i in range(phase % 2, len(ordered) - 1, 2):
+            low, high = ordered[i], ordered[i + 1]
+            np.minimum(low, high, out=smaller)
+            np.maximum(low, high, out=high)
+            low[...] = smaller
+    return ordered
 
 
 def _pick(ordered: np.ndarray, index: np.ndarray) -> np.ndarray:

@@ -163,12 +163,13 @@ class StragglerParticipant(WindowParticipant):
     With peer groups (:class:`~laggard.detectors.peer_groups.PeerGroups` of more than one
     group: a pipeline's stages, tensor-parallel coordinates), each rank is compared only with
     the ranks doing the same work, by
-    :class:`~laggard.detectors.group_straggler.PeerGroupStraggler` (a detector per group, small
-    groups pooled by work-normalised time, the stage balance; its docstring says how and what
-    it costs). Every straggler finding carries ``evidence["peer_group"]`` (its group's name,
-    ``"all"`` without groups) and ``evidence["compared"]`` (``"within peer group"`` or
-    ``"across groups, work-normalised"``). Without peer groups (or with one group of every
-    rank) it is one detector over all ranks.
+    :class:`~laggard.detectors.group_straggler.PeerGroupStraggler` (each group compared
+    within itself, small groups pooled by work-normalised time, the stage balance; its
+    docstring says how and what it costs). Every straggler finding carries
+    ``evidence["peer_group"]`` (its group's name, ``"all"`` without groups) and
+    ``evidence["compared"]`` (``"within peer group"`` or ``"across groups,
+    work-normalised"``). Without peer groups (or with one group of every rank) it is one
+    detector over all ranks.
 
     Args:
         config: ``StragglerDetector.Config``; None for its defaults.

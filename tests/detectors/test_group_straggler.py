@@ -129,3 +129,136 @@ def test_detectors_are_built_per_group_with_the_false_alarm_budget_split():
     too_small = PeerGroupStraggler(PeerGroups.from_lists([[0, 1, 2], [3]], 4))
     assert set(too_small.detectors) == {"group 0"}
     assert [note[0] for note in too_small.notes] == ["peer-groups-small"]
+
+
+def grouped_record(index: int, world: int = 16, *, slow: int | None = None,
+                   drop: tuple[int, ...] = (), nan_rows: tuple[int, ...] = ()) -> WindowRecord:
+    """Window ``index`` of 4 groups of 4 (group g's work 0.1 x (1 + g / 50)), ``slow`` 30%
+    slower from window 6, each rank waiting for its group's slowest; rows ``drop`` absent,
+    rows ``nan_rows`` all NaN (a rank whose gathered row is garbage)."""
+    rng = np.random.default_rng(index)
+    base = np.repeat(0.1 * (1 + np.arange(world // 4) / 50), 4)
+    compute = base * rng.lognormal(0, 0.01, world)
+    if slow is not None and index >= 6:
+        compute[slow] *= 1.3
+    data = 0.02 * base
+    work = (compute + data).reshape(-1, 4)
+    wait = (work.max(axis=1, keepdims=True) - work).ravel() + 0.002
+    columns = {"compute_seconds": compute, "data_seconds": data,
+               "collective_wait_seconds": wait, "step_seconds": np.full(world, 0.2)}
+    for row in nan_rows:
+        for values in columns.values():
+            values[row] = np.nan
+    keep = np.setdiff1d(np.arange(world), drop)
+    return WindowRecord(step=20 * index + 19, ranks=keep, world_size=world,
+                        columns={k: v[keep] for k, v in columns.items()})
+
+
+def four_by_four() -> PeerGroups:
+    return PeerGroups.from_lists([list(range(4 * g, 4 * g + 4)) for g in range(4)], 16)
+
+
+def test_one_detector_compares_every_group_with_state_sized_to_the_job():
+    grouped = PeerGroupStraggler(four_by_four())
+    assert grouped.compared == ["group 0", "group 1", "group 2", "group 3"]
+    assert {id(d) for d in grouped.detectors.values()} == {id(grouped.detector)}
+    found = [f for i in range(12) for f in grouped.update(grouped_record(i, slow=9)).findings]
+    assert [(f.rank, f.kind, f.evidence["peer_group"]) for f in found] == [
+        (9, "compute", "group 2")]
+    # one per-rank state for all groups, sized to the ranks seen (not groups x highest rank)
+    assert grouped.detector._ring.shape[1] == 16
+
+
+def test_a_nan_row_is_counted_and_the_other_ranks_still_compared():
+    grouped = PeerGroupStraggler(four_by_four())
+    found = []
+    for i in range(12):
+        outcome = grouped.update(grouped_record(i, slow=9, nan_rows=(5,)))
+        found += outcome.findings
+    assert [(f.rank, f.kind) for f in found] == [(9, "compute")]
+    # rank 5's compute, data and wait NaN in each of 12 windows
+    assert outcome.stats["invalid_durations"] == 3 * 12
+    assert 5 not in outcome.scores
+
+
+def test_a_rank_missing_from_a_group_is_counted_never_raised():
+    grouped = PeerGroupStraggler(four_by_four())
+    found = []
+    for i in range(12):
+        # rank 2 absent from window 3 on; from window 8, group 3 keeps 2 ranks: too few
+        drop = (2,) if 3 <= i < 8 else (2, 12, 13)
+        outcome = grouped.update(grouped_record(i, slow=9, drop=drop if i >= 3 else ()))
+        found += outcome.findings
+    assert [(f.rank, f.kind) for f in found] == [(9, "compute")]
+    assert outcome.stats["missing_rank_reports"] == 5 * 1 + 4 * 3
+    assert outcome.stats["too_few_ranks_windows"] == 4  # group 3, windows 8-11
+    assert {0, 1, 3} <= set(outcome.scores) and 2 not in outcome.scores
+
+
+def test_bad_rows_through_the_participant_are_counted_not_raised():
+    from laggard.integrations.participants import MonitorContext, StragglerParticipant
+
+    errors: list = []
+    participant = StragglerParticipant(None, peer_groups=four_by_four())
+    participant.attach(MonitorContext(
+        rank=0, world_size=16, node="n0", local_rank=0, window_steps=20, group=lambda: None,
+        log_once=lambda *a: None, count_error=lambda where, exc: errors.append(exc)))
+    stray = grouped_record(3)
+    stray.ranks = np.array([*range(15), 99])  # a row of a rank past the world size
+    for record in (grouped_record(0, nan_rows=tuple(range(16))), grouped_record(1, drop=(4,)),
+                   grouped_record(2, nan_rows=(0, 1, 2)), stray):
+        outcome = participant.on_window(record)
+        assert outcome is not None and outcome.findings == []
+    assert errors == []
+    stats = outcome.detector_stats
+    assert stats["invalid_ranks"] == 1 and stats["missing_rank_reports"] == 1 + 1
+    assert stats["too_few_ranks_windows"] == 4 + 1  # every group of window 0, group 0 of 2
+
+
+def test_one_pass_equals_a_detector_per_group_fed_its_rows():
+    """Groups of uneven sizes, random NaN cells, a group short of ranks for two windows and a
+    raised rank that stops reporting (cleared ``not_reporting``): the one detector's findings
+    and scores equal those of one single-group detector per group, each fed its group's rows
+    (the single-group detector is what test_straggler_replay.py checks against the old code)."""
+    groups = PeerGroups.from_lists([list(range(0, 5)), list(range(5, 11)),
+                                    list(range(11, 18))], 18)
+    grouped = PeerGroupStraggler(groups)
+    config = grouped.detector.config
+    alone = [StragglerDetector(config) for _ in groups.groups]
+    rng = np.random.default_rng(7)
+    raised = []
+    for i in range(32):
+        compute = 0.1 * rng.lognormal(0, 0.01, 18)
+        compute[2] *= 1.3 if i >= 5 else 1.0
+        compute[13] *= 1.2 if 9 <= i < 16 else 1.0
+        wait = np.zeros(18)
+        for ranks in groups.groups:
+            members = list(ranks)
+            wait[members] = compute[members].max() - compute[members] + 0.002
+        columns = {"compute_seconds": compute, "data_seconds": np.full(18, 0.002),
+                   "collective_wait_seconds": wait}
+        columns["data_seconds"][rng.random(18) < 0.05] = np.nan
+        keep = np.ones(18, dtype=bool)
+        if i >= 12:
+            keep[2] = False  # the slow rank stops reporting
+        if i in (8, 9):
+            keep[[5, 6, 7, 8]] = False  # group 1 keeps 2 ranks: too few
+        ranks = np.flatnonzero(keep)
+        record = WindowRecord(step=20 * i + 19, ranks=ranks, world_size=18,
+                              columns={k: v[keep] for k, v in columns.items()})
+        outcome = grouped.update(record)
+        window = RankWindow.from_record(record)
+        expected, scores = [], {}
+        for g, detector in enumerate(alone):
+            rows = np.flatnonzero(np.isin(ranks, groups.groups[g]))
+            expected += [tagged(f, groups.names[g], WITHIN)
+                         for f in detector.update(window_rows(window, rows))]
+            scores.update(detector.scores)
+        found = [f for f in outcome.findings if f.kind != "stage_imbalance"]
+        assert [f.to_dict() for f in found] == [f.to_dict() for f in expected], i
+        assert outcome.scores == scores, i
+        raised += found
+    assert [(f.rank, f.kind, f.cleared) for f in raised] == [
+        (2, "compute", False), (13, "compute", False), (2, "compute", True),
+        (13, "compute", True)]
+    assert raised[2].evidence["reason"] == "not_reporting"
