@@ -12,6 +12,15 @@ hosts participants for everything else it does once per window. A participant
 4. gets the gathered :class:`~laggard.detectors.window.WindowRecord` back on every rank
    (``on_window``) and returns what it found (:class:`WindowOutcome`).
 
+Where ``on_window`` runs: a participant with ``inline = True`` (the integrity check, whose
+policy ``raise`` must stop every rank at the same window) runs on the training thread of every
+rank, right after the gather. The others run on rank 0's analysis thread
+(:mod:`laggard.integrations.window_analysis`), so their findings come at most one window later
+and rank 0's steps never wait for them; on the other ranks they run on the training thread
+(the built-in ones do nothing there). Only an inline participant may raise :class:`StopJob`:
+one raised on the analysis thread is reported and counted (``stats.internal_errors``), not
+raised. Without the attribute a participant is not inline.
+
 The monitor reports the outcome: on rank 0 it logs each finding once when raised and once when
 cleared, keeps it in ``monitor.findings`` / ``monitor.cleared``, and sends one WindowReport to
 the node agent. A participant uses only the :class:`MonitorContext` it is attached to (rank,
@@ -129,6 +138,8 @@ class WindowParticipant:
 
     name = "participant"
     columns: tuple[WindowColumn, ...] = ()
+    #: Run ``on_window`` on the training thread of every rank (module docstring).
+    inline = False
 
     def __init__(self) -> None:
         self.context: MonitorContext | None = None

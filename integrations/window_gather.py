@@ -87,6 +87,17 @@ class WindowGather:
             self.group = None
 
 
+def bad_rows(record: WindowRecord) -> int:
+    """Rows of a gathered window whose ``step_seconds`` is not a finite number >= 0 (a rank
+    that sent NaN or garbage: every real window has a wall-clock step time); 0 when the
+    record has no such column."""
+    steps = record.get("step_seconds")
+    if steps is None:
+        return 0
+    values = np.asarray(steps, dtype=np.float64)
+    return int(values.size - np.count_nonzero(np.isfinite(values) & (values >= 0)))
+
+
 def analyse_window(participants: Iterable[Participant], record: WindowRecord,
                    count_error: Callable[[str, BaseException], None],
                    ) -> tuple[WindowOutcome, StopJob | None]:
@@ -120,4 +131,4 @@ def analyse_window(participants: Iterable[Participant], record: WindowRecord,
     return outcome, stop
 
 
-__all__ = ["WindowGather", "analyse_window"]
+__all__ = ["WindowGather", "analyse_window", "bad_rows"]
