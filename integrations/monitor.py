@@ -512,14 +512,14 @@ class TrainingMonitor:
             return
         _, stop = analyse_window(self._deferred, record, self._internal_error)
         if stop is not None:  # only an inline participant stops the job (participants.py)
-            self._internal_error(f"{stop!r} raised by a participant that is not inline", stop)
+            self._internal_error("stop_not_inline", stop)
 
     def _analyse_pending(self, pending: PendingWindow) -> None:
         """Rank 0's analysis thread: the other participants on one window, then its report."""
         found, stop = analyse_window(self._deferred, pending.record, self._internal_error)
         outcome = merge_outcomes(pending.inline, found)
         if stop is not None:  # reported, not raised: it could not stop every rank alike
-            self._internal_error(f"{stop!r} raised by a participant that is not inline", stop)
+            self._internal_error("stop_not_inline", stop)
         self._report(pending.record, outcome, pending.notes)
 
     def analyse(self, record: WindowRecord) -> list[Finding]:
