@@ -322,6 +322,13 @@ class TrainingMonitor:
         (``"[Errno 28] No space left on device"``), "" if none."""
         return self._windows_file.first_error if self._windows_file is not None else ""
 
+    def wait_analysed(self, timeout: float = CLOSE_SECONDS) -> bool:
+        """Wait until every window handed to rank 0's analysis thread has been analysed and
+        reported (``findings``, ``windows``, the agent, the windows file), at most
+        ``timeout`` seconds; True if so. For tests and the job's end, never per step: the
+        training loop must not wait for the analysis."""
+        return self._analysis.wait_idle(timeout)
+
     def typical_step_seconds(self) -> float | None:
         """The median of this rank's recent step times (the last ``window_steps``), seconds;
         None before the first step. Safe from another thread (reads a few floats)."""
@@ -504,6 +511,10 @@ class TrainingMonitor:
                 with self._analysis.lock:
                     self._report(record, inline, notes)
             raise stop
+        if self.rank == 0 and not self.config.analysis_thread:
+            with self._analysis.lock:
+                self._analyse_pending(PendingWindow(record=record, inline=inline, notes=notes))
+            return
         if self.rank == 0:
             try:
                 self._analysis.submit(PendingWindow(record=record, inline=inline, notes=notes))

@@ -146,6 +146,14 @@ class MonitorConfig:
     whatever its size): every one of ``history_windows`` up to ~1,000 ranks, the last 4 at
     65,536 ranks (~7.8 MB each)."""
 
+    analysis_thread: bool = True
+    """Rank 0 analyses and reports each gathered window on a thread of its own, behind a
+    one-slot queue (``laggard.integrations.window_analysis``): its steps never wait for the
+    analysis, findings come at most one window later, and a window gathered while two are
+    pending is coalesced (counted in ``stats.windows_coalesced``). False: on the training
+    thread, every window analysed before the next step (the job's steps wait for it): for
+    tests and replays that must see every window."""
+
     node: str = ""
     """``node`` of the StepRecords; defaults to the host name."""
 
