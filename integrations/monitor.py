@@ -226,7 +226,7 @@ class TrainingMonitor:
         self._group = group
         self._gather = None if dist_mod is None else WindowGather(
             dist_mod, group, world_size=self.world_size, node=self.node,
-            local_rank=self.local_rank, make_gloo_group=self._detect)
+            local_rank=self.local_rank, make_gloo_group=self._detect, rank=self.rank)
         self.run = job_run(cfg.run, os.environ, dist_mod, self._gather_group(),
                            agree=self._detect, count_error=self._internal_error)
         clock = device_discovery.resolve_phase_clock(
@@ -263,6 +263,8 @@ class TrainingMonitor:
                                if not getattr(p, "inline", False))
         self._analysis = WindowAnalysis(self._analyse_pending, stats=self.stats,
                                         count_error=self._internal_error)
+        if self._gather is not None:  # only an inline participant needs every rank's record
+            self._gather.everywhere = bool(self._inline)
         self.layout = WindowLayout(
             STEP_COLUMNS + tuple(c for p in self.participants for c in p.columns))
         self._trace = self.participant("trace")
@@ -490,6 +492,8 @@ class TrainingMonitor:
                 values.update(participant.contribute(step))
             record = self._gather.gather(step, values, self.layout)  # type: ignore[union-attr]
             self.stats.windows += 1
+            if record is None:  # a rank other than 0, no inline participant: nothing to do
+                return
         except Exception as exc:  # noqa: BLE001 - a failed gather switches detection off
             self.stats.gather_errors += 1
             self._detect = False
@@ -500,9 +504,10 @@ class TrainingMonitor:
 
     def _hand_over(self, record: WindowRecord) -> None:
         """The training thread's share of a gathered window: the inline participants; then on
-        rank 0 the window goes to the analysis thread (never waited for), elsewhere the other
-        participants run here. A StopJob of an inline participant is reported first (rank 0
+        rank 0 the window goes to the analysis thread (never waited for). A StopJob of an inline participant is reported first (rank 0
         waits for the analysis thread, bounded: the job is stopping), then raised."""
+        if self.rank == 0:  # counted here: a window coalesced later still counts its rows
+            self.stats.bad_rows += bad_rows(record)
         inline, stop = analyse_window(self._inline, record, self._internal_error)
         notes = self._windows_file.take_notes() if self._windows_file is not None else {}
         if stop is not None:
@@ -520,10 +525,6 @@ class TrainingMonitor:
                 self._analysis.submit(PendingWindow(record=record, inline=inline, notes=notes))
             except Exception as exc:  # noqa: BLE001 - e.g. no thread could be started
                 self._internal_error("analysis", exc)
-            return
-        _, stop = analyse_window(self._deferred, record, self._internal_error)
-        if stop is not None:  # only an inline participant stops the job (participants.py)
-            self._internal_error("stop_not_inline", stop)
 
     def _analyse_pending(self, pending: PendingWindow) -> None:
         """Rank 0's analysis thread: the other participants on one window, then its report."""
@@ -555,6 +556,7 @@ class TrainingMonitor:
         with self._analysis.lock:
             outcome, stop = analyse_window(self.participants, record, self._internal_error)
             if self.rank == 0:
+                self.stats.bad_rows += bad_rows(record)
                 self._report(record, outcome, None)
         if stop is not None:
             raise stop
@@ -570,8 +572,7 @@ class TrainingMonitor:
 
     def _report_window(self, record: WindowRecord, outcome: WindowOutcome,
                        notes: dict[str, float] | None) -> None:
-        """Rank 0: count bad rows; log, keep, send and save one window's outcome."""
-        self.stats.bad_rows += bad_rows(record)
+        """Rank 0: log, keep, send and save one window's outcome."""
         self._finding_log.record(outcome.findings)
         kept = record.scalars()
         self._history.add(kept, outcome.scores, outcome.findings)

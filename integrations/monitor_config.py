@@ -44,7 +44,7 @@ class MonitorStats:
             participants and the report; not on the training thread).
         bad_rows: on rank 0, gathered rows (rank, window) whose ``step_seconds`` is not a
             finite number >= 0: a rank that sent NaN or garbage; its values are left to the
-            detectors, which skip them.
+            detectors, which skip them (counted at the gather, coalesced windows too).
         save_errors: windows that could not be appended to ``Config.windows_path``.
         internal_errors: the monitor's own bookkeeping failures (a bug; logged once).
         device_fallbacks: times the device clock was refused at construction (no CUDA, a

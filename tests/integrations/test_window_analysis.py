@@ -154,6 +154,7 @@ def test_a_row_of_nans_is_counted_and_never_raised_by_either_path():
     record.columns["compute_seconds"][2] = np.nan
     assert monitor.analyse(record) == []  # synchronous path
     monitor._hand_over(_record(9))  # noqa: SLF001
+    assert monitor.wait_analysed(budget(10))  # else 14 would replace 9 in the slot
     bad = _record(14)
     bad.columns["step_seconds"][1] = -np.inf
     monitor._hand_over(bad)  # noqa: SLF001 - the thread's path
