@@ -504,8 +504,9 @@ class TrainingMonitor:
 
     def _hand_over(self, record: WindowRecord) -> None:
         """The training thread's share of a gathered window: the inline participants; then on
-        rank 0 the window goes to the analysis thread (never waited for). A StopJob of an inline participant is reported first (rank 0
-        waits for the analysis thread, bounded: the job is stopping), then raised."""
+        rank 0 the window goes to the analysis thread (never waited for). A StopJob of an
+        inline participant is reported first (rank 0 waits for the analysis thread, bounded:
+        the job is stopping), then raised."""
         if self.rank == 0:  # counted here: a window coalesced later still counts its rows
             self.stats.bad_rows += bad_rows(record)
         inline, stop = analyse_window(self._inline, record, self._internal_error)

@@ -1,9 +1,10 @@
 """One rank of a real 4-rank gloo job whose rank-0 analysis is slow on purpose; launched by
 test_window_analysis_job.py through ``python -m torch.distributed.run``.
 
-Usage: ``slow_analysis_worker.py OUT_DIR``. After an untimed warm-up, three phases, each with a monitor of its own built
-at the same point on every rank, the same steps (a matmul, then an ``all_reduce`` that makes
-every rank wait for the slowest, as a data-parallel job's gradient sync does):
+Usage: ``slow_analysis_worker.py OUT_DIR``. After an untimed warm-up, three phases, each with
+a monitor of its own built at the same point on every rank, the same steps (a matmul, then an
+``all_reduce`` that makes every rank wait for the slowest, as a data-parallel job's gradient
+sync does):
 
 * ``base``: the monitor with no participant of the test's own;
 * ``thread``: a :class:`SlowParticipant` whose ``on_window`` sleeps ``2 x`` a window's
