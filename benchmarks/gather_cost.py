@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 METHODS = ("all_gather", "gather", "all_gather_into_tensor")
+#: What main() measures, in order (``--parts``).
+PARTS = ("jobs", "buffers", "handover", "bytes")
 #: Ranks the bytes table is written for (issue 31's target scale).
 SCALE_RANKS = 65_536
 
@@ -128,6 +130,50 @@ def buffer_cost(ranks: int, words: int, repeats: int = 5) -> tuple[float, float]
     return statistics.median(listed), statistics.median(single)
 
 
+def handover_cost(ranks: int, windows: int = 6) -> tuple[float, float, float, str]:
+    """Rank 0's training thread after the gather, at ``ranks``: the unpack of the (R, W)
+    buffer and the hand-over to the analysis thread (median seconds over ``windows``
+    synthetic windows, one rank 10% slow), against the analysis itself on the thread
+    (median) and ``monitor.analyse`` on the calling thread (median), what the training thread
+    did before issue 31; and what rank 0 keeps of them (``monitor.windows``)."""
+    import numpy as np
+
+    from laggard.detectors.window import WindowRecord
+    from laggard.integrations.monitor import TrainingMonitor
+
+    monitor = TrainingMonitor(TrainingMonitor.Config(
+        agent_address="", heartbeat_seconds=0, hang_store_seconds=0, gc_timing=False),
+        rank=0, world_size=ranks)
+    rng = np.random.default_rng(0)
+    names = [c.name for c in monitor.layout.columns]
+    hand, thread, inline = [], [], []
+    for w in range(2 * windows):
+        table = np.full((ranks, monitor.layout.size), np.nan)
+        compute = 0.1 * (1 + 0.01 * rng.standard_normal(ranks))
+        compute[ranks // 2] *= 1.1
+        for name, values in (("compute_seconds", compute), ("data_seconds", 0.001),
+                             ("collective_wait_seconds", 0.12 - compute),
+                             ("step_seconds", 0.121)):
+            table[:, names.index(name)] = values
+        start = time.perf_counter()
+        record = WindowRecord(step=20 * w + 19, columns=monitor.layout.unpack(table),
+                              ranks=np.arange(ranks), world_size=ranks)
+        if w < windows:
+            before = monitor.stats.analysis_seconds
+            monitor._hand_over(record)  # noqa: SLF001 - the gather's path, after the collective
+            hand.append(time.perf_counter() - start)
+            monitor.wait_analysed()
+            thread.append(monitor.stats.analysis_seconds - before)
+        else:
+            monitor.analyse(record)
+            inline.append(time.perf_counter() - start)
+    monitor.close()
+    kept = (f"{len(monitor.windows)} of {2 * windows} windows kept in full "
+            f"({monitor._history.nbytes / 1e6:.1f} MB), "  # noqa: SLF001
+            f"{len(monitor.window_summaries)} summaries")
+    return statistics.median(hand), statistics.median(thread), statistics.median(inline), kept
+
+
 def bytes_table(words: int, ranks: int = SCALE_RANKS) -> list[tuple[str, int, int]]:
     """Per method: (name, bytes a non-root rank sends and receives per window, bytes it
     holds in its receive buffer). gloo's allgather is a ring: every rank passes on R - 1
@@ -144,11 +190,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--iterations", type=int, default=60)
     parser.add_argument("--words", type=int, nargs="+", default=[16, 177])
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
+                        help="what to measure (default: all)")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
         worker(args.worker, args.iterations, args.words[0])
         return 0
+    if "jobs" in args.parts:
+        jobs(args)
+    if "buffers" in args.parts:
+        print(f"\ntraining thread's receive buffers at {SCALE_RANKS:,} ranks (in-process), "
+              f"median of 5 (the monitor makes rank 0's once and keeps them):")
+        for words in args.words:
+            listed, single = buffer_cost(SCALE_RANKS, words)
+            print(f"- {words} words: {SCALE_RANKS:,} tensors + stack {1e3 * listed:.1f} ms, "
+                  f"one (R, W) tensor {1e3 * single:.3f} ms (ratio {listed / single:,.0f}), "
+                  f"{_load()}")
+    if "handover" in args.parts:
+        hand, thread, inline, kept = handover_cost(SCALE_RANKS)
+        print(f"\nrank 0 at {SCALE_RANKS:,} ranks, 16 words, one peer group, median of 6 "
+              f"windows: training thread (unpack + hand-over) {1e3 * hand:.1f} ms; the "
+              f"analysis on its thread {1e3 * thread:.0f} ms; analyse() on the training "
+              f"thread (before) {1e3 * inline:.0f} ms (ratio {inline / hand:.0f}); {kept}; "
+              f"{_load()}")
+    if "bytes" in args.parts:
+        print(f"\nbytes per non-root rank per window at {SCALE_RANKS:,} ranks (arithmetic):")
+        print("| words/rank | method | sent + received | receive buffer held |")
+        print("|---|---|---|---|")
+        for words in args.words:
+            for name, moved, held in bytes_table(words):
+                print(f"| {words} | {name} | {_bytes(moved)} | {_bytes(held)} |")
+    return 0
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB" if n >= 1e6 else f"{n:,} B"
+
+
+def jobs(args: argparse.Namespace) -> None:
+    """The gloo jobs: every method, every rank count and width; a markdown table."""
     print(f"gloo window gather, {args.iterations} calls per method, interleaved; "
           f"median seconds per call (rank 0 / slowest other rank); ratio to all_gather")
     print("| ranks | words/rank | method | rank 0 ms | other ranks ms | ratio (rank 0) | "
@@ -168,20 +249,6 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"| {ranks} | {words} | {method} | {1e3 * m['rank0']:.2f} | "
                           f"{1e3 * m['others_max']:.2f} | {m['rank0'] / base:.2f} | "
                           f"{_load()} |")
-    print(f"\ntraining thread's receive buffers at {SCALE_RANKS:,} ranks (in-process), "
-          f"median of 5:")
-    for words in args.words:
-        listed, single = buffer_cost(SCALE_RANKS, words)
-        print(f"- {words} words: {SCALE_RANKS:,} tensors + stack {1e3 * listed:.1f} ms, "
-              f"one (R, W) tensor {1e3 * single:.3f} ms (ratio {listed / single:,.0f}), "
-              f"{_load()}")
-    print(f"\nbytes per non-root rank per window at {SCALE_RANKS:,} ranks (arithmetic):")
-    print("| words/rank | method | sent + received | receive buffer held |")
-    print("|---|---|---|---|")
-    for words in args.words:
-        for name, moved, held in bytes_table(words):
-            print(f"| {words} | {name} | {moved / 1e6:,.3f} MB | {held / 1e6:,.3f} MB |")
-    return 0
 
 
 if __name__ == "__main__":
