@@ -512,10 +512,16 @@ class TrainingMonitor:
         inline, stop = analyse_window(self._inline, record, self._internal_error)
         notes = self._windows_file.take_notes() if self._windows_file is not None else {}
         if stop is not None:
-            if self.rank == 0:
-                self._analysis.wait_idle(CLOSE_SECONDS)
-                with self._analysis.lock:
+            # rank 0 reports it first, after the window in hand (bounded: a stuck analysis
+            # leaves this window unreported, counted, and the job stops all the same)
+            if self.rank == 0 and self._analysis.wait_idle(CLOSE_SECONDS) and \
+                    self._analysis.lock.acquire(timeout=CLOSE_SECONDS):
+                try:
                     self._report(record, inline, notes)
+                finally:
+                    self._analysis.lock.release()
+            elif self.rank == 0:
+                self._internal_error("stop_report", TimeoutError("analysis thread busy"))
             raise stop
         if self.rank == 0 and not self.config.analysis_thread:
             with self._analysis.lock:
