@@ -7,14 +7,15 @@ a monitor of its own built at the same point on every rank, the same steps (a ma
 sync does):
 
 * ``base``: the monitor with no participant of the test's own;
-* ``thread``: a :class:`SlowParticipant` whose ``on_window`` sleeps ``2 x`` a window's
+* ``thread``: a :class:`SlowParticipant` whose ``on_window`` sleeps ``3 x`` a window's
   duration (rank 0's base median step ``x window_steps``) on rank 0, run on rank 0's analysis
   thread; rank :data:`NAN_RANK` sends a row of NaNs at window :data:`NAN_WINDOW`;
 * ``inline``: the same participant marked ``inline``: the analysis back on the training thread,
   the control that shows the step-time ratio can fail.
 
-Each rank writes ``rank-R.json``: per phase, the loop's wall seconds; rank 0 adds its
-monitor's counters and findings per phase.
+Each rank writes ``rank-R.json``: per phase, the loop's wall seconds and each step's (the
+gather and what runs on the training thread after it fall in the window's last step); rank 0
+adds its monitor's counters and findings per phase.
 """
 
 from __future__ import annotations
@@ -103,10 +104,10 @@ def main(out: Path) -> None:
     run_phase("base", sleep)  # warm-up: the first loop's allocations and gloo's first calls
     for phase in ("base", "thread", "inline"):
         wall, steps, monitor = run_phase(phase, sleep)
-        entry: dict[str, object] = {"wall_seconds": wall}
+        entry: dict[str, object] = {"wall_seconds": wall, "step_seconds": steps}
         if phase == "base":
-            # the slow analysis takes two windows' time: every other window is coalesced
-            sleep = 2 * WINDOW * sorted(steps)[len(steps) // 2]
+            # the slow analysis takes three windows' time: two in three windows coalesced
+            sleep = 3 * WINDOW * sorted(steps)[len(steps) // 2]
             entry["sleep"] = sleep
         if rank == 0:
             stats = monitor.stats
