@@ -44,7 +44,7 @@ test-fast: venv
 	$(PY) -m pytest $(PYTEST_REPORT) -m "not slow" $(FAST_TESTS) $(ARGS)
 
 # The training side's modules that mypy checks (the rest reach torch internals mypy cannot type).
-MYPY_INTEGRATIONS := $(addprefix integrations/,monitor.py monitor_config.py device_discovery.py \
+MYPY_INTEGRATIONS := $(addprefix integrations/,monitor.py monitor_config.py window_analysis.py window_history.py device_discovery.py \
 	step_table.py step_context.py window_gather.py finding_log.py windows_file.py \
 	agent_reports.py run_identity.py agent_socket.py heartbeat.py heartbeat_key.py hang_watch.py \
 	heartbeat_node.py hang_read.py \

@@ -30,6 +30,7 @@ within one window; clears are still sent once. :meth:`AgentReports.send_end` sen
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -123,6 +124,9 @@ class AgentReports:
         self._last_flush = -float("inf")
         self._backlog: deque[tuple[bytes, int]] = deque()
         self._warn_at: float | None = None
+        #: The batch and the backlog are filled by the training thread (step records) and
+        #: rank 0's analysis thread (window reports); held only around non-blocking sends.
+        self._lock = threading.Lock()
         self.sock: Any = None
         if address:
             try:
@@ -150,6 +154,10 @@ class AgentReports:
             collectives=capped(comm.collectives) if comm is not None else [],
             comm=comm.summary() if comm is not None else {},
             **self._rank_fields).encode()
+        with self._lock:
+            self._batch_step(record)
+
+    def _batch_step(self, record: bytes) -> None:
         now = self._clock()
         if self._pending and self._pending_bytes + len(record) + 1 > _BATCH_BUDGET:
             self._seal(now)
@@ -173,14 +181,17 @@ class AgentReports:
         note_held(self.active, [f.to_dict() for f in outcome.findings])
         if self.sock is None:
             return
-        self._seal(self._clock())
-        for report in window_reports(record, outcome, self.run):
-            self._enqueue(report.encode(), 1)
+        # encoded outside the lock (rank 0's analysis thread): the training thread's
+        # send_step waits at most for the non-blocking sends below
+        payloads = [report.encode() for report in window_reports(record, outcome, self.run)]
         reports, left_out = active_reports(list(self.active.values()), step=record.step,
                                            world_size=self._world(record), run=self.run)
-        for report in reports:
-            self._enqueue(report.encode(), 1)
-        self._drain()
+        payloads += [report.encode() for report in reports]
+        with self._lock:
+            self._seal(self._clock())
+            for payload in payloads:
+                self._enqueue(payload, 1)
+            self._drain()
         if left_out:
             self._stats.active_left_out += left_out
             self._log_once("active-left-out", "laggard: %d active findings did not fit in a "
@@ -203,15 +214,17 @@ class AgentReports:
         """Send one datagram now, after the batched ones (nothing without a socket)."""
         if self.sock is None:
             return
-        self._seal(self._clock())
-        self._enqueue(payload, 1)
-        self._drain()
+        with self._lock:
+            self._seal(self._clock())
+            self._enqueue(payload, 1)
+            self._drain()
 
     def flush(self) -> None:
         """Send the batched step records now (what the agent's queue refuses stays queued)."""
         if self.sock is not None:
-            self._seal(self._clock())
-            self._drain()
+            with self._lock:
+                self._seal(self._clock())
+                self._drain()
 
     def _seal(self, now: float) -> None:
         """Close the batch being filled into one datagram on the backlog."""

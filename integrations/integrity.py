@@ -569,6 +569,9 @@ class IntegrityParticipant(WindowParticipant):
     """
 
     name = "integrity"
+    #: Checked on the training thread of every rank: policy ``raise`` must stop every rank
+    #: at the same window (``laggard.integrations.window_analysis``).
+    inline = True
 
     def __init__(self, integrity: GradientIntegrity) -> None:
         super().__init__()

@@ -9,7 +9,10 @@ drop. Every ``window_steps`` steps all ranks exchange one window record with one
 one float64 each per rank whatever K, then the participants' columns), each participant turns the
 gathered record into findings (:mod:`laggard.integrations.participants`), and rank 0 logs each
 finding once when it is raised and once when it clears and sends a
-:class:`~laggard.wire.WindowReport` to its agent.
+:class:`~laggard.wire.WindowReport` to its agent. On rank 0 the analysis and the report run on
+a thread of their own behind a one-slot queue (:mod:`laggard.integrations.window_analysis`):
+the training thread takes part in the gather and hands the window over, and a window's
+findings come at most one window later.
 
 Usage, with DDP and the timing communication hook::
 
@@ -43,6 +46,8 @@ The monitor is a host: it wires rooms that each hold one job.
   phase timers and their arithmetic; :mod:`~laggard.integrations.step_table`: the per-step
   table of the window;
 - :mod:`~laggard.integrations.window_gather`: the gather and the participants' analysis;
+  :mod:`~laggard.integrations.window_analysis`: rank 0's analysis thread;
+  :mod:`~laggard.integrations.window_history`: the kept windows, full and summarised;
 - the outputs: :mod:`~laggard.integrations.finding_log` (rank 0's log lines),
   :mod:`~laggard.integrations.windows_file` (``Config.windows_path``) and
   :mod:`~laggard.integrations.agent_reports` (the datagrams to the agent);
@@ -52,7 +57,6 @@ The monitor is a host: it wires rooms that each hold one job.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import socket
@@ -80,7 +84,14 @@ from laggard.integrations.phases import step_times
 from laggard.integrations.run_identity import job_run
 from laggard.integrations.step_context import DevicePhaseContext, PhaseContext, StepContext
 from laggard.integrations.step_table import WORK_NOTES, StepTable
-from laggard.integrations.window_gather import WindowGather, analyse_window
+from laggard.integrations.window_analysis import (
+    CLOSE_SECONDS,
+    PendingWindow,
+    WindowAnalysis,
+    merge_outcomes,
+)
+from laggard.integrations.window_gather import WindowGather, analyse_window, bad_rows
+from laggard.integrations.window_history import WindowHistory, WindowSummary
 from laggard.integrations.windows_file import WindowsFile
 from laggard.log_once import LogOnce
 
@@ -145,8 +156,13 @@ class TrainingMonitor:
         save_error: on rank 0, the first error that kept a window out of
             ``Config.windows_path`` (``"[Errno 28] No space left on device"``), "" if none;
             ``stats.save_errors`` counts them.
-        windows: on rank 0, the last ``history_windows`` gathered
-            :class:`~laggard.detectors.window.WindowRecord` s (their width-1 columns).
+        windows: on rank 0, the latest analysed
+            :class:`~laggard.detectors.window.WindowRecord` s (their width-1 columns), oldest
+            first: at most ``history_windows``, together at most ``history_full_bytes``
+            (the latest always kept).
+        window_summaries: on rank 0, a
+            :class:`~laggard.integrations.window_history.WindowSummary` of each of the last
+            ``history_windows`` analysed windows (C x 5 quantiles, whatever the world size).
         participants: the hosted participants, in gather order.
         phase_clock: the clock the phases are timed on: ``"wall"``, ``"thread_cpu"`` or
             ``"device"`` (``"auto"`` resolved; ``"device"`` refused falls back to ``"wall"``).
@@ -185,8 +201,9 @@ class TrainingMonitor:
         self._finding_log = FindingLog(log)
         self.findings: list[Finding] = self._finding_log.findings
         self.cleared: list[Finding] = self._finding_log.cleared
-        self.windows: collections.deque[WindowRecord] = collections.deque(
-            maxlen=cfg.history_windows)
+        self._history = WindowHistory(cfg.history_windows, cfg.history_full_bytes)
+        self.windows = self._history.windows
+        self.window_summaries: Sequence[WindowSummary] = self._history.summaries
         dist_mod = device_discovery.initialized_dist()
         self.rank, self.world_size, self.local_rank = job_position(
             rank, world_size, local_rank, dist_mod)
@@ -209,7 +226,7 @@ class TrainingMonitor:
         self._group = group
         self._gather = None if dist_mod is None else WindowGather(
             dist_mod, group, world_size=self.world_size, node=self.node,
-            local_rank=self.local_rank, make_gloo_group=self._detect)
+            local_rank=self.local_rank, make_gloo_group=self._detect, rank=self.rank)
         self.run = job_run(cfg.run, os.environ, dist_mod, self._gather_group(),
                            agree=self._detect, count_error=self._internal_error)
         clock = device_discovery.resolve_phase_clock(
@@ -239,6 +256,15 @@ class TrainingMonitor:
             count_error=self._internal_error)
         for participant in self.participants:
             participant.attach(context)
+        # on_window on the training thread of every rank, or on rank 0's analysis thread
+        # (participants.py, "Where on_window runs")
+        self._inline = tuple(p for p in self.participants if getattr(p, "inline", False))
+        self._deferred = tuple(p for p in self.participants
+                               if not getattr(p, "inline", False))
+        self._analysis = WindowAnalysis(self._analyse_pending, stats=self.stats,
+                                        count_error=self._internal_error)
+        if self._gather is not None:  # only an inline participant needs every rank's record
+            self._gather.everywhere = bool(self._inline)
         self.layout = WindowLayout(
             STEP_COLUMNS + tuple(c for p in self.participants for c in p.columns))
         self._trace = self.participant("trace")
@@ -299,6 +325,13 @@ class TrainingMonitor:
         (``"[Errno 28] No space left on device"``), "" if none."""
         return self._windows_file.first_error if self._windows_file is not None else ""
 
+    def wait_analysed(self, timeout: float = CLOSE_SECONDS) -> bool:
+        """Wait until every window handed to rank 0's analysis thread has been analysed and
+        reported (``findings``, ``windows``, the agent, the windows file), at most
+        ``timeout`` seconds; True if so. For tests and the job's end, never per step: the
+        training loop must not wait for the analysis."""
+        return self._analysis.wait_idle(timeout)
+
     def typical_step_seconds(self) -> float | None:
         """The median of this rank's recent step times (the last ``window_steps``), seconds;
         None before the first step. Safe from another thread (reads a few floats)."""
@@ -357,6 +390,11 @@ class TrainingMonitor:
         try:
             if self._gc is not None:
                 self._gc.remove()
+            # the last window's findings are reported before the file and the socket close
+            if not self._analysis.close():
+                self._log_once("analysis-close", "laggard: rank 0's window analysis did not "
+                               "finish within %.0f s of close(); its last findings are lost",
+                               CLOSE_SECONDS)
             if self._heartbeat is not None:  # first: it sends through the socket
                 self._heartbeat.close()
                 self._heartbeat = None
@@ -455,17 +493,59 @@ class TrainingMonitor:
                 values.update(participant.contribute(step))
             record = self._gather.gather(step, values, self.layout)  # type: ignore[union-attr]
             self.stats.windows += 1
+            if record is None:  # a rank other than 0, no inline participant: nothing to do
+                return
         except Exception as exc:  # noqa: BLE001 - a failed gather switches detection off
             self.stats.gather_errors += 1
             self._detect = False
             self._log_once("gather", "laggard: window gather failed at step %d (%s); "
                            "straggler detection off", step, exc)
             return
-        self.analyse(record)
+        self._hand_over(record)
+
+    def _hand_over(self, record: WindowRecord) -> None:
+        """The training thread's share of a gathered window: the inline participants; then on
+        rank 0 the window goes to the analysis thread (never waited for). A StopJob of an
+        inline participant is reported first (rank 0 waits for the analysis thread, bounded:
+        the job is stopping), then raised."""
+        if self.rank == 0:  # counted here: a window coalesced later still counts its rows
+            self.stats.bad_rows += bad_rows(record)
+        inline, stop = analyse_window(self._inline, record, self._internal_error)
+        notes = self._windows_file.take_notes() if self._windows_file is not None else {}
+        if stop is not None:
+            # rank 0 reports it first, after the window in hand (bounded: a stuck analysis
+            # leaves this window unreported, counted, and the job stops all the same)
+            if self.rank == 0 and self._analysis.wait_idle(CLOSE_SECONDS) and \
+                    self._analysis.lock.acquire(timeout=CLOSE_SECONDS):
+                try:
+                    self._report(record, inline, notes)
+                finally:
+                    self._analysis.lock.release()
+            elif self.rank == 0:
+                self._internal_error("stop_report", TimeoutError("analysis thread busy"))
+            raise stop
+        if self.rank == 0 and not self.config.analysis_thread:
+            with self._analysis.lock:
+                self._analyse_pending(PendingWindow(record=record, inline=inline, notes=notes))
+            return
+        if self.rank == 0:
+            try:
+                self._analysis.submit(PendingWindow(record=record, inline=inline, notes=notes))
+            except Exception as exc:  # noqa: BLE001 - e.g. no thread could be started
+                self._internal_error("analysis", exc)
+
+    def _analyse_pending(self, pending: PendingWindow) -> None:
+        """Rank 0's analysis thread: the other participants on one window, then its report."""
+        found, stop = analyse_window(self._deferred, pending.record, self._internal_error)
+        outcome = merge_outcomes(pending.inline, found)
+        if stop is not None:  # reported, not raised: it could not stop every rank alike
+            self._internal_error("stop_not_inline", stop)
+        self._report(pending.record, outcome, pending.notes)
 
     def analyse(self, record: WindowRecord) -> list[Finding]:
-        """Hand one gathered window to every participant and report what they found (public
-        for tests: a record built by hand runs the same path).
+        """Hand one gathered window to every participant and report what they found, now, on
+        the calling thread (public for tests: a record built by hand runs the same path; the
+        job's own windows go through rank 0's analysis thread instead, module docstring).
 
         On rank 0: logs each finding once when raised and once when cleared, keeps the
         record's width-1 columns in :attr:`windows`, sends one WindowReport to the agent and
@@ -481,24 +561,33 @@ class TrainingMonitor:
         Returns:
             The findings raised or cleared in this window, in participant order.
         """
-        outcome, stop = analyse_window(self.participants, record, self._internal_error)
-        if self.rank == 0:
-            try:
-                self._report_window(record, outcome)
-            except Exception as exc:  # noqa: BLE001
-                self._internal_error("report", exc)
+        with self._analysis.lock:
+            outcome, stop = analyse_window(self.participants, record, self._internal_error)
+            if self.rank == 0:
+                self.stats.bad_rows += bad_rows(record)
+                self._report(record, outcome, None)
         if stop is not None:
             raise stop
         return outcome.findings
 
-    def _report_window(self, record: WindowRecord, outcome: WindowOutcome) -> None:
+    def _report(self, record: WindowRecord, outcome: WindowOutcome,
+                notes: dict[str, float] | None) -> None:
+        """Rank 0: :meth:`_report_window`, its failure counted."""
+        try:
+            self._report_window(record, outcome, notes)
+        except Exception as exc:  # noqa: BLE001
+            self._internal_error("report", exc)
+
+    def _report_window(self, record: WindowRecord, outcome: WindowOutcome,
+                       notes: dict[str, float] | None) -> None:
         """Rank 0: log, keep, send and save one window's outcome."""
         self._finding_log.record(outcome.findings)
         kept = record.scalars()
-        self.windows.append(kept)
+        self._history.add(kept, outcome.scores, outcome.findings)
         self._agent.send_window(record, outcome)
         if self._windows_file is not None:
-            self._windows_file.append(kept, self.world_size, outcome.scores, outcome.findings)
+            self._windows_file.append(kept, self.world_size, outcome.scores, outcome.findings,
+                                      notes)
             self.stats.save_errors = self._windows_file.errors
 
     # ------------------------------------------------------------------------- helpers

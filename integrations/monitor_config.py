@@ -35,6 +35,16 @@ class MonitorStats:
             ``agent_reports.MAX_ACTIVE_SENT``, or too large for a datagram), per window.
         windows: detection windows gathered.
         gather_errors: failed gathers (detection is switched off after the first).
+        windows_analysed: gathered windows rank 0's analysis thread finished
+            (:mod:`laggard.integrations.window_analysis`); on other ranks 0.
+        windows_coalesced: gathered windows rank 0 never analysed: handed over while the
+            previous was still analysed, and replaced in the one-slot queue by a newer one
+            (their inline findings, e.g. integrity, are reported with the newer window's).
+        analysis_seconds: wall seconds rank 0's analysis thread spent, in all (the
+            participants and the report; not on the training thread).
+        bad_rows: on rank 0, gathered rows (rank, window) whose ``step_seconds`` is not a
+            finite number >= 0: a rank that sent NaN or garbage; its values are left to the
+            detectors, which skip them (counted at the gather, coalesced windows too).
         save_errors: windows that could not be appended to ``Config.windows_path``.
         internal_errors: the monitor's own bookkeeping failures (a bug; logged once).
         device_fallbacks: times the device clock was refused at construction (no CUDA, a
@@ -60,6 +70,10 @@ class MonitorStats:
     active_left_out: int = 0
     windows: int = 0
     gather_errors: int = 0
+    windows_analysed: int = 0
+    windows_coalesced: int = 0
+    analysis_seconds: float = 0.0
+    bad_rows: int = 0
     save_errors: int = 0
     internal_errors: int = 0
     device_fallbacks: int = 0
@@ -121,9 +135,24 @@ class MonitorConfig:
     groups"). None: the ``mesh`` given to the monitor, else every rank in one group."""
 
     history_windows: int = 256
-    """Window records rank 0 keeps: their width-1 columns, an R x C float64 table each (R ranks,
-    C = the 16 step columns of ``laggard.detectors.window.STEP_COLUMNS`` plus the participants'
-    width-1 columns)."""
+    """Windows rank 0 keeps (``monitor.window_summaries``: C x 5 quantiles each, ~1 KB
+    whatever the world size; ``laggard.integrations.window_history``). The latest of them
+    are also kept in full in ``monitor.windows`` (their width-1 columns, an R x C float64
+    table each: R ranks, C = the 16 step columns of ``laggard.detectors.window.STEP_COLUMNS``
+    plus the participants' width-1 columns) within ``history_full_bytes``."""
+
+    history_full_bytes: int = 32 << 20
+    """Bytes the full windows of ``monitor.windows`` may take together (the latest is kept
+    whatever its size): every one of ``history_windows`` up to ~1,000 ranks, the last 4 at
+    65,536 ranks (~7.8 MB each)."""
+
+    analysis_thread: bool = True
+    """Rank 0 analyses and reports each gathered window on a thread of its own, behind a
+    one-slot queue (``laggard.integrations.window_analysis``): its steps never wait for the
+    analysis, findings come at most one window later, and a window gathered while two are
+    pending is coalesced (counted in ``stats.windows_coalesced``). False: on the training
+    thread, every window analysed before the next step (the job's steps wait for it): for
+    tests and replays that must see every window."""
 
     node: str = ""
     """``node`` of the StepRecords; defaults to the host name."""
@@ -219,6 +248,8 @@ class MonitorConfig:
             raise ValueError(f"window_steps {self.window_steps} outside [2, 10000]")
         if self.history_windows < 0:
             raise ValueError("history_windows must be >= 0")
+        if self.history_full_bytes < 0:
+            raise ValueError("history_full_bytes must be >= 0")
         if self.link_probe_bytes is not None and not 0 <= self.link_probe_bytes <= 64 << 20:
             raise ValueError("link_probe_bytes must be in [0, 64 MiB]")
         if self.phase_clock not in PHASE_CLOCK_NAMES:

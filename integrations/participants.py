@@ -9,8 +9,19 @@ hosts participants for everything else it does once per window. A participant
 3. gives its values for the window on every rank right before the gather (``contribute``; it
    may run a collective of its own there, as the link probe does: every rank calls it at the
    same point),
-4. gets the gathered :class:`~laggard.detectors.window.WindowRecord` back on every rank
-   (``on_window``) and returns what it found (:class:`WindowOutcome`).
+4. gets the gathered :class:`~laggard.detectors.window.WindowRecord` (``on_window``) and
+   returns what it found (:class:`WindowOutcome`).
+
+Where ``on_window`` runs: a participant with ``inline = True`` (the integrity check, whose
+policy ``raise`` must stop every rank at the same window) runs on the training thread of every
+rank, right after the gather, and makes the gather an all-gather (every rank gets the
+record). The others run on rank 0 only, on its analysis thread
+(:mod:`laggard.integrations.window_analysis`): their findings come at most one window later
+and rank 0's steps never wait for them; without an inline participant the other ranks send
+their vector to rank 0 and hold nothing else (:mod:`laggard.integrations.window_gather`).
+Only an inline participant may raise :class:`StopJob`: one raised on the analysis thread is
+reported and counted (``stats.internal_errors``), not raised. Without the attribute a
+participant is not inline.
 
 The monitor reports the outcome: on rank 0 it logs each finding once when raised and once when
 cleared, keeps it in ``monitor.findings`` / ``monitor.cleared``, and sends one WindowReport to
@@ -116,7 +127,8 @@ class Participant(Protocol):
         ...
 
     def on_window(self, record: WindowRecord) -> WindowOutcome | None:
-        """The gathered window, on every rank; return what was found (or None)."""
+        """The gathered window (rank 0; every rank if ``inline``); return what was found
+        (or None)."""
         ...
 
 
@@ -129,6 +141,8 @@ class WindowParticipant:
 
     name = "participant"
     columns: tuple[WindowColumn, ...] = ()
+    #: Run ``on_window`` on the training thread of every rank (module docstring).
+    inline = False
 
     def __init__(self) -> None:
         self.context: MonitorContext | None = None

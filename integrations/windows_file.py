@@ -61,8 +61,16 @@ class WindowsFile:
         except (TypeError, ValueError):
             return
 
+    def take_notes(self) -> dict[str, float]:
+        """The notes since the last call, each name's mean, and start anew: called on the
+        training thread at the gather, so the line written later (on rank 0's analysis
+        thread) holds its own window's notes."""
+        notes = {name: float(np.mean(v)) for name, v in self._notes.items() if v}
+        self._notes = {name: [] for name in self._notes}
+        return notes
+
     def append(self, kept: WindowRecord, world_size: int, scores: dict[int, float],
-               findings: list[Any]) -> None:
+               findings: list[Any], notes: dict[str, float] | None = None) -> None:
         """Write one window as a JSON line and flush it.
 
         Args:
@@ -70,9 +78,10 @@ class WindowsFile:
             world_size: ranks in the job.
             scores: rank -> the detectors' score.
             findings: the findings raised or cleared in this window (``Finding``).
+            notes: the window's notes (:meth:`take_notes`); None takes them now.
         """
-        notes = {name: float(np.mean(v)) for name, v in self._notes.items() if v}
-        self._notes = {name: [] for name in self._notes}
+        if notes is None:
+            notes = self.take_notes()
         try:
             if self._file is None:
                 self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - streamed

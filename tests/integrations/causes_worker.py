@@ -101,6 +101,7 @@ def main(out: Path, scenario: str) -> None:
                 opt.zero_grad(set_to_none=True)
             if scenario == "tokens":
                 monitor.note("tokens", BATCH * seq)
+    monitor.wait_analysed()  # rank 0 analyses on a thread: its last window too
     if rank == 0:
         straggler = monitor.participant("straggler")
         last = monitor.windows[-1]

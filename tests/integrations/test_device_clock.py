@@ -50,8 +50,9 @@ def one_rank_group():
 
 
 def _device_monitor(fake, **kwargs) -> TrainingMonitor:
+    # every window analysed before the next step: these tests read monitor.windows at once
     config = TrainingMonitor.Config(agent_address="", window_steps=K, phase_clock="device",
-                                    **kwargs.pop("config", {}))
+                                    analysis_thread=False, **kwargs.pop("config", {}))
     monitor = TrainingMonitor(config, device=fake, **kwargs)
     monitor._detect = True  # a one-rank job gathers nothing by default; these tests want to
     return monitor

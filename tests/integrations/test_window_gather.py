@@ -34,6 +34,20 @@ def test_one_rank_gathers_its_own_values_as_a_record(one_rank_group) -> None:
     gather.close()
 
 
+@pytest.mark.parametrize("everywhere", [False, True])
+def test_the_receive_buffer_is_made_once_and_each_record_is_a_copy(one_rank_group, everywhere):
+    layout = WindowLayout(STEP_COLUMNS)
+    gather = WindowGather(dist, None, world_size=1, node="n", local_rank=None,
+                          everywhere=everywhere)
+    first = gather.gather(4, {c.name: 1.0 for c in STEP_COLUMNS}, layout)
+    buffer = gather._table  # noqa: SLF001
+    second = gather.gather(9, {c.name: 2.0 for c in STEP_COLUMNS}, layout)
+    assert gather._table is buffer  # noqa: SLF001 - no new buffer per window
+    assert first["step_seconds"].tolist() == [1.0] and second["step_seconds"].tolist() == [2.0]
+    assert first.local_ranks is None and second.nodes == ["n"]
+    gather.close()
+
+
 def _finding(rank: int) -> Finding:
     return Finding(detector="d", kind="k", severity=Severity.INFO, message="m", rank=rank)
 

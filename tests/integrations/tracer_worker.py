@@ -80,6 +80,7 @@ def main(out_dir: str) -> None:
                               tracer=tracer)
     traced_steps = []
     traced = train_fsdp(tracer, monitor)
+    monitor.wait_analysed()  # rank 0 analyses on a thread: the last window's group waits
     trace = monitor.participant("trace")
     last = trace.last_step
     traced_steps.append({"ops": {c.op: [c.seconds, c.bytes] for c in last.collectives},
