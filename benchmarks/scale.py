@@ -20,9 +20,10 @@ Sections (a function each, so a section can be added or run alone):
   (the per-group objects the vectorised detector replaced, each fed its rows), at the sizes
   where that is affordable: time per window and the window the rank is named at, against
   the vectorised path in the same run.
-- :func:`training_thread_section`, :func:`store_round_section`: hooks for the training
-  thread's time per window (issue 31 part 1) and the heartbeat store round (part 5); they
-  print nothing until those are wired here.
+- :func:`training_thread_section`: the training thread's time per window apart from the
+  gather, against the analysis it no longer waits for (``gather_cost.handover_cost``).
+- :func:`store_round_section`: one heartbeat store round at 2,048 and 8,192 simulated nodes,
+  one key per node against one per rank, on a real TCPStore (``hang_round.hang_rounds``).
 
 Usage::
 
@@ -253,9 +254,9 @@ def analysis_section(args: argparse.Namespace) -> dict[tuple[int, int], Result]:
 
 def rss_section(args: argparse.Namespace) -> None:
     print(f"\n## Rank 0 RSS growth over {args.rss_windows} windows, 64 groups\n")
-    print("With the kept history (TrainingMonitor.windows, Config.history_windows = 256 full "
-          "records: issue 31 part 3 compacts it), and without it (history_windows = 0: the "
-          "detectors' share).\n")
+    print("With the kept history (Config.history_windows = 256: full records only within "
+          "Config.history_full_bytes, 32 MiB, and a ~1 KB summary for each of the rest), and "
+          "without it (history_windows = 0: the detectors' share).\n")
     print("| ranks | kept windows | after window 1 MB | after the last MB | x 1,024 ranks "
           "| analysis median ms | slow rank named at | load 1/5 min |")
     print("|---|---|---|---|---|---|---|---|")
@@ -290,13 +291,30 @@ def baseline_section(args: argparse.Namespace,
 
 
 def training_thread_section(args: argparse.Namespace) -> None:
-    """Hook: the training thread's time per window apart from the gather (issue 31 part 1,
-    helper i31-thread); the lead wires it here."""
+    """The training thread's time per window apart from the gather (issue 31 part 1): the
+    unpack and the hand-over to rank 0's analysis thread, against the analysis on that thread
+    and ``monitor.analyse`` on the training thread as before issue 31, at the largest size, one
+    peer group (``benchmarks/gather_cost.handover_cost``)."""
+    from gather_cost import handover_cost
+
+    ranks = 4_096 if args.quick else 65_536
+    hand, thread, inline, kept = handover_cost(ranks, windows=4 if args.quick else 6)
+    print(f"\n## Training thread per window, the gather apart ({ranks:,} ranks, 1 group)\n\n"
+          "| training thread (unpack + hand-over) | analysis on its thread | analyse() on the "
+          "training thread (before) | ratio | kept | load |\n|---|---|---|---|---|---|\n"
+          f"| {1e3 * hand:.1f} ms | {1e3 * thread:.0f} ms | {1e3 * inline:.0f} ms | "
+          f"{inline / hand:.0f} | {kept} | {load()} |", flush=True)
 
 
 def store_round_section(args: argparse.Namespace) -> None:
-    """Hook: one heartbeat store round at 2,048 and 8,192 simulated nodes (issue 31 part 5,
-    helper i31-hang); the lead wires it here."""
+    """One heartbeat store round at 2,048 and 8,192 simulated nodes of 8 ranks (issue 31 part
+    5): one key per node against one key per rank, on a real TCPStore
+    (``benchmarks/hang_round.hang_rounds``); 256 nodes with ``--quick``."""
+    from hang_round import hang_rounds, table
+
+    nodes = (256,) if args.quick else (2_048, 8_192)
+    rows = hang_rounds(nodes, writers=4 if args.quick else 16)
+    print("\n## Heartbeat store round\n\n" + table(rows, load()), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
