@@ -39,7 +39,7 @@ def collectors() -> Mapping[str, CollectorSpec]:
         if spec.name != module.name:
             raise ValueError(f"collectors/{module.name}.py registers {spec.name!r}: one name for "
                              "the file, the flag and the label")
-        for flag in spec.flags:
+        for flag in (*spec.flags, spec.interval_flag):
             if flag.name in seen_flags:
                 raise ValueError(f"flag --{flag.name} declared twice")
             seen_flags.add(flag.name)
@@ -48,8 +48,10 @@ def collectors() -> Mapping[str, CollectorSpec]:
 
 
 def flags() -> dict[str, Flag]:
-    """Every collector flag, by its name (``"collector.netdev.max-devices"``)."""
-    return {flag.name: flag for spec in collectors().values() for flag in spec.flags}
+    """Every collector flag, by its name (``"collector.netdev.max-devices"``): each
+    collector's own, and its ``--collector.NAME.interval``."""
+    return {flag.name: flag for spec in collectors().values()
+            for flag in (*spec.flags, spec.interval_flag)}
 
 
 def check(settings: AgentSettings) -> None:

@@ -3,6 +3,7 @@ on this machine), and against the real pynvml where no driver exists."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from types import SimpleNamespace
@@ -17,9 +18,16 @@ from laggard.nvml.fake import FakeNvml
 from laggard.nvml.library import NvmlLibrary, normalise_bus_id
 
 
-def collector_for(fake: FakeNvml) -> tuple[NvmlCollector, FindingLog]:
+def stepping_clock(seconds: float = 1.0):  # noqa: ANN201 - a clock
+    """A clock that moves ``seconds`` on every reading: each collect() is one full round."""
+    ticks = itertools.count()
+    return lambda: next(ticks) * seconds
+
+
+def collector_for(fake: FakeNvml, **options: object) -> tuple[NvmlCollector, FindingLog]:
     findings = FindingLog()
-    return NvmlCollector(NvmlLibrary(fake), findings=findings, node="node01"), findings
+    return NvmlCollector(NvmlLibrary(fake), findings=findings, node="node01",
+                         clock=stepping_clock(), **options), findings  # type: ignore[arg-type]
 
 
 
@@ -59,20 +67,22 @@ def test_units_are_converted_at_the_edge(expose, value) -> None:
                  ) == round(0.93 * 3_000_000) * 1024
 
 
-def test_clock_event_reasons_expand_the_bitmask(expose) -> None:
+@pytest.mark.parametrize("all_fields", [False, True])
+def test_clock_event_reasons_expand_the_bitmask(expose, all_fields: bool) -> None:
     fake = FakeNvml(3)
-    collector, _ = collector_for(fake)
+    collector, _ = collector_for(fake, all_fields=all_fields)
     fake.advance(31)  # GPU 1 thermal episode; GPU 2 idle
     text = expose(collector)
     active = {(m.group(1), m.group(2)) for m in re.finditer(
         r'laggard_gpu_clock_event_active\{gpu="(\d)",reason="(\w+)"\} 1\.0', text)}
     assert active == {("1", "sw_thermal"), ("1", "hw_thermal"), ("2", "gpu_idle")}
-    assert text.count("laggard_gpu_clock_event_active{") == 3 * 9
+    # by default a reason has a series only while active (the budget); all fields: 0 or 1 each
+    assert text.count("laggard_gpu_clock_event_active{") == (3 * 9 if all_fields else 3)
 
 
 def test_unsupported_fields_are_left_out_not_zero(expose) -> None:
     fake = FakeNvml(2)
-    collector, _ = collector_for(fake)
+    collector, _ = collector_for(fake, all_fields=True)
     text = expose(collector)
     assert 'reason="reliability"' not in text  # NotSupported violation counter
     assert 'laggard_gpu_nvlink_links{gpu="0"} 18.0' in text
@@ -176,7 +186,8 @@ def test_bus_id_normalisation() -> None:
 
 
 def test_agent_with_fake_gpus_serves_every_family(agent_factory, promtool) -> None:
-    agent = agent_factory("--collector.nvml.fake-gpus", "2", "--collector.interval", "0.1")
+    agent = agent_factory("--collector.nvml.fake-gpus", "2", "--collector.interval", "0.1",
+                          "--collector.nvml.all-fields")
     text = scrape_until(agent, 'laggard_collector_success{collector="xid"}')
     text = scrape_until(agent, 'laggard_collector_success{collector="nvml"}')
     families = {"laggard_gpu_info", "laggard_gpu_sm_clock_hertz", "laggard_gpu_memory_clock_hertz",
@@ -237,7 +248,7 @@ def test_lost_gpu_triggers_reinit_with_backoff() -> None:
     now = [0.0]
     fake = CountingNvml(2)
     library = NvmlLibrary(fake, clock=lambda: now[0])
-    collector = NvmlCollector(library)
+    collector = NvmlCollector(library, clock=lambda: now[0])
     fake.advance(50)  # GPU 1 lost
     list(collector.collect())
     assert CountingNvml.inits == 1
@@ -287,8 +298,8 @@ def test_throttle_scenario_holds_one_gpu_and_steady_holds_none(expose, value) ->
     assert active("1", "sw_thermal") == 1
     assert value(text, 'laggard_gpu_sm_clock_hertz{gpu="1"}') == 1410e6
     assert value(text, 'laggard_gpu_temperature_celsius{gpu="1"}') == 88
-    for gpu in ("0", "2", "3"):
-        assert active(gpu, "sw_thermal") == 0 and active(gpu, "gpu_idle") == 0
+    for gpu in ("0", "2", "3"):  # no series for a reason not active (the series budget)
+        assert active(gpu, "sw_thermal") is None and active(gpu, "gpu_idle") is None
     steady = FakeNvml(4, scenario="steady")
     steady.advance(55)  # past every event of the default story: nothing lost, nothing raised
     text = expose(collector_for(steady)[0])
