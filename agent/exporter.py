@@ -10,9 +10,10 @@ from prometheus_client.metrics_core import Metric
 
 from laggard import __version__
 from laggard.agent.context import FindingLog
+from laggard.agent.exposition import render
 from laggard.agent.run_metrics import RunMetrics
 from laggard.agent.run_table import RankTable
-from laggard.agent.sampler import CollectorThread, Sample, merge, render
+from laggard.agent.sampler import CollectorThread, Sample, merge
 from laggard.agent.supervisor import Supervisor
 from laggard.agent.udp_intake import UdpIntake
 

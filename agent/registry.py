@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import laggard.collectors
-from laggard.collectors.base import AgentSettings, Collector, CollectorSpec, Flag
+from laggard.collectors.base import (
+    MAX_INTERVAL_SECONDS,
+    MIN_INTERVAL_SECONDS,
+    AgentSettings,
+    Collector,
+    CollectorSpec,
+    Flag,
+)
 
 __all__ = ["build", "check", "collectors", "flags"]
 
@@ -62,6 +69,10 @@ def check(settings: AgentSettings) -> None:
             message names the flag.
     """
     for spec in collectors().values():
+        interval = settings.flag(spec.interval_flag)
+        if interval is not None and not MIN_INTERVAL_SECONDS <= interval <= MAX_INTERVAL_SECONDS:
+            raise ValueError(f"--{spec.interval_flag.name} {interval}: outside "
+                             f"[{MIN_INTERVAL_SECONDS}, {MAX_INTERVAL_SECONDS:g}] s")
         if spec.check is not None:
             spec.check(settings)
 

@@ -16,9 +16,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 
+from laggard.agent.exposition import render
 from laggard.agent.supervisor import RestartableThread
 from laggard.collectors.base import Collector, NoDataError
 
@@ -47,22 +47,6 @@ class Sample:
     failures: int = 0
     absent: bool = False
     texts: dict[str, bytes] = field(default_factory=dict)
-
-
-class _Families:
-    """A list of families in the shape ``generate_latest`` renders (an object with
-    ``collect``)."""
-
-    def __init__(self, metrics: Iterable[Metric]) -> None:
-        self._metrics = metrics
-
-    def collect(self) -> Iterable[Metric]:
-        return self._metrics
-
-
-def render(metrics: Iterable[Metric]) -> bytes:
-    """Families -> Prometheus text exposition (format 0.0.4), as the library writes it."""
-    return generate_latest(_Families(metrics))  # type: ignore[arg-type]
 
 
 def render_each(metrics: Iterable[Metric]) -> dict[str, bytes]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIServer, make_server
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, make_wsgi_app
 
 # The library's own server pieces, as its start_wsgi_server puts them together (two are private
 # names, in every release this package accepts, >=0.17: tests/agent/test_web.py would fail).
@@ -29,6 +29,7 @@ from prometheus_client.exposition import (
 
 from laggard import __version__
 from laggard.agent.context import FindingLog
+from laggard.agent.exposition import render
 
 _LANDING_PAGE = f"""<!DOCTYPE html>
 <html><head><title>laggard agent</title></head>
@@ -103,7 +104,7 @@ def _text_app(registry: CollectorRegistry, prebuilt: Callable[[], bytes]
     of the library's default 9 for a few percent more bytes on loopback-sized bodies)."""
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        body = prebuilt() + generate_latest(registry)
+        body = prebuilt() + render(registry.collect())
         headers = [("Content-Type", CONTENT_TYPE_LATEST)]
         if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
             body = gzip.compress(body, compresslevel=1)

@@ -1,10 +1,11 @@
 """GPU collector (``nvml``): per-GPU state through NVML, in base units.
 
-**Series budget.** By default at most 23 series per GPU (20 without NVLink) plus, sparse, one
-or two per clock-event reason *while it holds* and per violation counter *once it is non-zero*:
-within dcgm-exporter's default of 26 fields per GPU (its ``etc/default-counters.csv``) on a
-healthy GPU and on a GPU held by one reason. ``--collector.nvml.all-fields`` adds the rest
-(constant or rarely useful values, and the dense 0 series of every reason and counter).
+**Series budget.** By default 22 series per GPU with NVLink (19 without), and sparse ones: two
+per clock-event reason (its ``active`` while it holds, its time from the first time it is
+seen), one per violation policy and per NVLink error type once non-zero. A GPU held down by
+one limit, with an NVLink error counted, has 26: dcgm-exporter's default of 26 fields per GPU
+(its ``etc/default-counters.csv``). ``--collector.nvml.all-fields`` adds the rest (constant or
+routine values, and the dense 0 series of every reason and counter).
 
 What it exports (NVML call, ``nvidia-smi --query-gpu`` field, conversion at the edge); *opt-in*
 marks what only ``--collector.nvml.all-fields`` exports:
@@ -37,8 +38,9 @@ marks what only ``--collector.nvml.all-fields`` exports:
 * ``laggard_gpu_ecc_errors_total{type}``: ``NVML_FI_DEV_ECC_DBE_VOL_TOTAL`` (uncorrected) and,
   opt-in, ``..._SBE_VOL_TOTAL`` (corrected: routine on HBM, acted on by nobody; row remaps
   are what NVIDIA's memory-error guidance acts on).
-* ``laggard_gpu_remapped_rows{type}``, ``laggard_gpu_row_remap_{pending,failure}``:
-  ``NVML_FI_DEV_REMAPPED_{COR,UNC,PENDING,FAILURE}``.
+* ``laggard_gpu_remapped_rows{type}`` (``uncorrectable``; opt-in ``correctable``: remaps
+  of correctable errors are routine until remapping fails), ``laggard_gpu_row_remap_{pending,
+  failure}``: ``NVML_FI_DEV_REMAPPED_{COR,UNC,PENDING,FAILURE}``.
 * ``laggard_gpu_pcie_replay_total``: ``NVML_FI_DEV_PCIE_REPLAY_COUNTER``.
 * ``laggard_gpu_pcie_throughput_bytes_per_second{direction}``: GetPcieThroughput, KiB/s x 1024.
 * ``laggard_gpu_nvlink_active_links``, opt-in ``laggard_gpu_nvlink_links``: GetFieldValues
@@ -101,10 +103,10 @@ FAKE_GPUS_SCENARIO = Flag(
          "default sw_thermal)")
 ALL_FIELDS = Flag("collector.nvml.all-fields", False, switch=True,
                   help="export every GPU field: also the constant ones (maximum memory clock, "
-                       "power limit, memory total, NVLink link count), corrected ECC errors, "
-                       "and a 0 series for every clock-event reason, violation policy and "
-                       "NVLink error type (default: at most 23 series per GPU, plus reasons "
-                       "while active)")
+                       "power limit, memory total, NVLink link count), corrected ECC errors "
+                       "and correctable row remaps, and a 0 series for every clock-event "
+                       "reason, violation policy and NVLink error type (default: 22 series per "
+                       "GPU, plus reasons while active and counters once non-zero)")
 CLOCK_WINDOW = Flag("collector.nvml.clock-window", 15.0, type=float, metavar="SECONDS",
                     help="laggard_gpu_sm_clock_min_hertz is the lowest SM clock sampled in the "
                          "last this many seconds; at least the scrape interval, so no dip falls "
@@ -464,7 +466,8 @@ class NvmlCollector:
                             "ECC errors since the driver loaded, by type.",
                             {**gpu, "type": kind}, count)
         for kind in ("correctable", "uncorrectable"):
-            if (rows := answers.get(f"remapped_{kind}")) is not None:
+            rows = answers.get(f"remapped_{kind}")
+            if rows is not None and (kind == "uncorrectable" or self.all_fields):
                 out.gauge("laggard_gpu_remapped_rows", "Memory rows remapped, by type.",
                           {**gpu, "type": kind}, rows)
         if (pending := answers.get("remap_pending")) is not None:

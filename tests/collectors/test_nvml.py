@@ -215,7 +215,10 @@ def test_agent_without_gpu_runs_with_nvml_success_zero_and_no_traceback(agent_fa
     if 'laggard_collector_success{collector="nvml"} 1.0' in text:
         pytest.skip("this machine has a working NVIDIA driver")
     assert 'laggard_collector_success{collector="nvml"} 0.0' in text
+    # no GPU here: absent, not failing (LaggardCollectorFailing leaves it alone)
+    assert 'laggard_collector_absent{collector="nvml"} 1.0' in text
     assert 'laggard_collector_success{collector="host"} 1.0' in text
+    assert 'laggard_collector_absent{collector="host"} 0.0' in text
     code, output = stop_agent(agent)
     assert code == 0
     assert "Traceback" not in output
@@ -314,3 +317,107 @@ def test_bad_scenarios_are_refused(spec: str) -> None:
         FakeNvml(2, scenario=spec)
     with pytest.raises(ValueError):
         FakeNvml(2, scenario="throttle:2")  # only GPUs 0 and 1
+
+
+class ScriptedNvml(FakeNvml):
+    """The fake NVML with each GPU's SM clock (MHz) and clock-event bitmask set by the test."""
+
+    def __init__(self, gpus: int) -> None:
+        super().__init__(gpus, scenario="steady")
+        self.sm = [1980] * gpus
+        self.mask = [0] * gpus
+        self.fast_calls: list[str] = []
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):  # noqa: N802
+        if clock == self.NVML_CLOCK_SM:
+            self.fast_calls.append("clock")
+            self._gpu(handle)
+            return self.sm[handle.index]
+        return super().nvmlDeviceGetClockInfo(handle, clock)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):  # noqa: N802
+        self.fast_calls.append("reasons")
+        self._gpu(handle)
+        return self.mask[handle.index]
+
+
+def test_sub_second_state_reaches_the_scrape_as_what_happened(expose, value) -> None:
+    """At a 0.1 s interval: a 0.2 s dip to 900 MHz under hw_slowdown between two full rounds
+    shows as the window's minimum and 0.2 s of reason time, though neither sample the next
+    full round reads is throttled; the families are built once a second."""
+    fake = ScriptedNvml(2)
+    now = [0.0]
+    collector = NvmlCollector(NvmlLibrary(fake), clock=lambda: now[0], interval=0.1)
+    first = collector.collect()  # a full round at t = 0
+    returned = []
+    for tick in range(1, 10):  # t = 0.1 .. 0.9: fast rounds only
+        now[0] = tick * 0.1
+        throttled = tick in (4, 5)
+        fake.sm[1], fake.mask[1] = (900, fake.nvmlClocksEventReasonHwSlowdown) if throttled else (
+            1980, 0)
+        fake.fast_calls.clear()
+        returned.append(collector.collect())
+        assert fake.fast_calls == ["clock", "reasons"] * 2  # two NVML calls per GPU
+    assert all(r is first for r in returned)  # no family built between full rounds
+    now[0] = 1.0
+    text = expose(collector)  # the full round at t = 1.0
+    assert value(text, 'laggard_gpu_sm_clock_hertz{gpu="1"}') == 1980e6
+    assert value(text, 'laggard_gpu_sm_clock_min_hertz{gpu="1"}') == 900e6
+    assert value(text, 'laggard_gpu_sm_clock_min_hertz{gpu="0"}') == 1980e6
+    assert value(text, 'laggard_gpu_clock_event_seconds_total{gpu="1",reason="hw_slowdown"}'
+                 ) == pytest.approx(0.2)
+    assert value(text, 'laggard_gpu_clock_event_active{gpu="1",reason="hw_slowdown"}') is None
+    assert 'gpu="0",reason=' not in text  # GPU 0 never held down: no reason series at all
+
+
+def test_a_scrape_after_the_window_no_longer_shows_the_dip(expose, value) -> None:
+    fake = ScriptedNvml(1)
+    now = [0.0]
+    collector = NvmlCollector(NvmlLibrary(fake), clock=lambda: now[0], interval=0.5,
+                              clock_window=2.0)
+    fake.sm[0] = 1000
+    collector.collect()
+    fake.sm[0] = 1980
+    for tick in range(1, 7):  # full rounds at 1, 2 and 3 s (the dip at 0 s left at 2 s)
+        now[0] = tick * 0.5
+        text = expose(collector)
+    assert value(text, 'laggard_gpu_sm_clock_min_hertz{gpu="0"}') == 1980e6
+
+
+def per_gpu_series(text: str, gpus: int) -> list[int]:
+    counts = [0] * gpus
+    for m in re.finditer(r'^laggard_gpu_\w+\{[^}]*gpu="(\d+)"', text, re.M):
+        counts[int(m.group(1))] += 1
+    return counts
+
+
+@pytest.mark.parametrize("step", [12, 31, 45])
+def test_the_default_series_budget_per_gpu(expose, step: int) -> None:
+    """dcgm-exporter's default is 26 fields per GPU: every GPU of the fake story stays within
+    it (a power cap, a thermal episode on two reasons, NVLink errors, an idle GPU, XID
+    counters); --collector.nvml.all-fields exports the rest."""
+    fake = FakeNvml(8)
+    collector, _ = collector_for(fake)
+    all_fields, _ = collector_for(fake, all_fields=True)
+    for _ in range(step):
+        fake.advance()
+        collector.collect()
+        all_fields.collect()
+    counts = per_gpu_series(expose(collector), 8)
+    assert max(counts) <= 26, counts
+    assert min(per_gpu_series(expose(all_fields), 8)) > 30
+
+
+def test_a_broken_nvml_is_failing_not_absent() -> None:
+    class BrokenNvml(FakeNvml):
+        def nvmlInit(self) -> None:  # noqa: N802 - a driver that is there and answers badly
+            raise self.NVMLError(self.NVML_ERROR_UNKNOWN)
+
+    from laggard.agent.sampler import CollectorThread
+
+    thread = CollectorThread(NvmlCollector(NvmlLibrary(BrokenNvml(1))), 1.0)
+    sample = thread.collect_once()
+    assert not sample.success and not sample.absent and sample.failures == 1
+    absent = CollectorThread(NvmlCollector(NvmlLibrary(FakeNvml(1, driver="no_driver"))), 1.0)
+    sample = absent.collect_once()
+    assert not sample.success and sample.absent and sample.failures == 0
