@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
@@ -23,6 +23,12 @@ from laggard.agent.supervisor import RestartableThread
 from laggard.collectors.base import Collector, NoDataError
 
 log = logging.getLogger(__name__)
+
+#: Least seconds between two rounds of a collector woken by its data (a flood of kernel-log
+#: records costs ten rounds a second at most), and the longest single wait for data (a stop is
+#: seen within it).
+MIN_EVENT_GAP = 0.1
+WAIT_SLICE_SECONDS = 0.5
 
 
 @dataclass(slots=True)
@@ -154,6 +160,7 @@ class CollectorThread:
 
     def _run(self) -> None:
         next_start = time.monotonic()
+        wait = getattr(self.collector, "wait_for_data", None)
         while not self._stop.is_set():
             self.collect_once()
             next_start += self.interval
@@ -161,4 +168,30 @@ class CollectorThread:
             if delay < 0:  # fell behind (slow hardware): skip missed rounds, don't burst
                 next_start = time.monotonic()
                 delay = 0
-            self._stop.wait(delay)
+            if wait is None:
+                self._stop.wait(delay)
+                continue
+            try:
+                if self._wait_for_data(wait, delay):
+                    next_start = time.monotonic()  # a round for the data; the interval anew
+            except Exception as exc:  # noqa: BLE001 - a broken wait falls back to the interval
+                log.warning("collector %s: waiting for data failed (%s: %s); sampling every "
+                            "%g s instead", self.collector.name, type(exc).__name__, exc,
+                            self.interval)
+                wait = None
+
+    def _wait_for_data(self, wait: Callable[[float], bool], delay: float) -> bool:
+        """Between two rounds of a collector that can wait for its source (``wait_for_data``,
+        the xid collector's kernel log and NVML events): at least :data:`MIN_EVENT_GAP`
+        seconds, then until it has data or the interval is up, in slices short enough that a
+        stop is seen. True when data came."""
+        if self._stop.wait(min(MIN_EVENT_GAP, delay)):
+            return False
+        end = time.monotonic() + max(delay - MIN_EVENT_GAP, 0.0)
+        while not self._stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            if wait(min(left, WAIT_SLICE_SECONDS)):
+                return True
+        return False

@@ -55,6 +55,11 @@ class Collector(Protocol):
         Raises:
             NoDataError: the hardware or file this collector reads is absent.
             Exception: anything else is counted as a failed collection by the daemon.
+
+        A collector whose source can say when it has news (the kernel log, NVML events) may
+        also have ``wait_for_data(timeout: float) -> bool``: block up to ``timeout`` seconds
+        and say whether a round now has something to read. The agent then runs a round when
+        data comes (at most ten a second), else every interval.
         """
         ...
 
