@@ -52,14 +52,18 @@ def test_data_brings_a_round_long_before_the_interval() -> None:
         thread.stop()
 
 
-def test_without_data_the_interval_still_brings_rounds() -> None:
-    collector = Waiting()
+def three_rounds_at_the_interval(collector: Waiting) -> bool:
+    """Whether a thread at a 0.2 s interval runs three rounds of ``collector`` with no data."""
     thread = CollectorThread(collector, 0.2)  # type: ignore[arg-type]
     thread.start()
     try:
-        assert wait_rounds(collector, 3, 10.0)
+        return wait_rounds(collector, 3, 10.0)
     finally:
         thread.stop()
+
+
+def test_without_data_the_interval_still_brings_rounds() -> None:
+    assert three_rounds_at_the_interval(Waiting())
 
 
 def test_a_broken_wait_falls_back_to_the_interval() -> None:
@@ -69,12 +73,7 @@ def test_a_broken_wait_falls_back_to_the_interval() -> None:
         raise OSError("poll failed")
 
     collector.wait_for_data = broken  # type: ignore[method-assign]
-    thread = CollectorThread(collector, 0.2)  # type: ignore[arg-type]
-    thread.start()
-    try:
-        assert wait_rounds(collector, 3, 10.0)
-    finally:
-        thread.stop()
+    assert three_rounds_at_the_interval(collector)
 
 
 def test_a_stop_ends_a_long_wait_promptly() -> None:
