@@ -129,7 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="least severity logged (default %(default)s)")
     parser.add_argument("--collector.interval", dest="collect_interval", type=float,
                         default=1.0, metavar="SECONDS",
-                        help="seconds between sampling rounds, 0.1 to 3600 (default 1)")
+                        help="seconds between sampling rounds of every collector without an "
+                             "interval of its own (--collector.NAME.interval), 0.1 to 3600 "
+                             "(default 1)")
     parser.epilog = ("Every --collector.NAME has a --no-collector.NAME that turns it off, "
                      "as in node_exporter.")
     _add_collector_flags(parser)
@@ -146,14 +148,18 @@ def _add_collector_flags(parser: argparse.ArgumentParser) -> None:
         toggle.add_argument(f"--no-collector.{name}", dest=f"collector_{name}",
                             action="store_false", help=argparse.SUPPRESS)
         groups: dict[str, Any] = {}
-        for flag in spec.flags:
+        for flag in (*spec.flags, spec.interval_flag):
             target: Any = parser
             if flag.exclusive:
                 if flag.exclusive not in groups:
                     groups[flag.exclusive] = parser.add_mutually_exclusive_group()
                 target = groups[flag.exclusive]
-            target.add_argument(flag.option, dest=flag.name, type=flag.type,
-                                default=flag.default, metavar=flag.metavar, help=flag.help)
+            if flag.switch:
+                target.add_argument(flag.option, dest=flag.name, action="store_true",
+                                    default=flag.default, help=flag.help)
+            else:
+                target.add_argument(flag.option, dest=flag.name, type=flag.type,
+                                    default=flag.default, metavar=flag.metavar, help=flag.help)
 
 
 def _octal(text: str) -> int:
@@ -226,6 +232,13 @@ def _gpu_resolver(config: AgentConfig) -> GpuIndex | None:
     return GpuIndex(nvml_collector.library(config))
 
 
+def collector_interval(config: AgentConfig, name: str) -> float:
+    """Seconds between two rounds of collector ``name``: its ``--collector.NAME.interval``,
+    else its own default (``CollectorSpec.interval``), else ``--collector.interval``."""
+    value = config.flag(registry.collectors()[name].interval_flag)
+    return config.collect_interval if value is None else float(value)
+
+
 class _UnbuildableCollector:
     """Stands in for a collector whose constructor failed, so its success series reads 0."""
 
@@ -257,7 +270,7 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - one broken collector must not stop the rest
                 log.warning("collector %s not started: %s: %s", name, type(exc).__name__, exc)
                 collector = _UnbuildableCollector(name, f"{type(exc).__name__}: {exc}")
-            self.threads.append(CollectorThread(collector, config.collect_interval))
+            self.threads.append(CollectorThread(collector, collector_interval(config, name)))
         self.table: RankTable | None = None
         self.intake: UdpIntake | None = None
         self.unix_intake: UnixIntake | None = None
@@ -281,17 +294,18 @@ class Agent:
             self.unix_intake = self._open_unix_intake(config, self.table)
         self.supervisor = Supervisor()
         self.registry = CollectorRegistry()
-        self.registry.register(
-            AgentExporter(self.threads, self.table, self.context.findings, self.context.node,
-                          intake=self.intake, supervisor=self.supervisor)
-        )
+        self.exporter = AgentExporter(self.threads, self.table, self.context.findings,
+                                      self.context.node, intake=self.intake,
+                                      supervisor=self.supervisor)
+        self.registry.register(self.exporter)
         if self.unix_intake is not None:
             self.registry.register(self.unix_intake)
         ProcessCollector(namespace="laggard_agent", registry=self.registry)
         host, port = parse_address(config.listen_address)
         try:
             self.server = make_http_server(host, port,
-                                           make_app(self.registry, self.context.findings))
+                                           make_app(self.registry, self.context.findings,
+                                                    prebuilt=self.exporter.prebuilt))
         except OSError as exc:
             self._stop_intakes()
             raise OSError(exc.errno, f"--web.listen-address {config.listen_address}: "

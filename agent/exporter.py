@@ -10,9 +10,10 @@ from prometheus_client.metrics_core import Metric
 
 from laggard import __version__
 from laggard.agent.context import FindingLog
+from laggard.agent.exposition import render
 from laggard.agent.run_metrics import RunMetrics
 from laggard.agent.run_table import RankTable
-from laggard.agent.sampler import CollectorThread
+from laggard.agent.sampler import CollectorThread, Sample, merge
 from laggard.agent.supervisor import Supervisor
 from laggard.agent.udp_intake import UdpIntake
 
@@ -20,8 +21,10 @@ from laggard.agent.udp_intake import UdpIntake
 class AgentExporter:
     """Yields every series the agent serves at ``/metrics``.
 
-    Reads only what the collector threads and the intake already hold, so a scrape costs
-    microseconds per series and never touches hardware.
+    Reads only what the collector threads and the intake already hold, so a scrape never
+    touches hardware. The collectors' families come as text their threads rendered once per
+    round (:meth:`prebuilt`); :meth:`collect` yields what changes between rounds (each
+    collector's health, the intake's runs, the findings), built at the scrape.
 
     Args:
         threads: one per enabled collector.
@@ -42,43 +45,59 @@ class AgentExporter:
         self._node = node
         self._intake = intake
         self._supervisor = supervisor
-
-    def collect(self) -> Iterator[Metric]:
-        """Called by prometheus_client on every scrape."""
         build = GaugeMetricFamily("laggard_build_info",
                                   "Version of laggard, and of the Python running it (value 1).",
                                   labels=["version", "python_version"])
         build.add_metric([__version__, platform.python_version()], 1)
-        yield build
         agent = GaugeMetricFamily("laggard_agent_info", "This agent's node name (value 1).",
                                   labels=["node"])
         agent.add_metric([self._node], 1)
-        yield agent
+        self._identity = render((build, agent))  # never changes: rendered once
+
+    def prebuilt(self) -> bytes:
+        """The text exposition of every collector's last round (and the agent's identity),
+        joined from the texts the threads rendered: no family is built here, except for a
+        name two collectors both yield (``laggard_gpu_lost`` from nvml and xid), merged."""
+        samples = [thread.sample for thread in self._threads]
+        owners: dict[str, list[Sample]] = {}
+        for sample in samples:
+            for name in sample.texts:
+                owners.setdefault(name, []).append(sample)
+        parts = [self._identity]
+        for name, of in owners.items():
+            if len(of) == 1:
+                parts.append(of[0].texts[name])
+                continue
+            families = [m for sample in of for m in sample.metrics if m.name == name]
+            combined = families[0]
+            for other in families[1:]:
+                combined = merge(combined, other)
+            parts.append(render((combined,)))
+        return b"".join(parts)
+
+    def collect(self) -> Iterator[Metric]:
+        """Called by prometheus_client on every scrape: the series that are not prebuilt."""
         success = GaugeMetricFamily(
             "laggard_collector_success",
             "1 if the collector's last round succeeded, 0 if it failed or found no hardware.",
             labels=["collector"])
+        absent = GaugeMetricFamily(
+            "laggard_collector_absent",
+            "1 if the collector's last round found no hardware or source to read (no GPU, no "
+            "InfiniBand): not a failure; 0 otherwise.",
+            labels=["collector"])
         duration = GaugeMetricFamily("laggard_collector_duration_seconds",
                                      "Duration of the collector's last round, in seconds.",
                                      labels=["collector"])
-        merged: dict[str, Metric] = {}
         for thread in self._threads:
             sample = thread.sample
             name = thread.collector.name
             success.add_metric([name], 1 if sample.success else 0)
+            absent.add_metric([name], 1 if sample.absent else 0)
             duration.add_metric([name], sample.duration_seconds)
-            for metric in sample.metrics:
-                # Two collectors may yield one family (e.g. per-GPU series from NVML and XID):
-                # merge their samples so the exposition holds each name once.
-                if metric.name in merged:
-                    merged[metric.name].samples.extend(metric.samples)
-                else:
-                    copy = Metric(metric.name, metric.documentation, metric.type, metric.unit)
-                    copy.samples = list(metric.samples)
-                    merged[metric.name] = copy
         yield success
+        yield absent
         yield duration
-        yield from merged.values()
         if self._supervisor is not None:
             yield from self._supervisor.collect()
         if self._run_metrics is not None:

@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import laggard.collectors
-from laggard.collectors.base import AgentSettings, Collector, CollectorSpec, Flag
+from laggard.collectors.base import (
+    MAX_INTERVAL_SECONDS,
+    MIN_INTERVAL_SECONDS,
+    AgentSettings,
+    Collector,
+    CollectorSpec,
+    Flag,
+)
 
 __all__ = ["build", "check", "collectors", "flags"]
 
@@ -39,7 +46,7 @@ def collectors() -> Mapping[str, CollectorSpec]:
         if spec.name != module.name:
             raise ValueError(f"collectors/{module.name}.py registers {spec.name!r}: one name for "
                              "the file, the flag and the label")
-        for flag in spec.flags:
+        for flag in (*spec.flags, spec.interval_flag):
             if flag.name in seen_flags:
                 raise ValueError(f"flag --{flag.name} declared twice")
             seen_flags.add(flag.name)
@@ -48,8 +55,10 @@ def collectors() -> Mapping[str, CollectorSpec]:
 
 
 def flags() -> dict[str, Flag]:
-    """Every collector flag, by its name (``"collector.netdev.max-devices"``)."""
-    return {flag.name: flag for spec in collectors().values() for flag in spec.flags}
+    """Every collector flag, by its name (``"collector.netdev.max-devices"``): each
+    collector's own, and its ``--collector.NAME.interval``."""
+    return {flag.name: flag for spec in collectors().values()
+            for flag in (*spec.flags, spec.interval_flag)}
 
 
 def check(settings: AgentSettings) -> None:
@@ -60,6 +69,10 @@ def check(settings: AgentSettings) -> None:
             message names the flag.
     """
     for spec in collectors().values():
+        interval = settings.flag(spec.interval_flag)
+        if interval is not None and not MIN_INTERVAL_SECONDS <= interval <= MAX_INTERVAL_SECONDS:
+            raise ValueError(f"--{spec.interval_flag.name} {interval}: outside "
+                             f"[{MIN_INTERVAL_SECONDS}, {MAX_INTERVAL_SECONDS:g}] s")
         if spec.check is not None:
             spec.check(settings)
 

@@ -10,6 +10,7 @@ builds ``laggard agent``'s flags from them: nothing about one collector is writt
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -21,7 +22,14 @@ from prometheus_client.metrics_core import Metric
 # side's GPU-state sampler and the collectors catch one class.
 from laggard.nvml.library import NoDataError
 
-__all__ = ["AgentSettings", "Collector", "CollectorSpec", "Flag", "NoDataError"]
+__all__ = ["AgentSettings", "Collector", "CollectorSpec", "Flag", "NoDataError",
+           "interval_flag"]
+
+#: Bounds of a collector's interval (``--collector.NAME.interval``), seconds: below 0.1 s a
+#: Python round costs more than the 1 % of a core the agent may take; above an hour a series
+#: goes stale in every Prometheus (its 5 min lookback).
+MIN_INTERVAL_SECONDS = 0.1
+MAX_INTERVAL_SECONDS = 3600.0
 
 
 @runtime_checkable
@@ -38,9 +46,20 @@ class Collector(Protocol):
     def collect(self) -> Iterable[Metric]:
         """Sample the source once and return fresh prometheus_client metric families.
 
+        The agent calls it every interval and renders what it returns to exposition text once,
+        for every scrape until the next round (a scrape never builds a family). A collector
+        that samples faster than it publishes (the nvml collector at 0.1 s) returns the very
+        list object it returned last time to say "nothing new to publish": the agent then keeps
+        the text it rendered.
+
         Raises:
             NoDataError: the hardware or file this collector reads is absent.
             Exception: anything else is counted as a failed collection by the daemon.
+
+        A collector whose source can say when it has news (the kernel log, NVML events) may
+        also have ``wait_for_data(timeout: float) -> bool``: block up to ``timeout`` seconds
+        and say whether a round now has something to read. The agent then runs a round when
+        data comes (at most ten a second), else every interval.
         """
         ...
 
@@ -60,6 +79,8 @@ class Flag:
         metavar: the value's name in ``--help`` (``REGEX``, ``N``).
         exclusive: flags of one collector with the same non-empty ``exclusive`` may not be given
             together (an argparse mutually exclusive group).
+        switch: a flag that takes no value and turns something on (``store_true``; ``type``
+            and ``metavar`` unused, ``default`` False).
     """
 
     name: str
@@ -68,6 +89,7 @@ class Flag:
     type: Callable[[str], Any] = str
     metavar: str | None = None
     exclusive: str = ""
+    switch: bool = False
 
     @property
     def option(self) -> str:
@@ -111,6 +133,8 @@ class CollectorSpec:
             ``ValueError`` naming the flag when the flags' values do not go together or are
             out of range, so ``laggard agent`` exits with 2 instead of starting without the
             collector.
+        interval: seconds between two rounds unless ``--collector.NAME.interval`` says
+            otherwise; None: the agent's ``--collector.interval`` (1 s by default).
     """
 
     name: str
@@ -120,3 +144,32 @@ class CollectorSpec:
     flags: tuple[Flag, ...] = ()
     enabled_by: Flag | None = None
     check: Callable[[Any], None] | None = None
+    interval: float | None = None
+
+    @property
+    def interval_flag(self) -> Flag:
+        """``--collector.NAME.interval``: this collector's own sampling interval."""
+        return interval_flag(self.name, self.interval)
+
+
+def _interval(text: str) -> float:
+    """argparse type of an interval flag: seconds in [0.1, 3600]."""
+    value = float(text)
+    if not MIN_INTERVAL_SECONDS <= value <= MAX_INTERVAL_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text} s outside [{MIN_INTERVAL_SECONDS}, {MAX_INTERVAL_SECONDS:g}]")
+    return value
+
+
+def interval_flag(name: str, default: float | None = None) -> Flag:
+    """The interval flag of collector ``name`` (every collector has one, as each has its
+    ``--collector.NAME`` toggle): seconds between the starts of two of its rounds.
+
+    Args:
+        name: the collector's name.
+        default: the collector's own default, or None for the agent's ``--collector.interval``.
+    """
+    fallback = "--collector.interval" if default is None else f"{default:g} s"
+    return Flag(f"collector.{name}.interval", default, type=_interval, metavar="SECONDS",
+                help=f"seconds between two rounds of the {name} collector, 0.1 to 3600 "
+                     f"(default: {fallback})")

@@ -1,51 +1,83 @@
 """GPU collector (``nvml``): per-GPU state through NVML, in base units.
 
-What it exports (NVML call, ``nvidia-smi --query-gpu`` field, conversion at the edge):
+**Series budget.** By default 22 series per GPU with NVLink (19 without), and sparse ones: two
+per clock-event reason (its ``active`` while it holds, its time from the first time it is
+seen), one per violation policy and per NVLink error type once non-zero. A GPU held down by
+one limit, with an NVLink error counted, has 26: dcgm-exporter's default of 26 fields per GPU
+(its ``etc/default-counters.csv``). ``--collector.nvml.all-fields`` adds the rest (constant or
+routine values, and the dense 0 series of every reason and counter).
 
-* ``laggard_gpu_info{uuid,model,pci_bus_id,driver_version}``: GetUUID, GetName, GetPciInfo.
-* ``laggard_gpu_{sm,memory}_clock_hertz``, ``..._clock_max_hertz``: GetClockInfo,
-  GetMaxClockInfo (clocks.sm, clocks.mem, clocks.max.*), MHz x 1e6.
+What it exports (NVML call, ``nvidia-smi --query-gpu`` field, conversion at the edge); *opt-in*
+marks what only ``--collector.nvml.all-fields`` exports:
+
+* ``laggard_gpu_info{uuid,model,pci_bus_id,driver_version}``: GetUUID, GetName, GetPciInfo
+  (read once per NVML init: they do not change while the handles live).
+* ``laggard_gpu_sm_clock_hertz`` (the last sample), ``laggard_gpu_sm_clock_min_hertz`` (the
+  lowest sample of the last ``--collector.nvml.clock-window`` seconds, default 15: a dip
+  between two 15 s scrapes still reaches Prometheus), ``laggard_gpu_sm_clock_max_hertz``,
+  ``laggard_gpu_memory_clock_hertz``, opt-in ``laggard_gpu_memory_clock_max_hertz``:
+  GetClockInfo, GetMaxClockInfo (clocks.sm, clocks.mem, clocks.max.*), MHz x 1e6.
 * ``laggard_gpu_clock_event_active{reason}``: GetCurrentClocksEventReasons
-  (clocks_event_reasons.*), one 0/1 series per bit.
-* ``laggard_gpu_clock_violation_seconds_total{reason}``: GetViolationStatus per perf policy,
-  ``violationTime`` ns / 1e9.
+  (clocks_event_reasons.*): 1 for each reason active at the last sample, no series for the
+  others (opt-in: a 0 series for each).
+* ``laggard_gpu_clock_event_seconds_total{reason}``: time each reason was active, from the
+  samples at the collector's interval (each sample credits its reasons with the time since the
+  previous one: off by at most one interval per episode); a series from the first time the
+  reason is seen (opt-in: every reason from the start).
+* ``laggard_gpu_clock_violation_seconds_total{reason}``: the driver's own violation time per
+  perf policy (GetFieldValues ``NVML_FI_DEV_PERF_POLICY_*``, the counters
+  GetViolationStatus' ``violationTime`` gives, ns / 1e9; GetViolationStatus where the field is
+  not answered); a series once non-zero (opt-in: every supported policy).
 * ``laggard_gpu_temperature_celsius``: GetTemperature (temperature.gpu).
-* ``laggard_gpu_power_watts``, ``laggard_gpu_power_limit_watts``: GetPowerUsage,
+* ``laggard_gpu_power_watts``, opt-in ``laggard_gpu_power_limit_watts``: GetPowerUsage,
   GetEnforcedPowerLimit (power.draw, enforced.power.limit), mW / 1e3.
-* ``laggard_gpu_energy_joules_total``: GetTotalEnergyConsumption, mJ / 1e3.
+* ``laggard_gpu_energy_joules_total``: ``NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION``, mJ / 1e3.
 * ``laggard_gpu_utilization_ratio``, ``laggard_gpu_memory_utilization_ratio``:
   GetUtilizationRates (utilization.gpu, utilization.memory), percent / 100.
-* ``laggard_gpu_memory_{used,total}_bytes``: GetMemoryInfo (memory.used, memory.total).
-* ``laggard_gpu_ecc_errors_total{type}``: GetTotalEccErrors, volatile counts
-  (ecc.errors.{corrected,uncorrected}.volatile.total).
-* ``laggard_gpu_remapped_rows{type}``, ``laggard_gpu_row_remap_{pending,failure}``:
-  GetRemappedRows.
-* ``laggard_gpu_pcie_replay_total``: GetPcieReplayCounter.
+* ``laggard_gpu_memory_used_bytes``, opt-in ``laggard_gpu_memory_total_bytes``: GetMemoryInfo.
+* ``laggard_gpu_ecc_errors_total{type}``: ``NVML_FI_DEV_ECC_DBE_VOL_TOTAL`` (uncorrected) and,
+  opt-in, ``..._SBE_VOL_TOTAL`` (corrected: routine on HBM, acted on by nobody; row remaps
+  are what NVIDIA's memory-error guidance acts on).
+* ``laggard_gpu_remapped_rows{type}`` (``uncorrectable``; opt-in ``correctable``: remaps
+  of correctable errors are routine until remapping fails), ``laggard_gpu_row_remap_{pending,
+  failure}``: ``NVML_FI_DEV_REMAPPED_{COR,UNC,PENDING,FAILURE}``.
+* ``laggard_gpu_pcie_replay_total``: ``NVML_FI_DEV_PCIE_REPLAY_COUNTER``.
 * ``laggard_gpu_pcie_throughput_bytes_per_second{direction}``: GetPcieThroughput, KiB/s x 1024.
-* ``laggard_gpu_nvlink_links``, ``laggard_gpu_nvlink_active_links``: GetFieldValues
+* ``laggard_gpu_nvlink_active_links``, opt-in ``laggard_gpu_nvlink_links``: GetFieldValues
   (``NVML_FI_DEV_NVLINK_LINK_COUNT``), GetNvLinkState per link.
-* ``laggard_gpu_nvlink_errors_total{type}``: GetFieldValues (``..._REPLAY/RECOVERY/CRC_FLIT/
-  CRC_DATA_ERROR_COUNT_TOTAL``, all links).
-* ``laggard_gpu_nvlink_{transmitted,received}_bytes_total``: GetFieldValues
-  (``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX``), KiB x 1024.
+* ``laggard_gpu_nvlink_errors_total{type}``: ``..._REPLAY/RECOVERY/CRC_FLIT/
+  CRC_DATA_ERROR_COUNT_TOTAL`` (all links); a series once non-zero (opt-in: every type).
+* ``laggard_gpu_nvlink_{transmitted,received}_bytes_total``:
+  ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX``, KiB x 1024.
 * ``laggard_gpu_lost``: 1 when a call answers ``NVML_ERROR_GPU_IS_LOST``.
 
-A field NVML does not support on a GPU is left out for that GPU. Clock-event reasons use the NVML
-constants (``nvmlClocksEventReason*``, or the pre-530 ``nvmlClocksThrottleReason*`` names).
-Each GPU's clocks feed the :class:`~laggard.detectors.throttle.ThrottleDetector`; a lost GPU raises
+**Two paces.** Every interval (``--collector.nvml.interval``, e.g. 0.1 s) each GPU's SM clock
+and clock-event reasons are read (two NVML calls) into the minimum and the per-reason time;
+the other fields are read, and the families built, at most once a second (the counters and
+gauges above change no faster than a scrape can see), with every device field in one
+``nvmlDeviceGetFieldValues`` call per GPU (NVML answers each field with its own return code:
+a field NVML does not answer is left out for that GPU, never a made-up 0). Between full
+rounds the collector returns its last families unchanged, so the agent renders them once.
+
+Clock-event reasons use the NVML constants (``nvmlClocksEventReason*``, or the pre-530
+``nvmlClocksThrottleReason*`` names). Each GPU's clocks feed the
+:class:`~laggard.detectors.throttle.ThrottleDetector` once per full round; a lost GPU raises
 one ``gpu_lost`` finding per loss, and the others go on reporting.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from laggard.collectors.base import AgentSettings, CollectorSpec, Flag
+from laggard.collectors.gpu_track import GpuTrack
 from laggard.detectors.finding import Finding, Severity
 from laggard.detectors.throttle import ClockSample, ThrottleDetector
 from laggard.nvml.library import (
@@ -69,9 +101,27 @@ FAKE_GPUS_SCENARIO = Flag(
     help="what the fake GPUs play: default (a short story of throttles, XIDs and a lost GPU), "
          "steady (nothing happens) or throttle:G[:REASON] (GPU G held at 1.41 GHz by REASON, "
          "default sw_thermal)")
+ALL_FIELDS = Flag("collector.nvml.all-fields", False, switch=True,
+                  help="export every GPU field: also the constant ones (maximum memory clock, "
+                       "power limit, memory total, NVLink link count), corrected ECC errors "
+                       "and correctable row remaps, and a 0 series for every clock-event "
+                       "reason, violation policy and NVLink error type (default: 22 series per "
+                       "GPU, plus reasons while active and counters once non-zero)")
+CLOCK_WINDOW = Flag("collector.nvml.clock-window", 15.0, type=float, metavar="SECONDS",
+                    help="laggard_gpu_sm_clock_min_hertz is the lowest SM clock sampled in the "
+                         "last this many seconds; at least the scrape interval, so no dip falls "
+                         "between two scrapes (default %(default)s)")
+
+#: Least seconds between two full rounds (every field read, families built): counters and
+#: gauges a 15 s scrape reads need no more, and the families are then built once a second at
+#: most whatever the sampling interval (a scrape never builds them).
+FULL_ROUND_SECONDS = 1.0
 
 
-#: label value -> NVML perf policy constant of nvmlDeviceGetViolationStatus.
+#: label value -> NVML perf policy constant of nvmlDeviceGetViolationStatus. Its field
+#: (``NVML_FI_DEV_PERF_POLICY_<same suffix>``, nvml.h: "Perf Policy Counter", the same
+#: violation time in ns; nvml.h aliases ``NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP`` to the
+#: power one) is read in the batch.
 VIOLATION_POLICIES: dict[str, str] = {
     "power": "NVML_PERF_POLICY_POWER",
     "thermal": "NVML_PERF_POLICY_THERMAL",
@@ -81,6 +131,21 @@ VIOLATION_POLICIES: dict[str, str] = {
     "reliability": "NVML_PERF_POLICY_RELIABILITY",
     "total_app_clocks": "NVML_PERF_POLICY_TOTAL_APP_CLOCKS",
     "total_base_clocks": "NVML_PERF_POLICY_TOTAL_BASE_CLOCKS",
+}
+
+#: Device fields read in the same nvmlDeviceGetFieldValues call as the NVLink ones (nvml.h
+#: ``NVML_FI_DEV_*``; dcgm-exporter reads the same through DCGM): name -> constant.
+DEVICE_FIELDS: dict[str, str] = {
+    "energy": "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "pcie_replay": "NVML_FI_DEV_PCIE_REPLAY_COUNTER",
+    "ecc_uncorrected": "NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "ecc_corrected": "NVML_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "remapped_correctable": "NVML_FI_DEV_REMAPPED_COR",
+    "remapped_uncorrectable": "NVML_FI_DEV_REMAPPED_UNC",
+    "remap_pending": "NVML_FI_DEV_REMAPPED_PENDING",
+    "remap_failure": "NVML_FI_DEV_REMAPPED_FAILURE",
+    **{f"violation_{reason}": constant.replace("NVML_PERF_POLICY_", "NVML_FI_DEV_PERF_POLICY_")
+       for reason, constant in VIOLATION_POLICIES.items()},
 }
 
 #: NVLink fields read in one nvmlDeviceGetFieldValues call (nvml.h ``NVML_FI_DEV_NVLINK_*``):
@@ -129,6 +194,18 @@ class _Families:
         return iter(self._families.values())
 
 
+@dataclass(slots=True)
+class _Known:
+    """What is read once per NVML init for one GPU (valid while the library's generation
+    stays): identity and maximum clocks, and the batch's field ids."""
+
+    generation: int
+    info: dict[str, str]
+    sm_max: float | None
+    mem_max: float | None
+    seen: set[str] = field(default_factory=set)  # sparse series shown once, kept
+
+
 class NvmlCollector:
     """Samples every GPU through an :class:`NvmlLibrary`.
 
@@ -137,30 +214,62 @@ class NvmlCollector:
         findings: where throttle and GPU-lost findings go (``FindingLog``-like: ``add``), or None.
         throttle: the throttle detector to feed (default settings when None).
         node: node name put on findings.
+        all_fields: export every field (``--collector.nvml.all-fields``), not the budget.
+        clock_window: seconds of ``laggard_gpu_sm_clock_min_hertz``'s window.
+        interval: the collector's sampling interval in seconds (a sample credits its reasons
+            with at most three of them: a longer gap is not guessed).
+        clock: monotonic clock in seconds (tests pass a fake one).
     """
 
     name = "nvml"
 
     def __init__(self, library: NvmlLibrary, *, findings: Any = None,
-                 throttle: ThrottleDetector | None = None, node: str | None = None) -> None:
+                 throttle: ThrottleDetector | None = None, node: str | None = None,
+                 all_fields: bool = False, clock_window: float = 15.0, interval: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.library = library
         self.findings = findings
         self.node = node
         self.throttle = throttle or ThrottleDetector(node=node)
+        self.all_fields = all_fields
+        self._clock_window = clock_window
+        self._max_gap = max(3 * interval, FULL_ROUND_SECONDS * 1.5)
+        self._clock = clock
         self._lost: set[int] = set()
+        self._tracks: dict[int, GpuTrack] = {}
+        self._known: dict[int, _Known] = {}
+        self._reasons: list[tuple[str, int]] | None = None
+        self._families: list[Metric] | None = None
+        self._full_at = -float("inf")
 
     def collect(self) -> Iterable[Metric]:
-        """One sampling round over every GPU.
+        """One sampling round over every GPU: the fast samples always, every field and new
+        families at most once per :data:`FULL_ROUND_SECONDS` (else the last families, the
+        same list object).
 
         Raises:
             NoDataError: NVML is not available here (no driver, no library, backoff).
         """
         count = self.library.start()
+        now = self._clock()
+        for index in range(count):
+            if index in self._lost:
+                continue  # the full round retries it
+            try:
+                self._sample_fast(index, now)
+            except GpuLostError:
+                self._mark_lost(index)
+        # 5 % early: a 0.1 s interval's tenth round lands a hair before the second is up
+        if self._families is not None and now - self._full_at < FULL_ROUND_SECONDS * 0.95:
+            return self._families
+        self._full_at = now
         families = _Families()
         for index in range(count):
             gpu = {"gpu": str(index)}
             try:
-                self._collect_gpu(index, gpu, families)
+                if index in self._lost:
+                    self._sample_fast(index, now)  # raises while it stays lost
+                self._collect_gpu(index, gpu, families, now)
             except GpuLostError:
                 self._mark_lost(index)
                 families.gauge("laggard_gpu_lost", _LOST_HELP, gpu, 1)
@@ -178,10 +287,33 @@ class NvmlCollector:
                              "NVML calls that failed with an unexpected error (the field left "
                              "out), by function.",
                              {"function": function}, count)
-        return list(families)
+        self._families = list(families)
+        return self._families
+
+    def _reason_bits(self) -> list[tuple[str, int]]:
+        if self._reasons is None:
+            nvml = self.library.module
+            self._reasons = [(reason, bit) for reason, names in CLOCK_EVENT_REASONS.items()
+                             if (bit := first_constant(nvml, *names)) is not None]
+        return self._reasons
+
+    def _sample_fast(self, index: int, now: float) -> None:
+        """Two NVML calls: the SM clock and the clock-event reasons, into the GPU's track."""
+        lib = self.library
+        sm = lib.call(index, "nvmlDeviceGetClockInfo", lib.module.NVML_CLOCK_SM)
+        mask = lib.call(index, "nvmlDeviceGetCurrentClocksEventReasons")
+        if mask is None:
+            mask = lib.call(index, "nvmlDeviceGetCurrentClocksThrottleReasons")
+        track = self._tracks.get(index)
+        if track is None:
+            track = self._tracks[index] = GpuTrack(self._reason_bits(), self._clock_window,
+                                                   self._max_gap)
+        track.add(now, None if sm is None else float(sm), None if mask is None else int(mask))
 
     def _mark_lost(self, index: int) -> None:
         self.throttle.forget(index)
+        if (track := self._tracks.get(index)) is not None:
+            track.forget_times()
         if index in self._lost:
             return
         self._lost.add(index)
@@ -197,77 +329,121 @@ class NvmlCollector:
         if self.findings is not None:
             self.findings.add(finding)
 
-    def _collect_gpu(self, index: int, gpu: dict[str, str], out: _Families) -> None:
+    def _known_for(self, index: int, get: Any) -> _Known:
+        """Identity and maximum clocks, read once per NVML init."""
+        lib = self.library
+        known = self._known.get(index)
+        if known is None or known.generation != lib.generation:
+            nvml = lib.module
+            uuid, model, pci = get("nvmlDeviceGetUUID"), get("nvmlDeviceGetName"), get(
+                "nvmlDeviceGetPciInfo")
+            info = {"uuid": _text(uuid), "model": _text(model),
+                    "pci_bus_id": normalise_bus_id(pci.busId) if pci is not None else "",
+                    "driver_version": lib.driver_version or ""}
+            seen = known.seen if known is not None else set()
+            known = self._known[index] = _Known(
+                lib.generation, info, get("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM),
+                get("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_MEM), seen)
+        return known
+
+    def _collect_gpu(self, index: int, gpu: dict[str, str], out: _Families,
+                     now: float) -> None:
         lib = self.library
         nvml = lib.module
 
         def get(function: str, *args: Any) -> Any:
             return lib.call(index, function, *args)
 
-        uuid, model, pci = get("nvmlDeviceGetUUID"), get("nvmlDeviceGetName"), get(
-            "nvmlDeviceGetPciInfo")
-        out.gauge("laggard_gpu_info", "GPU identity (value 1).",
-                  {**gpu, "uuid": _text(uuid), "model": _text(model),
-                   "pci_bus_id": normalise_bus_id(pci.busId) if pci is not None else "",
-                   "driver_version": lib.driver_version or ""}, 1)
-
-        sm, sm_max = get("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_SM), get(
-            "nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
-        mem, mem_max = get("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_MEM), get(
-            "nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_MEM)
+        known = self._known_for(index, get)
+        out.gauge("laggard_gpu_info", "GPU identity (value 1).", {**gpu, **known.info}, 1)
+        track = self._tracks[index]
+        sm, sm_max = track.last_sm_mhz, known.sm_max
+        mem = get("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_MEM)
         for name, doc, value in (
-            ("laggard_gpu_sm_clock_hertz", "SM clock", sm),
+            ("laggard_gpu_sm_clock_hertz", "SM clock at the last sample", sm),
+            ("laggard_gpu_sm_clock_min_hertz", "Lowest SM clock sampled in the collector's "
+             "clock window (--collector.nvml.clock-window)", track.min_sm_mhz(now)),
             ("laggard_gpu_sm_clock_max_hertz", "Maximum SM clock", sm_max),
             ("laggard_gpu_memory_clock_hertz", "Memory clock", mem),
-            ("laggard_gpu_memory_clock_max_hertz", "Maximum memory clock", mem_max),
+            ("laggard_gpu_memory_clock_max_hertz", "Maximum memory clock",
+             known.mem_max if self.all_fields else None),
         ):
             if value is not None:
                 out.gauge(name, f"{doc}, in hertz.", gpu, value * MHZ)
-
-        mask = get("nvmlDeviceGetCurrentClocksEventReasons")
-        if mask is None:
-            mask = get("nvmlDeviceGetCurrentClocksThrottleReasons")
-        active: set[str] = set()
-        if mask is not None:
-            for reason, names in CLOCK_EVENT_REASONS.items():
-                bit = first_constant(nvml, *names)
-                if bit is None:
-                    continue
-                on = bool(mask & bit)
-                if on:
-                    active.add(reason)
-                out.gauge("laggard_gpu_clock_event_active",
-                          "1 while NVML reports this clock-event (throttle) reason, 0 otherwise.",
-                          {**gpu, "reason": reason}, int(on))
+        self._reasons_out(gpu, track, out)
+        active = frozenset(track.active())
         if sm is not None and sm_max:
             for finding in self.throttle.update(
-                    ClockSample(index, sm * MHZ, sm_max * MHZ, frozenset(active))):
+                    ClockSample(index, sm * MHZ, sm_max * MHZ, active)):
                 self._report(finding)
+        answers = self._read_fields(index, get, nvml)
+        self._violations(index, get, nvml, gpu, known, answers, out)
+        self._health(get, nvml, gpu, answers, out)
+        self._links(get, nvml, gpu, known, answers, out)
 
+    def _reasons_out(self, gpu: dict[str, str], track: GpuTrack, out: _Families) -> None:
+        active = set(track.active())
+        for reason, _ in self._reason_bits():
+            if reason in active or self.all_fields:
+                out.gauge("laggard_gpu_clock_event_active",
+                          "1 while NVML reports this clock-event (throttle) reason at the last "
+                          "sample; no series for a reason not active (0 with "
+                          "--collector.nvml.all-fields).",
+                          {**gpu, "reason": reason}, int(reason in active))
+            seconds = track.reason_seconds.get(reason)
+            if seconds is not None or self.all_fields:
+                out.counter("laggard_gpu_clock_event_seconds_total",
+                            "Time this clock-event reason was active, from samples at the "
+                            "collector's interval, in seconds; a series from the first time "
+                            "the reason is seen.",
+                            {**gpu, "reason": reason}, seconds or 0.0)
+
+    def _read_fields(self, index: int, get: Any, nvml: Any) -> dict[str, float]:
+        """Every device and NVLink field in one nvmlDeviceGetFieldValues call: name -> value,
+        for the fields NVML answered (each has its own return code)."""
+        ids = {name: getattr(nvml, constant, None)
+               for name, constant in (*DEVICE_FIELDS.items(), *NVLINK_FIELDS.items())}
+        wanted = {name: fid for name, fid in ids.items() if fid is not None}
+        values = get("nvmlDeviceGetFieldValues", list(wanted.values())) if wanted else None
+        answers: dict[str, float] = {}
+        for name, value in zip(wanted, values or (), strict=False):
+            number = _field_value(nvml, value)
+            if number is not None:
+                answers[name] = number
+        return answers
+
+    def _violations(self, index: int, get: Any, nvml: Any, gpu: dict[str, str],
+                    known: _Known, answers: dict[str, float], out: _Families) -> None:
         for reason, constant in VIOLATION_POLICIES.items():
-            policy = getattr(nvml, constant, None)
-            status = None if policy is None else get("nvmlDeviceGetViolationStatus", policy)
-            if status is not None:
+            ns = answers.get(f"violation_{reason}")
+            if ns is None and (policy := getattr(nvml, constant, None)) is not None:
+                # the field is not answered (an older driver): the per-policy call
+                status = get("nvmlDeviceGetViolationStatus", policy)
+                ns = None if status is None else status.violationTime
+            if ns is None:
+                continue
+            key = f"violation:{reason}"
+            if ns:
+                known.seen.add(key)
+            if key in known.seen or self.all_fields:
                 out.counter("laggard_gpu_clock_violation_seconds_total",
-                            "Time the clocks were held below target by this policy, in seconds.",
-                            {**gpu, "reason": reason}, status.violationTime / 1e9)
+                            "Time the clocks were held below target by this policy (NVML's "
+                            "violation time), in seconds; a series once non-zero.",
+                            {**gpu, "reason": reason}, ns / 1e9)
 
-        self._health(get, nvml, gpu, out)
-        self._links(get, nvml, gpu, out)
-
-    def _health(self, get: Any, nvml: Any, gpu: dict[str, str], out: _Families) -> None:
+    def _health(self, get: Any, nvml: Any, gpu: dict[str, str], answers: dict[str, float],
+                out: _Families) -> None:
         if (temp := get("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)) is not None:
             out.gauge("laggard_gpu_temperature_celsius",
                       "GPU core temperature, in degrees Celsius.", gpu, temp)
         if (power := get("nvmlDeviceGetPowerUsage")) is not None:
             out.gauge("laggard_gpu_power_watts", "Power draw, in watts.", gpu, power / 1e3)
-        if (limit := get("nvmlDeviceGetEnforcedPowerLimit")) is not None:
+        if self.all_fields and (limit := get("nvmlDeviceGetEnforcedPowerLimit")) is not None:
             out.gauge("laggard_gpu_power_limit_watts", "Enforced power limit, in watts.", gpu,
                       limit / 1e3)
-        if (energy := get("nvmlDeviceGetTotalEnergyConsumption")) is not None:
+        if (energy := answers.get("energy")) is not None:
             out.counter("laggard_gpu_energy_joules_total",
-                        "Energy used since the driver loaded, in joules.", gpu,
-                        energy / 1e3)
+                        "Energy used since the driver loaded, in joules.", gpu, energy / 1e3)
         if (util := get("nvmlDeviceGetUtilizationRates")) is not None:
             out.gauge("laggard_gpu_utilization_ratio",
                       "Fraction of the last sample period a kernel was running (ratio, "
@@ -280,26 +456,27 @@ class NvmlCollector:
         if (memory := get("nvmlDeviceGetMemoryInfo")) is not None:
             out.gauge("laggard_gpu_memory_used_bytes", "Device memory in use, in bytes.", gpu,
                       memory.used)
-            out.gauge("laggard_gpu_memory_total_bytes", "Device memory, in bytes.", gpu,
-                      memory.total)
-        for kind, constant in (("corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
-                               ("uncorrected", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED")):
-            count = get("nvmlDeviceGetTotalEccErrors", getattr(nvml, constant),
-                        nvml.NVML_VOLATILE_ECC)
-            if count is not None:
+            if self.all_fields:
+                out.gauge("laggard_gpu_memory_total_bytes", "Device memory, in bytes.", gpu,
+                          memory.total)
+        for kind in ("corrected", "uncorrected"):
+            count = answers.get(f"ecc_{kind}")
+            if count is not None and (kind == "uncorrected" or self.all_fields):
                 out.counter("laggard_gpu_ecc_errors_total",
                             "ECC errors since the driver loaded, by type.",
                             {**gpu, "type": kind}, count)
-        if (rows := get("nvmlDeviceGetRemappedRows")) is not None:
-            correctable, uncorrectable, pending, failure = rows
-            for kind, value in (("correctable", correctable), ("uncorrectable", uncorrectable)):
+        for kind in ("correctable", "uncorrectable"):
+            rows = answers.get(f"remapped_{kind}")
+            if rows is not None and (kind == "uncorrectable" or self.all_fields):
                 out.gauge("laggard_gpu_remapped_rows", "Memory rows remapped, by type.",
-                          {**gpu, "type": kind}, value)
+                          {**gpu, "type": kind}, rows)
+        if (pending := answers.get("remap_pending")) is not None:
             out.gauge("laggard_gpu_row_remap_pending", "1 when a row remap waits for a GPU reset.",
                       gpu, int(bool(pending)))
+        if (failure := answers.get("remap_failure")) is not None:
             out.gauge("laggard_gpu_row_remap_failure", "1 when a row remap failed.", gpu,
                       int(bool(failure)))
-        if (replays := get("nvmlDeviceGetPcieReplayCounter")) is not None:
+        if (replays := answers.get("pcie_replay")) is not None:
             out.counter("laggard_gpu_pcie_replay_total", "PCIe replays.", gpu, replays)
         for direction, constant in (("transmit", "NVML_PCIE_UTIL_TX_BYTES"),
                                     ("receive", "NVML_PCIE_UTIL_RX_BYTES")):
@@ -309,26 +486,26 @@ class NvmlCollector:
                           "PCIe throughput over NVML's last 20 ms window, in bytes per second.",
                           {**gpu, "direction": direction}, rate * KIB)
 
-    def _links(self, get: Any, nvml: Any, gpu: dict[str, str], out: _Families) -> None:
-        # One nvmlDeviceGetFieldValues call gives the link count and every total (dcgm-exporter
-        # reads the same fields); per-link calls would be 4 x 18 per GPU per round.
-        fields = {name: getattr(nvml, constant, None) for name, constant in NVLINK_FIELDS.items()}
-        if None in fields.values():
-            return  # an nvidia-ml-py too old to name these fields
-        values = get("nvmlDeviceGetFieldValues", list(fields.values()))
-        answers = {name: _field_value(nvml, v) for name, v in zip(fields, values or (),
-                                                                   strict=False)}
+    def _links(self, get: Any, nvml: Any, gpu: dict[str, str], known: _Known,
+               answers: dict[str, float], out: _Families) -> None:
         links = answers.get("links")
         if not links:
-            return  # no NVLink on this GPU
+            return  # no NVLink on this GPU (or an nvidia-ml-py too old to name the field)
         active = sum(get("nvmlDeviceGetNvLinkState", link) == nvml.NVML_FEATURE_ENABLED
                      for link in range(int(links)))
-        out.gauge("laggard_gpu_nvlink_links", "NVLink links of the GPU.", gpu, links)
+        if self.all_fields:
+            out.gauge("laggard_gpu_nvlink_links", "NVLink links of the GPU.", gpu, links)
         out.gauge("laggard_gpu_nvlink_active_links", "NVLink links up.", gpu, active)
         for kind in ("replay", "recovery", "crc_flit", "crc_data"):
-            if (count := answers.get(kind)) is not None:
+            if (count := answers.get(kind)) is None:
+                continue
+            key = f"nvlink:{kind}"
+            if count:
+                known.seen.add(key)
+            if key in known.seen or self.all_fields:
                 out.counter("laggard_gpu_nvlink_errors_total",
-                            "NVLink data-link errors, all links, by type.",
+                            "NVLink data-link errors, all links, by type; a series once "
+                            "non-zero.",
                             {**gpu, "type": kind}, count)
         for name in ("transmitted", "received"):
             if (kib := answers.get(name)) is not None:
@@ -369,6 +546,9 @@ def check_flags(settings: AgentSettings) -> None:
         ValueError: a negative count, an unknown scenario, or a scenario's GPU past the count.
     """
     fake_gpus = settings.flag(FAKE_GPUS)
+    if not 0.1 <= settings.flag(CLOCK_WINDOW) <= 3600:
+        raise ValueError(f"--{CLOCK_WINDOW.name} {settings.flag(CLOCK_WINDOW)}: outside "
+                         "[0.1, 3600] s")
     if fake_gpus < 0:
         raise ValueError(f"--{FAKE_GPUS.name} {fake_gpus}: must be >= 0")
     from laggard.nvml.fake import parse_scenario  # the fake is not loaded unless asked for
@@ -380,10 +560,16 @@ def check_flags(settings: AgentSettings) -> None:
 
 def from_config(settings: AgentSettings, context: Any) -> NvmlCollector:
     """Registry factory: the real NVML, or the fake one with ``--collector.nvml.fake-gpus``."""
-    return NvmlCollector(library(settings), findings=context.findings, node=context.node)
+    interval = settings.flag(COLLECTOR.interval_flag)
+    return NvmlCollector(library(settings), findings=context.findings, node=context.node,
+                         all_fields=settings.flag(ALL_FIELDS),
+                         clock_window=settings.flag(CLOCK_WINDOW),
+                         interval=getattr(settings, "collect_interval", 1.0)
+                         if interval is None else interval)
 
 
 COLLECTOR = CollectorSpec(
-    name="nvml", build=from_config, default=True, flags=(FAKE_GPUS, FAKE_GPUS_SCENARIO),
+    name="nvml", build=from_config, default=True,
+    flags=(FAKE_GPUS, FAKE_GPUS_SCENARIO, ALL_FIELDS, CLOCK_WINDOW),
     check=check_flags,
     help="GPU clocks, clock-event reasons, temperature, power, ECC via NVML")

@@ -12,6 +12,11 @@ Two sources, merged:
   journal file named by ``--path.kmsg``, read without blocking; a rotated, truncated or vanished
   file is reopened. Lines go through :class:`~laggard.parsers.kernel_log.KernelLogParser`.
 
+**On its events.** The agent runs a round as soon as ``/dev/kmsg`` holds a new record or an
+NVML event is queued (:meth:`XidCollector.wait_for_data`, at most ten rounds a second), and
+otherwise every ``--collector.xid.interval`` (a syslog file, which has nothing to wait on, is
+read at that interval).
+
 **History.** At start the kernel log is read from its beginning: every record ``/dev/kmsg``
 still buffers (the kernel's ring buffer, oldest first), or the whole file. So an agent started
 after a GPU fell off the bus counts that Xid and marks the GPU lost. The counters of each agent
@@ -43,6 +48,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import select
 import stat
 import threading
 import time
@@ -123,6 +129,7 @@ class KernelLogSource:
         self.caught_up = False
         self.boot_time: float | None = None
         self._fd: int | None = None  # /dev/kmsg
+        self._poller: Any = None  # select.poll on it, made at the first wait
         self._file: FileTailer | None = None  # any other path
         self._file_read = False  # a first read that fails is NoDataError, later ones retried
 
@@ -153,11 +160,24 @@ class KernelLogSource:
         self.caught_up = self.caught_up or self._file.at_end
         return [line.decode("utf-8", errors="replace") for line in lines]
 
+    def wait_readable(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until ``/dev/kmsg`` holds a record not read yet
+        (``poll``: the dev-kmsg ABI wakes a reader with POLLIN on a new record, POLLERR|POLLPRI
+        when records were overwritten, which a read reports). False at once for a file, or
+        before the first read opened the device: neither has readiness to wait on."""
+        if self._fd is None:
+            return False
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self._fd, select.POLLIN | select.POLLPRI)
+        return bool(self._poller.poll(max(timeout, 0.0) * 1000))
+
     def close(self) -> None:
         """Close the file descriptor, if open."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+            self._poller = None
         if self._file is not None:
             self._file.close()
 
@@ -361,6 +381,32 @@ class XidCollector:
             return int(nvml.nvmlDeviceGetIndex(device))
         except Exception:  # noqa: BLE001 - unmapped device
             return -1
+
+    def wait_for_data(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until a round has news: an NVML event queued or a
+        ``/dev/kmsg`` record not read yet. The agent's sampler calls it between rounds, so an
+        Xid is counted when it happens (the kernel log on its events), and the collector's
+        interval is only the longest time between rounds. A syslog file has no readiness to
+        wait on: it is read every interval, as before.
+
+        Returns:
+            True when a round now would read something new.
+        """
+        deadline = time.monotonic() + timeout
+        kmsg = self.kernel_log if self._kernel_log_ok else None
+        while True:
+            if not self._events.empty():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            # short slices while NVML events may come in beside the kernel log
+            step = min(left, 0.1) if self._watcher is not None else left
+            if kmsg is not None and kmsg.is_kmsg:
+                if kmsg.wait_readable(step):
+                    return True
+            else:
+                time.sleep(step)
 
     # -- collection -----------------------------------------------------------------------------
 

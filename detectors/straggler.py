@@ -99,6 +99,13 @@ class _Test:
     recovery_clip: np.ndarray  # (S,) its c
 
 
+#: What a compute finding tells the reader to check on a GPU job (the default).
+GPU_COMPUTE_HINT = "check that GPU's clocks, clock-event reasons and XIDs"
+#: The same on a CPU-only job (no CUDA device on the rank): no GPU to blame (issue 35).
+CPU_COMPUTE_HINT = ("check that rank's CPU: other processes or threads on its cores, its "
+                    "cgroup's CPU quota, and its input")
+
+
 class StragglerDetector:
     """Names the rank that holds back a synchronous job, and the cause: compute, data or link.
 
@@ -224,9 +231,9 @@ class StragglerDetector:
         max_rank: int = 1 << 20
         """Largest global rank accepted (bounds memory whatever a window says)."""
 
-        compute_hint: str = "check that GPU's clocks, clock-event reasons and XIDs"
-        """What a compute finding's message tells the reader to check (a CPU-only job, like
-        ``laggard demo``, says something else)."""
+        compute_hint: str = GPU_COMPUTE_HINT
+        """What a compute finding's message tells the reader to check (a CPU-only job says
+        :data:`CPU_COMPUTE_HINT`, ``laggard demo`` its own)."""
 
         def __post_init__(self) -> None:
             if not 0 <= self.min_slowdown < 1:

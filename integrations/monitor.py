@@ -238,10 +238,11 @@ class TrainingMonitor:
         self.device_clock: Any = clock.device_clock
         self._fsdp_markers: Any = clock.fsdp_markers
         self._clock = PHASE_CLOCKS[self.phase_clock]
+        self._device_id = rank_device(model)  # None: a CPU-only job
         self._agent = AgentReports(
             cfg.agent_address, stats=self.stats, log_once=self._log_once, rank=self.rank,
             world_size=self.world_size, local_rank=self.local_rank, node=self.node,
-            run=self.run, device_id=rank_device(model), udp_fallback=cfg.udp_fallback,
+            run=self.run, device_id=self._device_id, udp_fallback=cfg.udp_fallback,
             batch_seconds=cfg.agent_batch_seconds)
         self._windows_file = (WindowsFile(cfg.windows_path, log_once=self._log_once)
                               if cfg.windows_path and self.rank == 0 else None)
@@ -299,8 +300,9 @@ class TrainingMonitor:
     def _builtin_participants(self) -> list[Participant]:
         """Straggler detector; with a tracer, the link probe and the tracer's block (whose
         link detector reads the probe's column); the integrity check when configured."""
-        out: list[Participant] = [StragglerParticipant(self.config.straggler,
-                                                       peer_groups=self.peer_groups)]
+        out: list[Participant] = [StragglerParticipant(
+            self.config.straggler, peer_groups=self.peer_groups,
+            cpu_only=self._device_id is None)]
         if self.tracer is not None:
             from laggard.integrations.link_probe import DEFAULT_PROBE_BYTES, LinkProbeParticipant
             from laggard.integrations.trace_window import TraceParticipant

@@ -188,6 +188,8 @@ class StragglerParticipant(WindowParticipant):
     Args:
         config: ``StragglerDetector.Config``; None for its defaults.
         peer_groups: the job's peer groups; None: every rank in one group.
+        cpu_only: the job runs on no CUDA device: a compute finding advises on the rank's CPU,
+            not "that GPU's clocks" (unless ``config`` names a hint of its own).
 
     Raises:
         ValueError: at :meth:`attach`, peer groups of another world size than the monitor's.
@@ -202,9 +204,11 @@ class StragglerParticipant(WindowParticipant):
 
     name = "straggler"
 
-    def __init__(self, config: Any = None, peer_groups: Any = None) -> None:
+    def __init__(self, config: Any = None, peer_groups: Any = None, *,
+                 cpu_only: bool = False) -> None:
         super().__init__()
         self.config = config
+        self.cpu_only = cpu_only
         self.peer_groups = peer_groups
         self.detector: Any = None
         self.grouped: Any = None
@@ -237,7 +241,12 @@ class StragglerParticipant(WindowParticipant):
         if context.rank != 0:
             return
         # imported here: numpy-heavy detector code is loaded only where detection runs
-        from laggard.detectors.straggler import StragglerDetector
+        from laggard.detectors.straggler import CPU_COMPUTE_HINT, StragglerDetector
+
+        if self.cpu_only:
+            config = self.config if self.config is not None else StragglerDetector.Config()
+            if config.compute_hint == StragglerDetector.Config().compute_hint:
+                self.config = dataclasses.replace(config, compute_hint=CPU_COMPUTE_HINT)
 
         self._causes = _cause_attribution(context)
         if groups is None or groups.is_all:

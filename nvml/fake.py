@@ -76,6 +76,22 @@ NVML_PCIE_UTIL_RX_BYTES = 1
 NVML_NVLINK_MAX_LINKS = 36
 NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
+NVML_FI_DEV_ECC_SBE_VOL_TOTAL = 3
+NVML_FI_DEV_ECC_DBE_VOL_TOTAL = 4
+NVML_FI_DEV_PERF_POLICY_POWER = 74
+NVML_FI_DEV_PERF_POLICY_THERMAL = 75
+NVML_FI_DEV_PERF_POLICY_SYNC_BOOST = 76
+NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT = 77
+NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION = 78
+NVML_FI_DEV_PERF_POLICY_RELIABILITY = 79
+NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS = 80
+NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS = 81
+NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION = 83
+NVML_FI_DEV_PCIE_REPLAY_COUNTER = 94
+NVML_FI_DEV_REMAPPED_COR = 142
+NVML_FI_DEV_REMAPPED_UNC = 143
+NVML_FI_DEV_REMAPPED_PENDING = 144
+NVML_FI_DEV_REMAPPED_FAILURE = 145
 NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = 38
 NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = 45
 NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL = 52
@@ -483,9 +499,29 @@ class FakeNvml:
         return NVML_FEATURE_ENABLED if link < NVLINKS_UP else NVML_FEATURE_DISABLED
 
     def nvmlDeviceGetFieldValues(self, handle: _Handle,  # noqa: N802
-                                 field_ids: list[int]) -> list[SimpleNamespace]:
+                                 field_ids: list[Any]) -> list[SimpleNamespace]:
+        """pynvml's batched read: one ``nvmlFieldValue_t``-like answer per field id (an int, or
+        a ``(field id, scope id)`` pair), each with its own ``nvmlReturn``: NVLink fields are
+        unsupported on odd GPUs, the reliability policy counter on every GPU."""
         gpu = self._gpu(handle)
-        fields = {
+        device = {
+            NVML_FI_DEV_ECC_SBE_VOL_TOTAL: gpu.ecc_corrected,
+            NVML_FI_DEV_ECC_DBE_VOL_TOTAL: gpu.ecc_uncorrected,
+            NVML_FI_DEV_PERF_POLICY_POWER: gpu.power_violation_ns,
+            NVML_FI_DEV_PERF_POLICY_THERMAL: gpu.thermal_violation_ns,
+            NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: 0,
+            NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT: 0,
+            NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION: 0,
+            NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS: 0,
+            NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS: 0,
+            NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: int(gpu.energy_mj),
+            NVML_FI_DEV_PCIE_REPLAY_COUNTER: gpu.pcie_replays,
+            NVML_FI_DEV_REMAPPED_COR: 0,
+            NVML_FI_DEV_REMAPPED_UNC: gpu.ecc_uncorrected,
+            NVML_FI_DEV_REMAPPED_PENDING: int(gpu.remap_pending),
+            NVML_FI_DEV_REMAPPED_FAILURE: 0,
+        }
+        nvlink = {
             NVML_FI_DEV_NVLINK_LINK_COUNT: NVLINKS_PER_GPU,
             NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: self._seen_step // 10 if gpu.index == 0
             else 0,
@@ -496,10 +532,12 @@ class FakeNvml:
             NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: gpu.nvlink_rx_kib,
         }
         out = []
-        for field_id in field_ids:
-            value = fields.get(field_id)
-            ret = NVML_SUCCESS if value is not None and gpu.index % 2 == 0 else (
-                NVML_ERROR_NOT_SUPPORTED)
+        for requested in field_ids:
+            field_id = requested[0] if isinstance(requested, tuple) else requested
+            value = device.get(field_id)
+            if value is None and gpu.index % 2 == 0:
+                value = nvlink.get(field_id)
+            ret = NVML_SUCCESS if value is not None else NVML_ERROR_NOT_SUPPORTED
             out.append(SimpleNamespace(fieldId=field_id, nvmlReturn=ret, valueType=3,
                                        value=SimpleNamespace(ullVal=value or 0)))
         return out

@@ -43,12 +43,27 @@ class NoDataError(Exception):
     goes on. Defined here, beside the NVML wrapper (the lowest layer that raises it), so that the
     collectors (:mod:`laggard.collectors.base` re-exports it) and the training side catch one
     class.
+
+    Attributes:
+        absent: True (the class's value) when the hardware is not there at all: the agent
+            reports the collector absent (``laggard_collector_absent``), not failing.
     """
+
+    absent = True
 
 
 #: Backoff between init attempts after a failure: first and largest delay, in seconds.
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 300.0
+
+
+class NvmlStartError(NoDataError):
+    """NVML is installed and a driver loaded, yet it failed to start or to list the GPUs: a
+    broken GPU node, not a node without GPUs (``absent`` False), so the agent counts the
+    collector as failing. A :class:`NoDataError` still, so every caller that waits for NVML
+    (the job's GPU-state sampler) catches one class."""
+
+    absent = False
 
 
 class GpuLostError(Exception):
@@ -84,10 +99,13 @@ class NvmlLibrary:
         self._handles: list[Any] = []
         self._next_attempt = 0.0
         self._backoff = BACKOFF_FIRST_SECONDS
-        self._last_error = ""
+        self._last_error: Exception = NoDataError("")
         self._reinit_wanted = False
         self._atexit_registered = False
         self.driver_version: str | None = None
+        #: Incremented by every successful init: what a caller caches per GPU (identity,
+        #: maximum clocks) is valid while it stays the same (handles change on re-init).
+        self.generation = 0
         self.errors: Counter[str] = Counter()
         self._lost_at_init: dict[int, bool] = {}
 
@@ -97,23 +115,26 @@ class NvmlLibrary:
         """Make sure NVML is initialised; return the number of GPUs.
 
         Raises:
-            NoDataError: no NVML library or no driver on this machine, NVML failed to start, or
-                an earlier failure's backoff has not expired yet.
+            NoDataError: no NVML library or no driver on this machine (no GPU here), or the
+                backoff after such a failure has not expired yet.
+            NvmlStartError: NVML failed to start or to list the GPUs for another reason, or
+                the backoff after such a failure has not expired yet.
         """
         with self._lock:
             waiting = self._clock() < self._next_attempt
             if self._initialised and (not self._reinit_wanted or waiting):
                 return len(self._handles)  # a pending re-init waits; the other GPUs go on
             if waiting:
-                # The same text as the failure itself, so the agent logs it once, not twice.
-                raise NoDataError(self._last_error)
+                # The same class and text as the failure itself, so the agent logs it once,
+                # not twice, and reports absent or failing alike.
+                raise type(self._last_error)(str(self._last_error))
             if self._initialised:
                 self._shutdown_locked()
             self._reinit_wanted = False
             try:
                 self._init_locked()
             except NoDataError as exc:
-                self._last_error = str(exc)
+                self._last_error = exc
                 self._next_attempt = self._clock() + self._backoff
                 self._backoff = min(self._backoff * 2, BACKOFF_MAX_SECONDS)
                 raise
@@ -130,8 +151,12 @@ class NvmlLibrary:
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
-            raise NoDataError(f"nvmlInit failed: {_describe(nvml, exc)}") from None
+            absent = getattr(exc, "value", None) in (nvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+                                                     nvml.NVML_ERROR_DRIVER_NOT_LOADED)
+            error = NoDataError if absent else NvmlStartError
+            raise error(f"nvmlInit failed: {_describe(nvml, exc)}") from None
         self._initialised = True
+        self.generation += 1
         if not self._atexit_registered:
             atexit.register(self.shutdown)
             self._atexit_registered = True
@@ -142,7 +167,8 @@ class NvmlLibrary:
             self.driver_version = version.decode() if isinstance(version, bytes) else version
         except nvml.NVMLError as exc:
             self._shutdown_locked()
-            raise NoDataError(f"NVML device enumeration failed: {_describe(nvml, exc)}") from None
+            raise NvmlStartError(
+                f"NVML device enumeration failed: {_describe(nvml, exc)}") from None
 
     def _handle_or_none(self, index: int) -> Any:
         # One lost or hidden GPU (NO_PERMISSION in a container) must not cost the others.

@@ -88,3 +88,36 @@ def test_a_bad_collector_flag_names_itself() -> None:
         AgentConfig(collector_flags={"collector.nvml.fake-gpus-scenario": "nope"})
     with pytest.raises(ValueError, match="collector.nope.flag"):
         AgentConfig(collector_flags={"collector.nope.flag": 1})
+
+
+def test_each_collector_has_its_own_interval_else_the_agents() -> None:
+    config = daemon.config_from_args(_parser().parse_args(
+        ["--collector.nvml.interval", "0.1", "--collector.interval", "2"]))
+    assert daemon.collector_interval(config, "nvml") == 0.1
+    assert daemon.collector_interval(config, "netdev") == 2.0  # no interval of its own given
+    assert daemon.collector_interval(daemon.config_from_args(_parser().parse_args([])),
+                                     "host") == 1.0
+    for name, spec in registry.collectors().items():
+        assert spec.interval_flag.name == f"collector.{name}.interval"
+    with pytest.raises(SystemExit):  # argparse: out of range, exit status 2
+        _parser().parse_args(["--collector.xid.interval", "0.01"])
+    with pytest.raises(ValueError, match="--collector.host.interval 9999"):
+        AgentConfig(collector_flags={"collector.host.interval": 9999.0})
+
+
+def test_the_agent_samples_each_collector_at_its_own_interval() -> None:
+    config = daemon.config_from_args(_parser().parse_args(
+        ["--collector.nvml.fake-gpus", "1", "--collector.nvml.interval", "0.1",
+         "--intake.socket", "", "--web.listen-address", "127.0.0.1:0"]))
+    agent = daemon.Agent(config)  # built, not started: no thread runs
+    try:
+        intervals = {t.collector.name: t.interval for t in agent.threads}
+        assert intervals["nvml"] == 0.1 and intervals["host"] == 1.0
+    finally:
+        agent.server.server_close()
+
+
+def test_the_all_fields_switch_takes_no_value() -> None:
+    args = _parser().parse_args(["--collector.nvml.all-fields"])
+    assert daemon.config_from_args(args).flag(nvml.ALL_FIELDS) is True
+    assert daemon.config_from_args(_parser().parse_args([])).flag(nvml.ALL_FIELDS) is False

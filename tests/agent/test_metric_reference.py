@@ -55,6 +55,7 @@ def _exported(agent_factory, tmp_path, *flags: str) -> tuple[dict[str, str], set
     kmsg.write_text("")
     agent = agent_factory(
         "--collector.interval", "0.2", "--collector.nvml.fake-gpus", "2",
+        "--collector.nvml.all-fields",  # the opt-in GPU families are documented too
         "--path.sysfs", str(FIXTURES / "infiniband" / "sys"), "--path.kmsg", str(kmsg),
         "--collector.nccl_inspector.dir", str(tmp_path),
         "--collector.flight_recorder.path", str(tmp_path),

@@ -3,6 +3,7 @@ on this machine), and against the real pynvml where no driver exists."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from types import SimpleNamespace
@@ -17,9 +18,16 @@ from laggard.nvml.fake import FakeNvml
 from laggard.nvml.library import NvmlLibrary, normalise_bus_id
 
 
-def collector_for(fake: FakeNvml) -> tuple[NvmlCollector, FindingLog]:
+def stepping_clock(seconds: float = 1.0):  # noqa: ANN201 - a clock
+    """A clock that moves ``seconds`` on every reading: each collect() is one full round."""
+    ticks = itertools.count()
+    return lambda: next(ticks) * seconds
+
+
+def collector_for(fake: FakeNvml, **options: object) -> tuple[NvmlCollector, FindingLog]:
     findings = FindingLog()
-    return NvmlCollector(NvmlLibrary(fake), findings=findings, node="node01"), findings
+    return NvmlCollector(NvmlLibrary(fake), findings=findings, node="node01",
+                         clock=stepping_clock(), **options), findings  # type: ignore[arg-type]
 
 
 
@@ -59,20 +67,22 @@ def test_units_are_converted_at_the_edge(expose, value) -> None:
                  ) == round(0.93 * 3_000_000) * 1024
 
 
-def test_clock_event_reasons_expand_the_bitmask(expose) -> None:
+@pytest.mark.parametrize("all_fields", [False, True])
+def test_clock_event_reasons_expand_the_bitmask(expose, all_fields: bool) -> None:
     fake = FakeNvml(3)
-    collector, _ = collector_for(fake)
+    collector, _ = collector_for(fake, all_fields=all_fields)
     fake.advance(31)  # GPU 1 thermal episode; GPU 2 idle
     text = expose(collector)
     active = {(m.group(1), m.group(2)) for m in re.finditer(
         r'laggard_gpu_clock_event_active\{gpu="(\d)",reason="(\w+)"\} 1\.0', text)}
     assert active == {("1", "sw_thermal"), ("1", "hw_thermal"), ("2", "gpu_idle")}
-    assert text.count("laggard_gpu_clock_event_active{") == 3 * 9
+    # by default a reason has a series only while active (the budget); all fields: 0 or 1 each
+    assert text.count("laggard_gpu_clock_event_active{") == (3 * 9 if all_fields else 3)
 
 
 def test_unsupported_fields_are_left_out_not_zero(expose) -> None:
     fake = FakeNvml(2)
-    collector, _ = collector_for(fake)
+    collector, _ = collector_for(fake, all_fields=True)
     text = expose(collector)
     assert 'reason="reliability"' not in text  # NotSupported violation counter
     assert 'laggard_gpu_nvlink_links{gpu="0"} 18.0' in text
@@ -176,7 +186,8 @@ def test_bus_id_normalisation() -> None:
 
 
 def test_agent_with_fake_gpus_serves_every_family(agent_factory, promtool) -> None:
-    agent = agent_factory("--collector.nvml.fake-gpus", "2", "--collector.interval", "0.1")
+    agent = agent_factory("--collector.nvml.fake-gpus", "2", "--collector.interval", "0.1",
+                          "--collector.nvml.all-fields")
     text = scrape_until(agent, 'laggard_collector_success{collector="xid"}')
     text = scrape_until(agent, 'laggard_collector_success{collector="nvml"}')
     families = {"laggard_gpu_info", "laggard_gpu_sm_clock_hertz", "laggard_gpu_memory_clock_hertz",
@@ -204,7 +215,10 @@ def test_agent_without_gpu_runs_with_nvml_success_zero_and_no_traceback(agent_fa
     if 'laggard_collector_success{collector="nvml"} 1.0' in text:
         pytest.skip("this machine has a working NVIDIA driver")
     assert 'laggard_collector_success{collector="nvml"} 0.0' in text
+    # no GPU here: absent, not failing (LaggardCollectorFailing leaves it alone)
+    assert 'laggard_collector_absent{collector="nvml"} 1.0' in text
     assert 'laggard_collector_success{collector="host"} 1.0' in text
+    assert 'laggard_collector_absent{collector="host"} 0.0' in text
     code, output = stop_agent(agent)
     assert code == 0
     assert "Traceback" not in output
@@ -237,7 +251,7 @@ def test_lost_gpu_triggers_reinit_with_backoff() -> None:
     now = [0.0]
     fake = CountingNvml(2)
     library = NvmlLibrary(fake, clock=lambda: now[0])
-    collector = NvmlCollector(library)
+    collector = NvmlCollector(library, clock=lambda: now[0])
     fake.advance(50)  # GPU 1 lost
     list(collector.collect())
     assert CountingNvml.inits == 1
@@ -287,8 +301,8 @@ def test_throttle_scenario_holds_one_gpu_and_steady_holds_none(expose, value) ->
     assert active("1", "sw_thermal") == 1
     assert value(text, 'laggard_gpu_sm_clock_hertz{gpu="1"}') == 1410e6
     assert value(text, 'laggard_gpu_temperature_celsius{gpu="1"}') == 88
-    for gpu in ("0", "2", "3"):
-        assert active(gpu, "sw_thermal") == 0 and active(gpu, "gpu_idle") == 0
+    for gpu in ("0", "2", "3"):  # no series for a reason not active (the series budget)
+        assert active(gpu, "sw_thermal") is None and active(gpu, "gpu_idle") is None
     steady = FakeNvml(4, scenario="steady")
     steady.advance(55)  # past every event of the default story: nothing lost, nothing raised
     text = expose(collector_for(steady)[0])
@@ -303,3 +317,107 @@ def test_bad_scenarios_are_refused(spec: str) -> None:
         FakeNvml(2, scenario=spec)
     with pytest.raises(ValueError):
         FakeNvml(2, scenario="throttle:2")  # only GPUs 0 and 1
+
+
+class ScriptedNvml(FakeNvml):
+    """The fake NVML with each GPU's SM clock (MHz) and clock-event bitmask set by the test."""
+
+    def __init__(self, gpus: int) -> None:
+        super().__init__(gpus, scenario="steady")
+        self.sm = [1980] * gpus
+        self.mask = [0] * gpus
+        self.fast_calls: list[str] = []
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):  # noqa: N802
+        if clock == self.NVML_CLOCK_SM:
+            self.fast_calls.append("clock")
+            self._gpu(handle)
+            return self.sm[handle.index]
+        return super().nvmlDeviceGetClockInfo(handle, clock)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):  # noqa: N802
+        self.fast_calls.append("reasons")
+        self._gpu(handle)
+        return self.mask[handle.index]
+
+
+def test_sub_second_state_reaches_the_scrape_as_what_happened(expose, value) -> None:
+    """At a 0.1 s interval: a 0.2 s dip to 900 MHz under hw_slowdown between two full rounds
+    shows as the window's minimum and 0.2 s of reason time, though neither sample the next
+    full round reads is throttled; the families are built once a second."""
+    fake = ScriptedNvml(2)
+    now = [0.0]
+    collector = NvmlCollector(NvmlLibrary(fake), clock=lambda: now[0], interval=0.1)
+    first = collector.collect()  # a full round at t = 0
+    returned = []
+    for tick in range(1, 10):  # t = 0.1 .. 0.9: fast rounds only
+        now[0] = tick * 0.1
+        throttled = tick in (4, 5)
+        fake.sm[1], fake.mask[1] = (900, fake.nvmlClocksEventReasonHwSlowdown) if throttled else (
+            1980, 0)
+        fake.fast_calls.clear()
+        returned.append(collector.collect())
+        assert fake.fast_calls == ["clock", "reasons"] * 2  # two NVML calls per GPU
+    assert all(r is first for r in returned)  # no family built between full rounds
+    now[0] = 1.0
+    text = expose(collector)  # the full round at t = 1.0
+    assert value(text, 'laggard_gpu_sm_clock_hertz{gpu="1"}') == 1980e6
+    assert value(text, 'laggard_gpu_sm_clock_min_hertz{gpu="1"}') == 900e6
+    assert value(text, 'laggard_gpu_sm_clock_min_hertz{gpu="0"}') == 1980e6
+    assert value(text, 'laggard_gpu_clock_event_seconds_total{gpu="1",reason="hw_slowdown"}'
+                 ) == pytest.approx(0.2)
+    assert value(text, 'laggard_gpu_clock_event_active{gpu="1",reason="hw_slowdown"}') is None
+    assert 'gpu="0",reason=' not in text  # GPU 0 never held down: no reason series at all
+
+
+def test_a_scrape_after_the_window_no_longer_shows_the_dip(expose, value) -> None:
+    fake = ScriptedNvml(1)
+    now = [0.0]
+    collector = NvmlCollector(NvmlLibrary(fake), clock=lambda: now[0], interval=0.5,
+                              clock_window=2.0)
+    fake.sm[0] = 1000
+    collector.collect()
+    fake.sm[0] = 1980
+    for tick in range(1, 7):  # full rounds at 1, 2 and 3 s (the dip at 0 s left at 2 s)
+        now[0] = tick * 0.5
+        text = expose(collector)
+    assert value(text, 'laggard_gpu_sm_clock_min_hertz{gpu="0"}') == 1980e6
+
+
+def per_gpu_series(text: str, gpus: int) -> list[int]:
+    counts = [0] * gpus
+    for m in re.finditer(r'^laggard_gpu_\w+\{[^}]*gpu="(\d+)"', text, re.M):
+        counts[int(m.group(1))] += 1
+    return counts
+
+
+@pytest.mark.parametrize("step", [12, 31, 45])
+def test_the_default_series_budget_per_gpu(expose, step: int) -> None:
+    """dcgm-exporter's default is 26 fields per GPU: every GPU of the fake story stays within
+    it (a power cap, a thermal episode on two reasons, NVLink errors, an idle GPU, XID
+    counters); --collector.nvml.all-fields exports the rest."""
+    fake = FakeNvml(8)
+    collector, _ = collector_for(fake)
+    all_fields, _ = collector_for(fake, all_fields=True)
+    for _ in range(step):
+        fake.advance()
+        collector.collect()
+        all_fields.collect()
+    counts = per_gpu_series(expose(collector), 8)
+    assert max(counts) <= 26, counts
+    assert min(per_gpu_series(expose(all_fields), 8)) > 30
+
+
+def test_a_broken_nvml_is_failing_not_absent() -> None:
+    class BrokenNvml(FakeNvml):
+        def nvmlInit(self) -> None:  # noqa: N802 - a driver that is there and answers badly
+            raise self.NVMLError(self.NVML_ERROR_UNKNOWN)
+
+    from laggard.agent.sampler import CollectorThread
+
+    thread = CollectorThread(NvmlCollector(NvmlLibrary(BrokenNvml(1))), 1.0)
+    sample = thread.collect_once()
+    assert not sample.success and not sample.absent and sample.failures == 1
+    absent = CollectorThread(NvmlCollector(NvmlLibrary(FakeNvml(1, driver="no_driver"))), 1.0)
+    sample = absent.collect_once()
+    assert not sample.success and sample.absent and sample.failures == 0

@@ -305,3 +305,34 @@ def test_agent_counts_appended_lines_within_two_seconds(tmp_path, agent_factory,
             seen = value(agent.scrape(), SERIES)
             time.sleep(0.05)
         assert seen == expected
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/dev/kmsg", os.W_OK),
+                    reason="injecting a kernel-log record needs root and a writable /dev/kmsg")
+def test_a_kmsg_record_wakes_the_collector_at_once(expose, value) -> None:
+    """The kernel log on its events: a record written to /dev/kmsg ends the collector's wait
+    for data, and a round then counts it (the sampler runs that round at once, whatever the
+    interval: tests/agent/test_sampler.py)."""
+    collector = XidCollector(kernel_log=KernelLogSource("/dev/kmsg"), library=None)
+    before = value(expose(collector), KMSG_SERIES) or 0.0  # the history, and the device opened
+    for _ in range(100):  # other processes' records: read them first (bounded)
+        if not collector.wait_for_data(0.05):
+            break
+        expose(collector)
+    with open("/dev/kmsg", "w") as kmsg:
+        kmsg.write("NVRM: Xid (PCI:0000:ed:00): 31, pid=1, name=laggard-test, MMU Fault "
+                   "(wait test)\n")
+    assert collector.wait_for_data(budget(5.0))
+    assert value(expose(collector), KMSG_SERIES) == before + 1
+
+
+def test_a_queued_nvml_event_ends_the_wait_and_a_file_log_waits_its_time(tmp_path) -> None:
+    log = tmp_path / "syslog"
+    log.write_text("")
+    collector = XidCollector(kernel_log=KernelLogSource(str(log)), library=None)
+    list(collector.collect())
+    start = time.monotonic()
+    assert not collector.wait_for_data(0.2)  # a file: nothing to wait on but the time
+    assert time.monotonic() - start >= 0.2
+    collector._events.put((0, 13, time.time()))
+    assert collector.wait_for_data(5.0)
