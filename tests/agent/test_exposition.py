@@ -1,4 +1,4 @@
-"""The agent's text writer is prometheus_client's ``generate_latest``, byte for byte, and the
+"""The agent's text writer is prometheus_client's ``generate_latest`` (same bytes), and the
 collectors' families are rendered once per round, not per scrape."""
 
 from __future__ import annotations
