@@ -63,6 +63,8 @@ def read_agent(base: str, timeout: float) -> tuple[list[Sample], list[Any]]:
         AgentUnreadable: a request failed, or ``/findings`` is not a JSON list.
     """
     base = base.rstrip("/")
+    for path in ("/metrics", "/findings"):  # the agent's page given for its address
+        base = base.removesuffix(path)
     metrics = _get(f"{base}/metrics", timeout).decode("utf-8", errors="replace")
     try:
         findings = json.loads(_get(f"{base}/findings", timeout))
@@ -114,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
             value = getattr(args, flag[2:].replace("-", "_"))
             if not 0 <= value < math.inf:
                 raise ValueError(f"{flag} must be >= 0 and finite, not {value}")
+        if not 0 < args.timeout < math.inf:
+            raise ValueError(f"--timeout must be > 0 and finite, not {args.timeout}")
         rules = rules_of(args)
     except ValueError as exc:
         verdict = Verdict(UNKNOWN, message=f"bad flag: {exc}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import NoReturn
 
 #: The agent's default web address (``laggard agent --web.listen-address``: 127.0.0.1:9477).
 DEFAULT_AGENT_URL = "http://127.0.0.1:9477"
@@ -27,8 +28,23 @@ THRESHOLDS = (
 )
 
 
+class _UnknownOnBadFlag:
+    """A parser's ``error``: the ``UNKNOWN: bad flag: ...`` line on stdout first (what
+    node-problem-detector shows as the condition's message), then argparse's own usage and
+    message on stderr and exit 2 (unknown)."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self._error = parser.error
+
+    def __call__(self, message: str) -> NoReturn:
+        print(f"UNKNOWN: bad flag: {message}"[:200], flush=True)
+        self._error(message)
+        raise SystemExit(2)  # argparse's error exits; never reached
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the flags of ``laggard healthcheck``."""
+    parser.error = _UnknownOnBadFlag(parser)  # type: ignore[method-assign]
     parser.epilog = (
         "exit status (node-problem-detector's custom plugin protocol): 0 healthy, 1 a problem, "
         "2 unknown (the agent cannot be read: never taken as healthy). One line on stdout.")

@@ -134,8 +134,19 @@ def serve(remediator: Remediator, host: str, port: int,
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted; returns the exit status (2 on a bad address)."""
+    """Serve until interrupted; returns the exit status (2 on a bad flag or address)."""
     _setup_audit_log(args.audit_log)
+    if args.max_nodes_per_hour < 1:
+        print(f"laggard remediate: --max-nodes-per-hour must be >= 1, not "
+              f"{args.max_nodes_per_hour}", file=sys.stderr)
+        return 2
+    if not 0 < args.max_job_percent <= 100:
+        print(f"laggard remediate: --max-job-percent must be in (0, 100], not "
+              f"{args.max_job_percent:g}", file=sys.stderr)
+        return 2
+    if args.action == "exclude-file" and not args.exclude_file:
+        print("laggard remediate: --action exclude-file needs --exclude-file", file=sys.stderr)
+        return 2
     host, _, port_text = args.listen_address.rpartition(":")
     try:
         port = int(port_text)
@@ -164,6 +175,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"laggard remediate: --web.listen-address {args.listen_address}: {exc}",
               file=sys.stderr)
         return 2
+    if args.prometheus_url is None and args.max_job_percent < 100:
+        # without Prometheus neither a run's nodes nor an alert's rank can be looked up
+        print("laggard remediate: warning: no --prometheus-url: the job-share guard cannot "
+              "count a run's nodes, so every decision is skipped (give --prometheus-url, or "
+              "--max-job-percent 100 to go without the guard)", file=sys.stderr, flush=True)
     bound_host, bound_port = server.server_address[:2]
     print(f"laggard remediate: listening on http://{bound_host!s}:{bound_port}/alerts "
           f"({args.action}, {'ACTING' if args.act else 'dry run'})", flush=True)

@@ -190,7 +190,8 @@ class Remediator:
                     return (f"job share: laggard holds {held} of run {run}'s {len(nodes)} "
                             f"node(s) (--max-job-percent {self.config.max_job_percent:g})")
         except LocateError as exc:
-            return f"cannot check the job share (--max-job-percent 100 to skip it): {exc}"
+            return (f"cannot count the run's nodes for the job share (--max-job-percent 100 "
+                    f"to go without it): {exc}")
         return None
 
     def _resolve(self, alert: Alert, action: AlertAction) -> list[Decision]:

@@ -163,7 +163,8 @@ def _hardware(samples: Sequence[Sample], findings: Sequence[Mapping[str, Any]], 
         if not isinstance(evidence, dict):
             evidence = {}
         subject = _gpu_subject({"gpu": doc.get("gpu"), "pci_bus_id": evidence.get("pci_bus_id")})
-        out.append(Problem("xid", f"{evidence.get('xid', '?')}:{subject}",
+        # ``<xid>/<gpu>``: the subject laggard remediate writes for LaggardGpuXidCritical
+        out.append(Problem("xid", f"{evidence.get('xid', '?')}/{subject}",
                            f"critical Xid {evidence.get('xid', '?')} on {subject} "
                            f"({evidence.get('action', 'see the catalog')})"))
     memory = {"laggard_gpu_row_remap_failure": ("row_remap_failure", "row remap failed"),

@@ -132,7 +132,7 @@ def test_the_default_fake_gpu_story_lost_gpu_dbe_and_pending_remap_read_from_nvm
                 if line.startswith("problem ")]
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout == "PROBLEM: GPU 1 lost (+3 more)\n"
-    assert problems == ["problem gpu_lost gpu1", "problem xid 48:gpu0",
+    assert problems == ["problem gpu_lost gpu1", "problem xid 48/gpu0",
                         "problem row_remap_pending gpu0", "problem ecc_uncorrected gpu0"]
 
 

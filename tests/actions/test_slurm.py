@@ -36,7 +36,7 @@ def test_the_reason_is_one_structured_token() -> None:
     assert drain_reason("gpu_lost", "0000:91:00") == "laggard:gpu_lost:0000:91:00"
     assert drain_reason("xid", "48 on\tgpu 0\n") == "laggard:xid:48_on_gpu_0"
     assert len(drain_reason("straggler", "r" * 500)) == 128
-    assert is_laggard_reason("laggard:xid:48:gpu0")
+    assert is_laggard_reason("laggard:xid:48/gpu0")
     assert not is_laggard_reason("someone: fan") and not is_laggard_reason(None)
 
 
@@ -93,7 +93,7 @@ def test_a_real_node_is_drained_once_left_alone_when_not_ours_and_resumed_when_o
     slurm = Slurm(act=True, env=env, source="test")
     assert slurm.drain(node, reason, why="GPU 1 lost").outcome == "acted"
     assert _reasons(slurm_cluster) == [reason]
-    again = slurm.drain(node, drain_reason("xid", "48:gpu0"), why="Xid 48")
+    again = slurm.drain(node, drain_reason("xid", "48/gpu0"), why="Xid 48")
     assert (again.outcome, again.detail) == ("skipped", f"already drained by laggard ({reason})")
     assert _reasons(slurm_cluster) == [reason]
 

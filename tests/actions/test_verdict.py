@@ -57,7 +57,7 @@ def test_only_a_recent_critical_xid_that_holds_is_a_problem() -> None:
     old = finding("xid", "xid", "critical", gpu=1, last=NOW - 7200, evidence={"xid": 94})
     warning = finding("xid", "xid", "warning", gpu=2, evidence={"xid": 13})
     verdict = judge([AGENT], [critical, old, warning], Rules(), NOW)
-    assert kinds(verdict) == [("xid", "48:gpu0")]
+    assert kinds(verdict) == [("xid", "48/gpu0")]
     assert verdict.message == "critical Xid 48 on gpu0 (reset_gpu)"
     assert judge([AGENT], [critical], Rules(xid_max_age_seconds=60), NOW).status == OK
 
