@@ -294,9 +294,12 @@ def test_demo_training_job_straggler_named_by_prometheus(
     cross-node recording rules must both name rank 1, and the per-rank dashboards have data.
     """
     pytest.importorskip("torch")
+    # 120 steps: rank 0 analyses each window on a thread of its own, at most one window late;
+    # at a load of 15-20 a 60-step job once ended before any straggler score had been scraped
+    # (the score panel is the one that only rank 0's window reports feed).
     launcher = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
-         "-m", "laggard.demo.worker", "--steps", "60", "--window", "5",
+         "-m", "laggard.demo.worker", "--steps", "120", "--window", "5",
          "--slow-rank", "1", "--slowdown", "2.0", "--slow-from", "0",
          "--intake-address", f"127.0.0.1:{agent.intake_port}",
          "--result", str(tmp_path / "result.json")],
