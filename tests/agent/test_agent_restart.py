@@ -86,8 +86,9 @@ def test_a_restarted_agent_has_the_straggler_back_within_a_window_and_the_end_en
         assert wait_for(back, timeout=30), (job.poll(), seen[-3:])
         steps = seen[-1][2]
         # back with the first window report the new agent received: it had seen at most a
-        # window of rank 0's steps before it (one more for the scrape's lag)
-        assert steps is not None and steps <= 2 * WINDOW, seen[-1]
+        # window of rank 0's steps before it, one more because rank 0 analyses (and reports) a
+        # window on its own thread, at most a window late (issue 31), one for the scrape's lag
+        assert steps is not None and steps <= 3 * WINDOW, seen[-1]
         [held] = [f for f in seen[-1][1] if "cleared_at" not in f]
         assert held["count"] == 0 and held["kind"] == "compute"  # taken up, not raised again
         active_before = seen[-1][0]
