@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from laggard.detectors.finding import Finding
 from laggard.detectors.peer_groups import PeerGroups
+from laggard.detectors.blame import BLAME_COLUMNS
 from laggard.detectors.window import STEP_COLUMNS, WindowLayout, WindowRecord
 from laggard.integrations import device_discovery
 from laggard.integrations.agent_reports import AgentReports
@@ -267,7 +268,7 @@ class TrainingMonitor:
         if self._gather is not None:  # only an inline participant needs every rank's record
             self._gather.everywhere = bool(self._inline)
         self.layout = WindowLayout(
-            STEP_COLUMNS + tuple(c for p in self.participants for c in p.columns))
+            STEP_COLUMNS + BLAME_COLUMNS + tuple(c for p in self.participants for c in p.columns))
         self._trace = self.participant("trace")
         self._start_heartbeat(dist_mod)
 

@@ -213,7 +213,11 @@ class StragglerParticipant(WindowParticipant):
         self.detector: Any = None
         self.grouped: Any = None
         self.device_windows_skipped = 0
+        self.blame: Any = None
+        self.nodes: Any = None
+        self._hidden_job: set[str] = set()  # peer groups whose job_slowdown raise was held back
         self._causes: Any = None
+        self._labels: dict[int, int] = {}  # global rank -> peer group index (blame)
 
     @property
     def detectors(self) -> dict[str, Any]:
@@ -249,6 +253,14 @@ class StragglerParticipant(WindowParticipant):
                 self.config = dataclasses.replace(config, compute_hint=CPU_COMPUTE_HINT)
 
         self._causes = _cause_attribution(context)
+        from laggard.detectors.blame_detector import BlameDetector
+
+        from laggard.detectors.node_verdict import NodeVerdict
+
+        self.blame = BlameDetector()
+        self.nodes = NodeVerdict()
+        if groups is not None and not groups.is_all:
+            self._labels = {rank: groups.group_of(rank) for rank in range(groups.world_size)}
         if groups is None or groups.is_all:
             self.detector = StragglerDetector(self.config)
             min_ranks = self.detector.config.min_ranks
@@ -298,12 +310,85 @@ class StragglerParticipant(WindowParticipant):
                 from laggard.detectors.causes import PARTIAL_NOTES_MESSAGE
 
                 self.context.log_once("partial-work-notes", PARTIAL_NOTES_MESSAGE)
+        found += self._blame(record, scores)
+        found = self._whole_node_or_job(record, found)
         findings = [with_gpu_cause(f, record) for f in found]
         return WindowOutcome(
             findings=findings,
             scores={int(r): float(v) for r, v in scores.items()},
             detector_stats={k: int(v) for k, v in stats.items()},
         )
+
+    def _median_active(self) -> set[int]:
+        """Ranks the median detector(s) hold a finding for."""
+        return set(self._named())
+
+    def _named(self) -> dict[int, Finding]:
+        """Global rank -> its active rank finding, either detector's."""
+        detectors = [self.detector] if self.detector is not None else \
+            list(self.detectors.values())
+        named = {int(r): f for d in detectors for r, f in getattr(d, "active", {}).items()}
+        if self.blame is not None:
+            named.update({r: f for r, f in self.blame.active.items() if r not in named})
+        return named
+
+    def _whole_node_or_job(self, record: WindowRecord, found: list[Finding]) -> list[Finding]:
+        """A node whose ranks are all named gets one finding of its own
+        (:class:`~laggard.detectors.node_verdict.NodeVerdict`); a whole-job slowdown is not
+        raised while ranks are named (it is their cost, not the job's), and the clear of a
+        raise held back is dropped with it. Never raises (errors counted)."""
+        try:
+            named = self._named()
+            out: list[Finding] = []
+            for finding in found:
+                if finding.kind != "job_slowdown":
+                    out.append(finding)
+                    continue
+                group = str(finding.evidence.get("peer_group", "all"))
+                if finding.cleared and group in self._hidden_job:
+                    self._hidden_job.discard(group)
+                elif not finding.cleared and named:
+                    self._hidden_job.add(group)
+                    if self.context is not None:
+                        self.context.log_once(
+                            "job-slowdown-held", "laggard: a whole-job slowdown was not "
+                            "reported while ranks %s are named: their cost, not the job's",
+                            sorted(named))
+                else:
+                    out.append(finding)
+            if self.nodes is not None:
+                out += self.nodes.update(record, named)
+            return out
+        except Exception as exc:  # noqa: BLE001 - the findings go out as they were
+            if self.context is not None:
+                self.context.count_error("node_verdict", exc)
+            return found
+
+    def _blame(self, record: WindowRecord, scores: Mapping[int, float]) -> list[Finding]:
+        """The blame detector's findings (:mod:`laggard.detectors.blame_detector`): a rank
+        the others waited for on some steps, whatever the shape. A rank the median detector
+        names, or whose straggler score (its median excess) is over that detector's
+        ``min_slowdown``, is left to it: it names the cause (compute, data, GC, more work),
+        which the waits cannot. Never raises (errors counted)."""
+        if self.blame is None:
+            return []
+        try:
+            import numpy as np
+
+            labels = None
+            if self._labels:
+                labels = np.array([self._labels.get(int(r), -1) for r in record.ranks])
+            floor = getattr(self.config, "min_slowdown", None)
+            if floor is None:
+                from laggard.detectors.straggler import StragglerDetector
+
+                floor = StragglerDetector.Config().min_slowdown
+            exclude = self._median_active() | {int(r) for r, v in scores.items() if v >= floor}
+            return list(self.blame.update(record, labels, exclude=exclude))
+        except Exception as exc:  # noqa: BLE001 - the median detector's findings still go out
+            if self.context is not None:
+                self.context.count_error("blame", exc)
+            return []
 
     def _peers_of(self, rank: int) -> tuple[int, ...]:
         """The ranks ``rank`` is compared with (its peer group; every rank without groups)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from laggard.detectors.blame import window_blame
 from laggard.detectors.stats import nanmedian
 from laggard.detectors.window import STEP_COLUMN_NAMES, STEP_COLUMNS, summarize_window
 from laggard.integrations.phases import StepTimes
@@ -93,8 +94,14 @@ class StepTable:
         return nanmedian(self.values[STEP_ROWS["step_seconds"], :count])
 
     def summary(self) -> dict[str, float]:
-        """The window value of each step column (:func:`summarize_window`)."""
-        return summarize_window(self.values)
+        """The window value of each step column (:func:`summarize_window`) and the window's
+        blame sums (:data:`laggard.detectors.blame.BLAME_COLUMNS`: the exposed collective and
+        P2P waits, the step times)."""
+        values = self.values
+        out = summarize_window(values)
+        wait = values[STEP_ROWS["collective_wait_seconds"]] + values[STEP_ROWS["p2p_wait_seconds"]]
+        out.update(window_blame(wait, values[STEP_ROWS["step_seconds"]]))
+        return out
 
 
 __all__ = ["STEP_ROWS", "WORK_NOTES", "StepTable"]

@@ -1,0 +1,359 @@
+"""Names whoever costs a synchronous job time, whatever the shape: steady, stalls, bursts.
+
+Input per window: each rank's blame sums (:mod:`laggard.detectors.blame`). Each rank's
+*deficit* ``d = loo_median(wait_sum) - wait_sum[r]`` (seconds: how much longer the other ranks
+of its peer group waited than it did) is the job's time lost to it in that window; a victim's is
+negative. The window's noise is the robust sigma of the group's deficits (the MAD: the few ranks
+that are blamed do not move it), pooled over recent windows.
+
+The test is sequential over a window-limited span (a window-limited generalised likelihood
+ratio, Lai, "Information bounds and quick detection of parameter changes in stochastic
+systems", IEEE Trans. Inf. Theory 44, 1998): after each window, for every span of the last
+L = 2..``span_windows`` windows it asks whether the rank's summed deficit is
+
+* at least ``min_share`` of the job's time over the span (what is worth naming),
+* beyond the noise: ``z`` pooled sigmas of a span of L windows (``z`` from the false-alarm
+  budget, Bonferroni over ranks and spans),
+* made of at least ``min_events`` windows each beyond ``event_sigmas`` sigmas (one pause,
+  however long, is not a pattern: a one-off checkpoint of rank 0 or a single gen-2 collection
+  is not named).
+
+A sum over a span, not a per-window statistic clipped to a fraction of the interval, is what
+names a rank stalling 1 step in 40: its windows alternate between large and zero deficits and
+the sum carries the stalls through the quiet windows. A finding clears when the rank's share
+over the last ``span_windows`` windows falls under ``clear_share`` (half of ``min_share``): a
+stall that recurs within the span keeps its finding, so periodic stalls do not flap.
+
+The shape is read from the victims' side: a *spike* is a step on which a rank waited a tenth of
+a step or more beyond its window median (:data:`laggard.detectors.blame.SPIKE_STEP_SHARE`); the
+median rank's spikes over the span are the blamed rank's stalls: few spikes carrying the loss
+is ``stalls`` (~X ms on about 1 step in N), a loss in most windows without spikes is
+``steady`` (slower on every step), a loss in a minority of windows with spikes on most of
+their steps is ``bursts``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from laggard.detectors.blame import leave_one_out_median
+from laggard.detectors.finding import Finding, Severity
+from laggard.detectors.stats import evidence_round, robust_sigma
+from laggard.detectors.straggler import lost_text, time_lost
+from laggard.detectors.window import WindowRecord
+
+__all__ = ["DETECTOR", "KIND", "BlameDetector", "RankBlame"]
+
+DETECTOR = "straggler"
+#: ``kind`` of a rank finding: the rank the others waited for.
+KIND = "waited_for"
+#: Fewest ranks of a peer group compared (a majority to compare with, as the median detector).
+MIN_RANKS = 3
+#: The columns whose leave-one-out deficits are tested, each a chart of its own: the waits of
+#: spike steps beyond each rank's window median, and the whole wait sum
+#: (:mod:`laggard.detectors.blame`). The spikes' deficit carries only the stalls (noise near 0:
+#: stalls of a few % of the job's time are named); the whole sum's carries every step's random
+#: arrival order too (on the demo's 4 ranks, clean, +-10% of a window's time per window), so
+#: it names only a large steady or bursty loss that no single step shows; a small steady
+#: slowdown is the median detector's (:mod:`laggard.detectors.straggler`).
+SIGNALS = ("wait_spike_seconds", "wait_sum_seconds")
+#: Windows of noise pooled (the median of each window's robust sigma).
+_NOISE_WINDOWS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class RankBlame:
+    """A rank's blame over its best span (what a finding reports).
+
+    Attributes:
+        share: fraction of the job's time lost to the rank over the span.
+        lost_seconds: seconds of the job lost to it over the span.
+        windows: L, the span's windows.
+        events: windows of the span in which its deficit was beyond the noise.
+        job_seconds: the job's time over the span (the median rank's step sums), seconds.
+        steps: steps in the span (the median rank's).
+        spikes: the median other rank's spike count over the span (steps it waited for a stall).
+    """
+
+    share: float
+    lost_seconds: float
+    windows: int
+    events: int
+    job_seconds: float
+    steps: float
+    spikes: float
+
+    @property
+    def shape(self) -> str:
+        """``stalls``, ``bursts`` or ``steady`` (module docstring)."""
+        if self.spikes < 0.5 * self.events and self.events >= 0.6 * self.windows:
+            return "steady"  # a loss in most windows that no step of the victims shows alone
+        if self.events < 0.6 * self.windows and self.spikes >= 3 * self.events:
+            return "bursts"  # several slow steps together, in a minority of windows
+        return "stalls" if self.spikes >= 1 else "steady"
+
+    def describe(self) -> str:
+        """``"stalls ~400 ms on about 1 step in 25"``, ``"slow in bursts: 3 of the last 10
+        windows"`` or ``"slower on every step by ~10%"``."""
+        shape = self.shape
+        if shape == "stalls":
+            every = self.steps / self.spikes
+            return (f"stalls ~{1e3 * self.lost_seconds / self.spikes:.0f} ms on about 1 step in "
+                    f"{every:.0f}")
+        if shape == "bursts":
+            return f"slow in bursts: {self.events} of the last {self.windows} windows"
+        per_step = self.job_seconds / self.steps if self.steps else math.nan
+        rest = per_step - self.lost_seconds / self.steps if self.steps else math.nan
+        pct = 100 * (self.lost_seconds / self.steps) / rest if rest and rest > 0 else math.nan
+        return f"slower on every step by ~{pct:.0f}%"
+
+
+class BlameDetector:
+    """Names every rank that costs its peer group at least ``min_share`` of the job's time.
+
+    Feed it one gathered :class:`~laggard.detectors.window.WindowRecord` per window with the
+    blame columns (:data:`laggard.detectors.blame.BLAME_COLUMNS`) and each row's peer-group
+    label; a record without them is skipped (counted).
+
+    Args:
+        config: thresholds; None for the defaults.
+
+    Attributes:
+        active: global rank -> its raised finding.
+        shares: global rank -> its share of the job's time lost over its span, latest window.
+        stats: ``windows``, ``skipped_windows`` (no blame columns or too few ranks).
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Thresholds of the blame detector."""
+
+        min_share: float = 0.04
+        """Least fraction of the job's time lost to one rank over a span that names it: a rank
+        costing the job 5% is named, the few percent that ranks of one model differ by
+        (Sinha et al., "Not All GPUs Are Created Equal", 2022) are not."""
+
+        clear_share: float = 0.02
+        """A finding clears when its rank's share over the last ``span_windows`` windows is
+        under this."""
+
+        span_windows: int = 10
+        """Longest span tested (and the clearing span): a stall recurring at most every
+        ``span_windows / min_events`` windows is carried by the sum."""
+
+        min_events: int = 2
+        """Fewest windows of a span in which the rank's deficit is beyond ``event_sigmas``."""
+
+        event_sigmas: float = 2.0
+        """How far beyond the pooled noise a window's deficit counts as an event."""
+
+        false_alarm_windows: float = 1e5
+        """Mean windows between false alarms of the whole job: ``z`` is the normal quantile
+        of ``1 / (false_alarm_windows x ranks x span_windows)`` (Bonferroni over ranks and
+        spans; the span sums are dependent, so this is conservative)."""
+
+        noise_floor_share: float = 0.005
+        """Least noise assumed, as a share of the window's time (a perfectly quiet job would
+        otherwise name a rank for microseconds)."""
+
+        def __post_init__(self) -> None:
+            if not 0 < self.clear_share < self.min_share < 1:
+                raise ValueError("need 0 < clear_share < min_share < 1")
+            if self.span_windows < 2 or self.min_events < 1 or \
+                    self.min_events > self.span_windows:
+                raise ValueError("need span_windows >= 2 and 1 <= min_events <= span_windows")
+            if self.event_sigmas <= 0 or self.false_alarm_windows <= 1:
+                raise ValueError("event_sigmas must be > 0 and false_alarm_windows > 1")
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config if config is not None else BlameDetector.Config()
+        self.active: dict[int, Finding] = {}
+        self.shares: dict[int, float] = {}
+        self.stats = {"windows": 0, "skipped_windows": 0}
+        span = self.config.span_windows
+        self._size = 0
+        # (signal, span, W) rings by global rank; NaN: absent that window
+        self._deficit = np.zeros((len(SIGNALS), span, 0))  # seconds
+        self._sigma = np.zeros((len(SIGNALS), span, 0))  # its group's pooled noise
+        self._job = np.zeros((span, 0))  # its group's time that window (median step sum)
+        self._steps = np.zeros((span, 0))  # its group's steps that window
+        self._spikes = np.zeros((span, 0))  # its group's median victim spike count
+        self._noise: dict[tuple[int, int], list[float]] = {}  # (signal, group) -> sigmas
+        self._slot = -1
+        self._windows = 0  # windows tested
+        self._raised_at: dict[int, int] = {}  # rank -> window its finding was raised in
+
+    _RINGS = ("_deficit", "_sigma", "_job", "_steps", "_spikes")
+
+    def _grow(self, size: int) -> None:
+        if size <= self._size:
+            return
+        extra = size - self._size
+        for name in self._RINGS:
+            old = getattr(self, name)
+            pad = np.full(old.shape[:-1] + (extra,), np.nan)
+            setattr(self, name, np.concatenate([old, pad], axis=-1))
+        self._size = size
+
+    def _z(self, ranks: int) -> float:
+        c = self.config
+        return NormalDist().inv_cdf(1 - 1 / (c.false_alarm_windows * max(ranks, 1) *
+                                             c.span_windows))
+
+    def update(self, record: WindowRecord, labels: np.ndarray | None = None, *,
+               exclude: set[int] | frozenset[int] = frozenset()) -> list[Finding]:
+        """Test one window.
+
+        Args:
+            record: the gathered window (rows of ``record.ranks``).
+            labels: (R,) int peer group of each row; None: one group.
+            exclude: global ranks not to raise now (another detector names them, or is about
+                to); a finding of this detector on one of them is left to clear by itself.
+
+        Returns:
+            Findings raised or cleared in this window.
+        """
+        c = self.config
+        self.stats["windows"] += 1
+        self._windows += 1
+        columns = [record.get(name) for name in SIGNALS]
+        job = record.get("step_sum_seconds")
+        ranks = np.asarray(record.ranks, dtype=np.int64)
+        if any(col is None for col in columns) or job is None or ranks.size == 0 or \
+                (ranks < 0).any():
+            self.stats["skipped_windows"] += 1
+            return []
+        labels = np.zeros(ranks.size, dtype=np.int64) if labels is None else \
+            np.asarray(labels, dtype=np.int64)
+        self._grow(int(ranks.max()) + 1)
+        self._slot = slot = (self._slot + 1) % c.span_windows
+        for name in self._RINGS:
+            getattr(self, name)[..., slot, :] = np.nan
+        spikes_col = record.get("wait_spike_count")
+        steps_col = record.get("steps_count")
+        finite = np.isfinite(job) & np.logical_and.reduce([np.isfinite(col) for col in columns])
+        compared = 0
+        for group in np.unique(labels).tolist():
+            rows = np.flatnonzero((labels == group) & finite)
+            if rows.size < MIN_RANKS:
+                continue
+            compared += 1
+            at = ranks[rows]
+            job_s = float(np.median(job[rows]))
+            self._job[slot, at] = job_s
+            self._steps[slot, at] = float(np.median(steps_col[rows])) \
+                if steps_col is not None else math.nan
+            self._spikes[slot, at] = float(np.median(spikes_col[rows])) \
+                if spikes_col is not None else 0.0
+            for signal, col in enumerate(columns):
+                deficit = leave_one_out_median(col[rows]) - col[rows]
+                noise = self._noise.setdefault((signal, group), [])
+                sigma = robust_sigma(deficit)
+                if math.isfinite(sigma):
+                    noise.append(sigma)
+                    del noise[:-_NOISE_WINDOWS]
+                self._deficit[signal, slot, at] = deficit
+                self._sigma[signal, slot, at] = max(float(np.median(noise)) if noise else 0.0,
+                                                    c.noise_floor_share * job_s)
+        if not compared:
+            self.stats["skipped_windows"] += 1
+        return self._test(record, ranks, exclude)
+
+    def _newest_first(self, ring: np.ndarray) -> np.ndarray:
+        c = self.config
+        return ring[..., [(self._slot - i) % c.span_windows for i in range(c.span_windows)], :]
+
+    def _test(self, record: WindowRecord, ranks: np.ndarray,
+              exclude: set[int] | frozenset[int]) -> list[Finding]:
+        c = self.config
+        deficit = self._newest_first(self._deficit)  # (S, span, W)
+        present = np.isfinite(deficit[0])  # (span, W)
+        job_w = np.where(present, self._newest_first(self._job), 0.0)
+        sigma = np.where(present, self._newest_first(self._sigma), 0.0)
+        d = np.where(present, deficit, 0.0)
+        # an event: beyond the noise, and at least half the least share worth naming
+        events = present & (d > np.maximum(c.event_sigmas * sigma, 0.5 * c.min_share * job_w))
+        lost = np.cumsum(d, axis=-2)  # (S, span, W): span of L = index L - 1
+        job = np.cumsum(job_w, axis=0)
+        noise = np.sqrt(np.cumsum(sigma ** 2, axis=-2))
+        count = np.cumsum(events, axis=-2)
+        seen = np.cumsum(present, axis=0)
+        steps = np.cumsum(np.nan_to_num(np.where(present, self._newest_first(self._steps), 0)),
+                          axis=0)
+        spikes = np.cumsum(np.nan_to_num(np.where(present, self._newest_first(self._spikes),
+                                                  0)), axis=0)
+        z = self._z(ranks.size)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = lost / job
+        lengths = np.arange(1, c.span_windows + 1)[:, None]
+        full = (seen == lengths) & (lengths >= 2)  # spans the rank reported in every window of
+        hit = full & (count >= c.min_events) & (share >= c.min_share) & (lost >= z * noise)
+        score = np.where(hit, share, -np.inf)  # (S, span, W)
+        found: list[Finding] = []
+        for rank in ranks.tolist():
+            span_now = int(seen[-1, rank])
+            self.shares[rank] = float(share[:, span_now - 1, rank].max()) if span_now else \
+                math.nan
+            active = self.active.get(rank)
+            if active is not None:
+                latest = float(np.nanmax(share[:, -1, rank])) if span_now else math.nan
+                if not latest >= c.clear_share and \
+                        self._windows - self._raised_at[rank] >= c.span_windows:
+                    del self.active[rank]
+                    found.append(active.clear(
+                        step=record.step, reason="recovered",
+                        message=f"rank {rank} no longer holds the job up: "
+                                f"{100 * max(latest, 0):.1f}% of its time over the last "
+                                f"{c.span_windows} windows"))
+                continue
+            if rank in exclude or not hit[:, :, rank].any():
+                continue
+            signal, best = np.unravel_index(int(np.argmax(score[:, :, rank])),
+                                            score.shape[:2])
+            blame = RankBlame(share=float(share[signal, best, rank]),
+                              lost_seconds=float(lost[signal, best, rank]),
+                              windows=int(best) + 1, events=int(count[signal, best, rank]),
+                              job_seconds=float(job[best, rank]), steps=float(steps[best, rank]),
+                              spikes=float(spikes[best, rank]))
+            finding = self._finding(record, rank, blame,
+                                    z * float(noise[signal, best, rank]), SIGNALS[signal])
+            self.active[rank] = finding
+            self._raised_at[rank] = self._windows
+            found.append(finding)
+        return found
+
+    def _finding(self, record: WindowRecord, rank: int, blame: RankBlame,
+                 noise_seconds: float, signal: str) -> Finding:
+        row = int(np.flatnonzero(np.asarray(record.ranks) == rank)[0])
+        node = record.nodes[row] if record.nodes is not None else None
+        local = int(record.local_ranks[row]) if record.local_ranks is not None else None
+        per_step = blame.lost_seconds / blame.steps if blame.steps else math.nan
+        step_s = blame.job_seconds / blame.steps if blame.steps else math.nan
+        cost = time_lost(per_step if math.isfinite(per_step) else 0.0,
+                         step_s if math.isfinite(step_s) else math.nan)
+        where = f"rank {rank}" + (f" on {node}" if node else "")
+        message = (f"{where} costs the job {100 * blame.share:.1f}% of its time over the last "
+                   f"{blame.windows} windows: {blame.describe()}; every other rank waited for it "
+                   f"at the collective ({lost_text(cost)}): check what runs beside it on its "
+                   f"host, its GPU's clock-event reasons and XIDs, and its data loader")
+        evidence: dict[str, Any] = {
+            "share": evidence_round(blame.share),
+            "lost_seconds": evidence_round(blame.lost_seconds),
+            "span_windows": blame.windows,
+            "event_windows": blame.events,
+            "shape": blame.shape,
+            "stalls": evidence_round(blame.spikes),
+            "steps": evidence_round(blame.steps),
+            "noise_seconds": evidence_round(noise_seconds),
+            "signal": signal,
+            **cost,
+        }
+        severity = Severity.CRITICAL if blame.share >= 0.25 else Severity.WARNING
+        return Finding(detector=DETECTOR, kind=KIND, severity=severity, message=message,
+                       rank=rank, node=node, local_rank=local, step=record.step,
+                       evidence=evidence)
