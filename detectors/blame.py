@@ -52,36 +52,63 @@ BLAME_COLUMNS: tuple[WindowColumn, ...] = (
     WindowColumn("wait_spike_seconds", "seconds", "sum",
                  "those steps' wait beyond the rank's window median"),
     WindowColumn("steps_count", "count", "sum", "steps with a finite step time in the window"),
+    WindowColumn("work_spike_count", "count", "sum",
+                 "steps whose work (compute + data, on the phase clock) exceeded the rank's "
+                 "window median by more than a tenth of the median step and 3 robust sigmas: "
+                 "this rank's own stalls"),
+    WindowColumn("work_spike_seconds", "seconds", "sum",
+                 "those steps' work beyond the rank's window median"),
+    WindowColumn("monitor_cpu_seconds", "seconds", "sum",
+                 "rank 0: CPU seconds of the monitor's analysis thread since the last window "
+                 "(it holds the interpreter lock the training thread needs: laggard's cost, "
+                 "held out of rank 0's blame); 0 on the other ranks"),
 )
 
 
-def window_blame(wait: np.ndarray, step: np.ndarray) -> dict[str, float]:
+def window_blame(wait: np.ndarray, step: np.ndarray,
+                 work: np.ndarray | None = None) -> dict[str, float]:
     """One rank's :data:`BLAME_COLUMNS` from its window's per-step values.
 
     Args:
         wait: (K,) float64 exposed wait of each step (collective + P2P), seconds; NaN where
             unmeasured.
         step: (K,) float64 step wall time, seconds; NaN where unmeasured.
+        work: (K,) float64 compute + data of each step on the phase clock, seconds; None or
+            NaN where unmeasured.
 
     Returns:
         Column name -> value; the sums are over the finite values (0 for none), the spike
-        figures 0 when fewer than 3 waits are finite.
+        figures 0 when fewer than 3 values are finite.
     """
-    wait = np.asarray(wait, dtype=np.float64)
-    step = np.asarray(step, dtype=np.float64)
-    waits = wait[np.isfinite(wait)]
-    steps = step[np.isfinite(step)]
-    spikes, spike_seconds = 0, 0.0
-    if waits.size >= 3 and steps.size:
-        excess = waits - np.median(waits)
-        sigma = robust_sigma(waits)
-        floor = SPIKE_STEP_SHARE * float(np.median(steps))
-        threshold = max(floor, SPIKE_SIGMAS * sigma if math.isfinite(sigma) else 0.0)
-        over = excess > threshold
-        spikes, spike_seconds = int(over.sum()), float(excess[over].sum())
+    steps = np.asarray(step, dtype=np.float64)
+    steps = steps[np.isfinite(steps)]
+    typical = float(np.median(steps)) if steps.size else math.nan
+    waits = _finite(wait)
+    wait_spikes = _spikes(waits, typical)
+    work_spikes = _spikes(_finite(work), typical)
     return {"wait_sum_seconds": float(waits.sum()), "step_sum_seconds": float(steps.sum()),
-            "wait_spike_count": float(spikes), "wait_spike_seconds": spike_seconds,
-            "steps_count": float(steps.size)}
+            "wait_spike_count": wait_spikes[0], "wait_spike_seconds": wait_spikes[1],
+            "steps_count": float(steps.size),
+            "work_spike_count": work_spikes[0], "work_spike_seconds": work_spikes[1]}
+
+
+def _finite(values: np.ndarray | None) -> np.ndarray:
+    if values is None:
+        return np.zeros(0)
+    array = np.asarray(values, dtype=np.float64)
+    return array[np.isfinite(array)]
+
+
+def _spikes(values: np.ndarray, typical_step: float) -> tuple[float, float]:
+    """(count, seconds beyond the median) of the values that are spikes (module constants)."""
+    if values.size < 3 or not math.isfinite(typical_step):
+        return 0.0, 0.0
+    excess = values - np.median(values)
+    sigma = robust_sigma(values)
+    threshold = max(SPIKE_STEP_SHARE * typical_step,
+                    SPIKE_SIGMAS * sigma if math.isfinite(sigma) else 0.0)
+    over = excess > threshold
+    return float(over.sum()), float(excess[over].sum())
 
 
 def leave_one_out_median(values: np.ndarray) -> np.ndarray:

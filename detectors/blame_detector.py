@@ -61,9 +61,25 @@ MIN_RANKS = 3
 #: arrival order too (on the demo's 4 ranks, clean, +-10% of a window's time per window), so
 #: it names only a large steady or bursty loss that no single step shows; a small steady
 #: slowdown is the median detector's (:mod:`laggard.detectors.straggler`).
-SIGNALS = ("wait_spike_seconds", "wait_sum_seconds")
+SIGNALS = ("wait_spike_seconds", "wait_sum_seconds", "work_spike_seconds")
+#: Per signal: +1 where the blamed rank's value is *lower* than the others' (it waited less),
+#: -1 where it is higher (its own work spiked: the phase clock saw the stall, :mod:`blame`).
+_DEFICIT = np.array([1.0, 1.0, -1.0])
+_WORK = 2
+#: The work chart counts only as far as the others' waits confirm it: the rank's wait
+#: deficit over the span (either wait chart) must be at least this share of its work excess.
+_CORROBORATION = 0.5
 #: Windows of noise pooled (the median of each window's robust sigma).
 _NOISE_WINDOWS = 16
+
+
+def _unblamed_rms(deficit: np.ndarray) -> float:
+    """The root mean square of a window's deficits without its largest tenth by magnitude (at
+    least one): the noise of the ranks that are not blamed, heavy tails included (a MAD is 0
+    when most ranks had no spike, and would make any stall of a loaded host a pattern)."""
+    magnitude = np.sort(np.abs(deficit))
+    kept = magnitude[:magnitude.size - max(1, math.ceil(0.1 * magnitude.size))]
+    return float(np.sqrt(np.mean(kept ** 2))) if kept.size else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +94,8 @@ class RankBlame:
         job_seconds: the job's time over the span (the median rank's step sums), seconds.
         steps: steps in the span (the median rank's).
         spikes: the median other rank's spike count over the span (steps it waited for a stall).
+        spike_seconds: the rank's deficit in the others' spike waits over the span (the
+            stalls' seconds).
     """
 
     share: float
@@ -87,6 +105,7 @@ class RankBlame:
     job_seconds: float
     steps: float
     spikes: float
+    spike_seconds: float = math.nan
 
     @property
     def shape(self) -> str:
@@ -103,7 +122,8 @@ class RankBlame:
         shape = self.shape
         if shape == "stalls":
             every = self.steps / self.spikes
-            return (f"stalls ~{1e3 * self.lost_seconds / self.spikes:.0f} ms on about 1 step in "
+            stall = self.spike_seconds if self.spike_seconds > 0 else self.lost_seconds
+            return (f"stalls ~{1e3 * stall / self.spikes:.0f} ms on about 1 step in "
                     f"{every:.0f}")
         if shape == "bursts":
             return f"slow in bursts: {self.events} of the last {self.windows} windows"
@@ -156,6 +176,11 @@ class BlameDetector:
         """Mean windows between false alarms of the whole job: ``z`` is the normal quantile
         of ``1 / (false_alarm_windows x ranks x span_windows)`` (Bonferroni over ranks and
         spans; the span sums are dependent, so this is conservative)."""
+
+        warmup_windows: int = 5
+        """Windows of a peer group's noise measured before any of its ranks is named: two or
+        three windows of a job starting up (compiling, warming caches) tell nothing of its
+        noise."""
 
         noise_floor_share: float = 0.005
         """Least noise assumed, as a share of the window's time (a perfectly quiet job would
@@ -221,10 +246,9 @@ class BlameDetector:
         c = self.config
         self.stats["windows"] += 1
         self._windows += 1
-        columns = [record.get(name) for name in SIGNALS]
         job = record.get("step_sum_seconds")
         ranks = np.asarray(record.ranks, dtype=np.int64)
-        if any(col is None for col in columns) or job is None or ranks.size == 0 or \
+        if job is None or record.get("wait_sum_seconds") is None or ranks.size == 0 or \
                 (ranks < 0).any():
             self.stats["skipped_windows"] += 1
             return []
@@ -236,7 +260,13 @@ class BlameDetector:
             getattr(self, name)[..., slot, :] = np.nan
         spikes_col = record.get("wait_spike_count")
         steps_col = record.get("steps_count")
-        finite = np.isfinite(job) & np.logical_and.reduce([np.isfinite(col) for col in columns])
+        # a column the record lacks (an older file) is a chart with nothing to say: NaN
+        columns = [np.full(ranks.size, np.nan) if record.get(name) is None
+                   else np.asarray(record[name], dtype=np.float64) for name in SIGNALS]
+        finite = np.isfinite(job) & np.isfinite(columns[1])
+        overhead = record.get("monitor_cpu_seconds")
+        overhead = np.zeros(ranks.size) if overhead is None else \
+            np.nan_to_num(np.clip(np.asarray(overhead, dtype=np.float64), 0.0, None))
         compared = 0
         for group in np.unique(labels).tolist():
             rows = np.flatnonzero((labels == group) & finite)
@@ -250,15 +280,20 @@ class BlameDetector:
                 if steps_col is not None else math.nan
             self._spikes[slot, at] = float(np.median(spikes_col[rows])) \
                 if spikes_col is not None else 0.0
+            own = overhead[rows]
             for signal, col in enumerate(columns):
-                deficit = leave_one_out_median(col[rows]) - col[rows]
+                if not np.isfinite(col[rows]).all():
+                    continue
+                deficit = _DEFICIT[signal] * (leave_one_out_median(col[rows]) - col[rows])
+                if signal != _WORK:  # rank 0's analysis thread held it back: not its blame
+                    deficit = np.where(deficit > 0, np.maximum(deficit - own, 0.0), deficit)
                 noise = self._noise.setdefault((signal, group), [])
-                sigma = robust_sigma(deficit)
-                if math.isfinite(sigma):
-                    noise.append(sigma)
-                    del noise[:-_NOISE_WINDOWS]
+                noise.append(_unblamed_rms(deficit))
+                del noise[:-_NOISE_WINDOWS]
+                if len(noise) < c.warmup_windows:
+                    deficit = np.minimum(deficit, 0.0)  # nothing to blame while warming up
                 self._deficit[signal, slot, at] = deficit
-                self._sigma[signal, slot, at] = max(float(np.median(noise)) if noise else 0.0,
+                self._sigma[signal, slot, at] = max(math.sqrt(float(np.mean(np.square(noise)))),
                                                     c.noise_floor_share * job_s)
         if not compared:
             self.stats["skipped_windows"] += 1
@@ -272,10 +307,10 @@ class BlameDetector:
               exclude: set[int] | frozenset[int]) -> list[Finding]:
         c = self.config
         deficit = self._newest_first(self._deficit)  # (S, span, W)
-        present = np.isfinite(deficit[0])  # (span, W)
+        present = np.isfinite(deficit[1])  # (span, W): the wait sum, every record has it
         job_w = np.where(present, self._newest_first(self._job), 0.0)
-        sigma = np.where(present, self._newest_first(self._sigma), 0.0)
-        d = np.where(present, deficit, 0.0)
+        sigma = np.nan_to_num(np.where(present, self._newest_first(self._sigma), 0.0))
+        d = np.nan_to_num(np.where(present, deficit, 0.0))
         # an event: beyond the noise, and at least half the least share worth naming
         events = present & (d > np.maximum(c.event_sigmas * sigma, 0.5 * c.min_share * job_w))
         lost = np.cumsum(d, axis=-2)  # (S, span, W): span of L = index L - 1
@@ -293,6 +328,7 @@ class BlameDetector:
         lengths = np.arange(1, c.span_windows + 1)[:, None]
         full = (seen == lengths) & (lengths >= 2)  # spans the rank reported in every window of
         hit = full & (count >= c.min_events) & (share >= c.min_share) & (lost >= z * noise)
+        hit[2] &= np.maximum(lost[0], lost[1]) >= _CORROBORATION * lost[2]
         score = np.where(hit, share, -np.inf)  # (S, span, W)
         found: list[Finding] = []
         for rank in ranks.tolist():
@@ -319,7 +355,8 @@ class BlameDetector:
                               lost_seconds=float(lost[signal, best, rank]),
                               windows=int(best) + 1, events=int(count[signal, best, rank]),
                               job_seconds=float(job[best, rank]), steps=float(steps[best, rank]),
-                              spikes=float(spikes[best, rank]))
+                              spikes=float(spikes[best, rank]),
+                              spike_seconds=float(lost[0, best, rank]))
             finding = self._finding(record, rank, blame,
                                     z * float(noise[signal, best, rank]), SIGNALS[signal])
             self.active[rank] = finding

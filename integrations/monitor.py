@@ -215,6 +215,7 @@ class TrainingMonitor:
             if cfg.peer_groups is not None else PeerGroups.all(max(self.world_size, 1)))
         self.step_index = 0
         self._table = StepTable(cfg.window_steps)
+        self._analysis_cpu_sent = 0.0  # analysis CPU seconds already sent (rank 0)
         self._intervals: list[tuple[str, float, float]] = []
         #: Where the training thread is: (phase, perf_counter at entry), replaced whole by
         #: one assignment (the heartbeat thread reads it without a lock).
@@ -492,6 +493,12 @@ class TrainingMonitor:
                     self.stats.device_pending = self.device_clock.stats.steps_pending
                 except Exception as exc:  # noqa: BLE001 - the CPU clock's values go instead
                     self._internal_error("device", exc)
+            if self.rank == 0:  # the analysis thread's CPU since the last window (blame.py)
+                cpu = self.stats.analysis_cpu_seconds
+                values["monitor_cpu_seconds"] = cpu - self._analysis_cpu_sent
+                self._analysis_cpu_sent = cpu
+            else:
+                values["monitor_cpu_seconds"] = 0.0
             for participant in self.participants:
                 values.update(participant.contribute(step))
             record = self._gather.gather(step, values, self.layout)  # type: ignore[union-attr]

@@ -42,6 +42,10 @@ class MonitorStats:
             (their inline findings, e.g. integrity, are reported with the newer window's).
         analysis_seconds: wall seconds rank 0's analysis thread spent, in all (the
             participants and the report; not on the training thread).
+        analysis_cpu_seconds: CPU seconds of that thread, in all: while it runs Python it
+            holds the interpreter lock that rank 0's training thread needs, so rank 0 sends
+            its share of each window in the ``monitor_cpu_seconds`` column and the blame
+            detector holds it out of rank 0's blame (laggard's cost, not the rank's).
         bad_rows: on rank 0, gathered rows (rank, window) whose ``step_seconds`` is not a
             finite number >= 0: a rank that sent NaN or garbage; its values are left to the
             detectors, which skip them (counted at the gather, coalesced windows too).
@@ -73,6 +77,7 @@ class MonitorStats:
     windows_analysed: int = 0
     windows_coalesced: int = 0
     analysis_seconds: float = 0.0
+    analysis_cpu_seconds: float = 0.0
     bad_rows: int = 0
     save_errors: int = 0
     internal_errors: int = 0

@@ -100,7 +100,8 @@ class StepTable:
         values = self.values
         out = summarize_window(values)
         wait = values[STEP_ROWS["collective_wait_seconds"]] + values[STEP_ROWS["p2p_wait_seconds"]]
-        out.update(window_blame(wait, values[STEP_ROWS["step_seconds"]]))
+        work = values[STEP_ROWS["compute_seconds"]] + values[STEP_ROWS["data_seconds"]]
+        out.update(window_blame(wait, values[STEP_ROWS["step_seconds"]], work))
         return out
 
 

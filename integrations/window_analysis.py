@@ -160,7 +160,7 @@ class WindowAnalysis:
                     self._cond.notify_all()
                     return
                 self._busy = True
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             try:
                 with self.lock:
                     self._work(item)
@@ -168,6 +168,7 @@ class WindowAnalysis:
                 self._count_error("analysis", exc)
             finally:
                 self._stats.analysis_seconds += time.perf_counter() - start
+                self._stats.analysis_cpu_seconds += time.thread_time() - cpu
                 with self._cond:
                     self._stats.windows_analysed += 1
                     self._busy = False
