@@ -89,6 +89,7 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
             str(r): _rank_excess(report, r) for r in slow_ranks}
     report["finding_events"] = finding_events(result)
     report["nodes"] = _placement(result, args)
+    report["rank_nodes"] = list(result.get("rank_nodes") or [])  # as the windows carried them
     report["injected"].update(injected_shapes(result, args, report["finding_events"]))
     report["causes"] = cause_outcomes(report)
     return report
@@ -277,17 +278,15 @@ def node_line(report: dict[str, Any]) -> str:
 
 
 def shape_lines(report: dict[str, Any]) -> list[str]:
-    """One line per injected shape (and per steady slowdown of several ranks): what it did,
-    measured on its own steps, what was expected named and what was, and the verdict."""
+    """One line per injected shape: what it did, measured on its own steps, what was expected
+    named and what was, and the verdict."""
     from laggard.demo.injections import describe_shape, parse_injection
 
     lines = []
-    injected = report.get("injected") or {}
-    for o in injected.get("shapes") or []:
-        if o["shape"] == "steady":
-            continue  # injected_line says it, as it always has
-        what = (f"ranks {', '.join(map(str, o['ranks']))} each {injected['slowdown']:g}x slower"
-                if o["shape"] == "ranks" else describe_shape(parse_injection(o["injection"])))
+    for o in (report.get("injected") or {}).get("shapes") or []:
+        if o["shape"] in ("steady", "ranks"):
+            continue  # --slowdown: injected_line and its cause_line say it, as they always have
+        what = describe_shape(parse_injection(o["injection"]))
         measured = "; ".join(_effect_text(e) for e in o["effect"] if e and e["steps"])
         expected = (f"node {o['node']} (ranks {', '.join(map(str, o['ranks']))})" if o["node"]
                     else ("one of ranks " if o["shape"] == "moving" else "rank"

@@ -561,6 +561,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     # every rank's steps (TRACE_COLUMNS): the report measures each injection on its own steps
     result["step_trace"] = {"columns": list(TRACE_COLUMNS), "ranks": traces}
     result["nodes"] = args.nodes
+    # each rank's node as rank 0's gathered windows carry it (what the detectors see)
+    last = job.monitor.windows[-1] if job.monitor.windows else None
+    result["rank_nodes"] = list(last.nodes) if last is not None and last.nodes else []
     # --inject gc: the injected rank's collector seconds per step (its own gc.callbacks)
     result["injected_gc_seconds_per_step"] = float(injected_t[1])
     return result
