@@ -17,8 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ranks to launch on this machine, at least 3 (default: 4)")
     parser.add_argument("--steps", type=int, default=600,
                         help="training steps (default: 600)")
-    parser.add_argument("--slow-rank", type=int, default=None, metavar="R",
-                        help="rank to slow down (default: W // 2)")
+    parser.add_argument("--slow-rank", default=None, metavar="R[,R...]",
+                        help="rank to slow down, or a comma list of ranks (1,3), each slowed by "
+                             "--slowdown (default: W // 2)")
+    parser.add_argument("--nodes", type=int, default=0, metavar="N",
+                        help="place the ranks on N emulated nodes node-0..node-{N-1}, "
+                             "consecutive ranks each (TrainingMonitor.Config(node=...)); N must "
+                             "divide --world-size (default: none, the host's name)")
     parser.add_argument("--slowdown", type=float, default=None,
                         help="factor applied to the slow rank's forward+backward time; 1.0 "
                              "injects nothing (default: 1.25; 1.0 with --inject)")
@@ -96,7 +101,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "Python's GC), tokens=rank:R[,factor:F][,note:off] (rank R's "
                              "sequences F times longer, default 1.3; every rank notes its tokens "
                              "unless note:off; pp: R's whole pipeline), stage=stage:S,layers:N "
-                             "(pp: stage S holds N more blocks). Once each at most")
+                             "(pp: stage S holds N more blocks); shapes of a slowness, from "
+                             "--slow-from on: stall=rank:R,every:N,seconds:S[,mode:sleep] (rank "
+                             "R computes, or sleeps, S seconds more every N-th step), "
+                             "burst=rank:R,steps:K,every:M,factor:F (R F times slower on K "
+                             "steps of every M), node=node:NAME,factor:F (--nodes: every rank of "
+                             "node NAME F times slower), moving=every:N,factor:F[,rank:R] (one "
+                             "rank F times slower, the next one every N steps, from R, default "
+                             "1). Once each at most")
     parser.add_argument("--hang-bound", type=float, default=60.0, metavar="SECONDS",
                         help="with an injected hang: stop the job, exit status 1, when rank 0 "
                              "has not named it this many seconds after it began (default: 60)")

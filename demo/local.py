@@ -35,7 +35,15 @@ from laggard.demo.hang import (
     hang_outcome,
     read_json_lines,
 )
-from laggard.demo.injections import Injection, TokensInjection, describe, parse_injection
+from laggard.demo.injections import (
+    SHAPE_INJECTIONS,
+    Injection,
+    NodePlacement,
+    TokensInjection,
+    describe,
+    parse_injection,
+    parse_slow_ranks,
+)
 from laggard.demo.report import build_report, format_report, percent, summary_lines
 from laggard.detectors.straggler import MIN_RANKS
 
@@ -59,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
     if error:
         print(f"laggard demo: {error}", file=sys.stderr)
         return 2
-    if args.slow_rank is None:
-        args.slow_rank = args.world_size // 2
+    # one rank or several (--slow-rank 1,3): a list from here on, the first one the report's
+    # "rank"
+    args.slow_rank = (parse_slow_ranks(args.slow_rank) if args.slow_rank is not None
+                      else [args.world_size // 2])
     try:
         metrics_address = args.use_agent or _with_free_port(args.metrics_address,
                                                             socket.SOCK_STREAM)
@@ -100,7 +110,7 @@ def fake_gpu_scenario(args: argparse.Namespace) -> str:
     """The fake GPUs' scenario for ``--fake-gpus`` / ``--throttle-slow-gpu`` ("" for none):
     one fake GPU per rank, rank r on GPU r (torchrun's local rank on this one node)."""
     if args.throttle_slow_gpu:
-        return f"throttle:{args.slow_rank}:{args.throttle_slow_gpu}"
+        return f"throttle:{_slow_ranks(args)[0]}:{args.throttle_slow_gpu}"
     return "steady" if args.fake_gpus else ""
 
 
@@ -124,9 +134,10 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
         print(f"laggard demo: the agent did not start:\n{log}" if agent is not None else
               f"laggard demo: no agent answers at {metrics_url}", file=sys.stderr)
         return 1
-    injected = (f"rank {args.slow_rank} slowed {percent(args.slowdown - 1)} (--slowdown "
-                f"{args.slowdown:g}) from step {args.slow_from}"
-                if args.slowdown > 1.0 else "no rank slowed")
+    slow = _slow_ranks(args)
+    injected = (f"rank{'s' if len(slow) > 1 else ''} {', '.join(map(str, slow))} slowed "
+                f"{percent(args.slowdown - 1)} (--slowdown {args.slowdown:g}) from step "
+                f"{args.slow_from}" if args.slowdown > 1.0 else "no rank slowed")
     injected += "".join(f"; {describe(i, args.parallel)}" for i in _injections(args))
     layout = (f" (2 pipeline stages x {args.world_size // 2} data-parallel ranks)"
               if args.parallel == "pp" else "")
@@ -138,6 +149,8 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
               "median; --world-size 6 (3 ranks per stage) names them", file=sys.stderr)
     print(f"laggard demo: {args.world_size} ranks{layout}, {args.steps} steps, {injected}; "
           f"agent metrics at {metrics_url}", flush=True)
+    if getattr(args, "nodes", 0):
+        print(f"laggard demo: {_placement_line(args)}", flush=True)
     result_path = tmp / "result.json"
     windows_path = Path(args.windows) if args.windows else tmp / "windows.jsonl"
     if windows_path.is_file():
@@ -147,8 +160,9 @@ def _run(args: argparse.Namespace, metrics_address: str, intake_address: str, tm
          "--nproc_per_node", str(args.world_size),
          "-m", "laggard.demo.worker",
          "--steps", str(args.steps), "--window", str(args.window),
-         "--slow-rank", str(args.slow_rank), "--slowdown", str(args.slowdown),
+         "--slow-rank", ",".join(map(str, _slow_ranks(args))), "--slowdown", str(args.slowdown),
          "--slow-from", str(args.slow_from), "--seed", str(args.seed),
+         "--nodes", str(getattr(args, "nodes", 0)),
          "--intake-address", intake_address, "--result", str(result_path),
          "--compression", args.compression, "--inject-bitflip", args.inject_bitflip,
          "--windows", str(windows_path),
@@ -436,8 +450,16 @@ def _check_args(args: argparse.Namespace) -> str | None:
     if args.parallel == "pp" and args.world_size % 2:
         return (f"--parallel pp runs 2 pipeline stages x W/2 data-parallel ranks: --world-size "
                 f"must be even (got {args.world_size})")
-    if args.slow_rank is not None and not 0 <= args.slow_rank < args.world_size:
-        return f"--slow-rank must be in [0, {args.world_size - 1}]"
+    if args.slow_rank is not None:
+        try:
+            slow = parse_slow_ranks(args.slow_rank)
+        except ValueError as exc:
+            return str(exc)
+        if not all(0 <= r < args.world_size for r in slow):
+            return f"--slow-rank must be in [0, {args.world_size - 1}]"
+    error = NodePlacement(args.world_size, getattr(args, "nodes", 0)).check()
+    if error:
+        return error
     if args.slowdown is not None and (not math.isfinite(args.slowdown) or args.slowdown < 1.0):
         return "--slowdown must be a number >= 1.0"
     if args.window < 2:
@@ -481,16 +503,33 @@ def _check_injections(args: argparse.Namespace) -> str | None:
             injection = parse_injection(spec)
         except ValueError as exc:
             return f"--inject: {exc}"
+        # the shapes see the emulated nodes (node=... needs --nodes); the others take no nodes
+        nodes = ({"nodes": getattr(args, "nodes", 0)}
+                 if isinstance(injection, SHAPE_INJECTIONS) else {})
         error = injection.check(args.world_size, args.steps, device=args.device,
-                                parallel=args.parallel)
+                                parallel=args.parallel, **nodes)
         if error:
             return f"--inject {spec}: {error}"
         kinds.append(type(injection))
     if len(set(kinds)) < len(kinds):
-        return "--inject: one injection of each kind at most (hang, checkpoint, gc, tokens, stage)"
+        return ("--inject: one injection of each kind at most (hang, checkpoint, gc, tokens, "
+                "stage, stall, burst, node, moving)")
     if not math.isfinite(args.hang_bound) or args.hang_bound <= 0:
         return "--hang-bound must be a positive number of seconds"
     return None
+
+
+def _slow_ranks(args: argparse.Namespace) -> list[int]:
+    """``--slow-rank`` as a list (after :func:`run` has read it)."""
+    return parse_slow_ranks(args.slow_rank)
+
+
+def _placement_line(args: argparse.Namespace) -> str:
+    """Which ranks sit on which emulated node (``--nodes``)."""
+    placement = NodePlacement(args.world_size, args.nodes)
+    return "emulated nodes: " + "; ".join(
+        f"{name}: ranks {', '.join(map(str, placement.ranks_of(name)))}"
+        for name in placement.names)
 
 
 def _with_free_port(address: str, kind: int) -> str:

@@ -118,10 +118,10 @@ class ByteLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) int64 tokens -> (B, T, 256) logits."""
-        if self.throttle.factor > 0:
+        if self.throttle.active:
             self.throttle.start_step()
         x = self.embed(tokens) + self.position[: tokens.shape[1]]
-        if self.throttle.factor > 0:
+        if self.throttle.active:
             x = Throttle.apply(x, self.throttle)
         return self.head(self.ln(self.blocks(x)))
 
@@ -149,7 +149,7 @@ class FirstStage(nn.Module):
         x = self.embed(tokens) + self.position[: tokens.shape[1]]
         if self.adapter is not None:
             x = x + self.adapter(x)
-        if self.throttle.factor > 0:
+        if self.throttle.active:
             x = Throttle.apply(x, self.throttle)  # its backward, the stage's last, burns
         return self.blocks(x)
 
@@ -165,7 +165,7 @@ class LastStage(nn.Module):
         self.throttle = model.throttle
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.throttle.factor > 0:
+        if self.throttle.active:
             # at the stage's input: its backward runs last, before the gradient goes upstream
             x = Throttle.apply(x, self.throttle)
         return self.head(self.ln(self.blocks(x)))
@@ -199,21 +199,43 @@ class StepThrottle:
     ``incremental=True`` each burn covers the compute since the previous burn (the first, since
     :meth:`start_step`), so a step's burns add up to ``factor`` times its compute all the same.
 
+    A *stall* (``laggard demo --inject stall=...``) is a fixed amount on top, done once in the
+    step's first burn: ``stall_seconds`` of the same extra compute (thread CPU time), or of
+    ``time.sleep`` with ``stall_mode = "sleep"`` (a wait that no CPU clock sees).
+
     Attributes:
         factor: extra work as a fraction of the step's own compute; 0 injects nothing.
+        stall_seconds: this step's stall, seconds (set by the worker before the step; 0: none).
+        stall_mode: ``compute`` or ``sleep``.
         optimizer_seconds: the previous step's optimizer CPU seconds (set by the worker).
         injected_seconds: extra CPU seconds burned in each step so far (cleared by the reader).
+        step_injected_seconds: what this step injected, measured as it ran: CPU seconds burned
+            (by ``factor`` and a compute stall) plus wall seconds slept (read and reset by the
+            worker after each step, :meth:`take_step_injected`).
         incremental: several burns per step (microbatches), each for the compute since the last.
     """
 
     def __init__(self, *, incremental: bool = False) -> None:
         self.factor = 0.0
+        self.stall_seconds = 0.0
+        self.stall_mode = "compute"
         self.optimizer_seconds = 0.0
         self.injected_seconds: list[float] = []
+        self.step_injected_seconds = 0.0
         self.incremental = incremental
         self._started = 0.0
         self._optimizer_due = 0.0
         self._fresh = True
+
+    @property
+    def active(self) -> bool:
+        """Whether this step has anything to inject (the model then runs :class:`Throttle`)."""
+        return self.factor > 0 or self.stall_seconds > 0
+
+    def take_step_injected(self) -> float:
+        """The seconds this step injected (:attr:`step_injected_seconds`), reset to 0."""
+        seconds, self.step_injected_seconds = self.step_injected_seconds, 0.0
+        return seconds
 
     def start_step(self) -> None:
         """Mark the start of the step's forward pass (this thread's CPU clock)."""
@@ -224,9 +246,12 @@ class StepThrottle:
     def burn_for_step(self) -> None:
         """Burn ``factor`` x this step's compute so far (plus the last optimizer step); with
         ``incremental``, the compute since the previous burn of the step."""
-        own = time.thread_time() - self._started + self._optimizer_due
+        cpu_before = time.thread_time()
+        own = cpu_before - self._started + self._optimizer_due
         seconds = self.factor * own
         burn(seconds)
+        self._stall()
+        self.step_injected_seconds += time.thread_time() - cpu_before
         if self.incremental:
             self._started, self._optimizer_due = time.thread_time(), 0.0
             if not self._fresh and self.injected_seconds:
@@ -234,6 +259,20 @@ class StepThrottle:
                 return
             self._fresh = False
         self.injected_seconds.append(seconds)
+
+
+    def _stall(self) -> None:
+        """The step's stall, once (the first burn of the step); a sleep's wall seconds count
+        in :attr:`step_injected_seconds` (a compute stall's CPU seconds count with the burn)."""
+        seconds, self.stall_seconds = self.stall_seconds, 0.0
+        if seconds <= 0:
+            return
+        if self.stall_mode == "sleep":
+            started = time.perf_counter()
+            time.sleep(seconds)
+            self.step_injected_seconds += time.perf_counter() - started
+        else:
+            burn(seconds)
 
 
 class Throttle(torch.autograd.Function):

@@ -151,14 +151,14 @@ def build_pipeline_job(args: argparse.Namespace, rank: int, job_cls: Any,
     pipe = PipelineStage(module, stage, STAGES, torch.device("cpu"), group=mesh["pp"].get_group())
     schedule = Schedule1F1B(pipe, n_microbatches=MICROBATCHES, loss_fn=_loss)
     loss_group = _pipeline_groups(world)
-    from laggard.demo.worker import gpu_state_participants, hang_options
+    from laggard.demo.worker import gpu_state_participants, hang_options, node_options
 
     # the mesh: each rank is compared with the ranks of its stage (same pp coordinate)
     monitor = TrainingMonitor(
         TrainingMonitor.Config(agent_address=args.intake_address, window_steps=args.window,
                                phase_clock="thread_cpu", windows_path=args.windows,
                                straggler=detector, run=args.run_id,
-                               **hang_options(args, rank)),
+                               **hang_options(args, rank), **node_options(args, rank, world)),
         tracer=tracer, participants=gpu_state_participants(args), mesh=mesh)
     gc_inj = any(isinstance(i, GcInjection) and i.rank == rank for i in injections)
     batches = ByteBatches(load_stdlib_text(), batch_size=BATCH_SIZE, seq_len=seq_len,

@@ -10,7 +10,8 @@ from typing import Any
 from laggard.detectors.window import STEP_COLUMN_NAMES, WindowRecord
 
 __all__ = ["build_report", "cause_line", "cause_outcomes", "detector_compute_slowdown",
-           "format_report", "injected_line", "percent", "summary_lines", "windows_file_line"]
+           "finding_events", "format_report", "injected_line", "injected_shapes", "node_line",
+           "percent", "shape_lines", "summary_lines", "windows_file_line"]
 
 
 def build_report(result: dict[str, Any], args: argparse.Namespace,
@@ -54,10 +55,11 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
     groups = _peer_groups(result, findings)
     for r in ranks:
         r["peer_group"] = _group_name(groups, r["rank"])
+    slow_ranks = _slow_ranks(args)
     report = {
         "world_size": result["world_size"],
         "steps": result["steps"],
-        "injected": {"rank": args.slow_rank, "slowdown": args.slowdown,
+        "injected": {"rank": slow_ranks[0] if slow_ranks else None, "slowdown": args.slowdown,
                      "from_step": args.slow_from,
                      "measured_slowdown": _measured_slowdown(ranks, args)},
         "findings": findings,
@@ -82,9 +84,236 @@ def build_report(result: dict[str, Any], args: argparse.Namespace,
         "injections": list(result.get("injections") or []),
     }
     if args.slowdown > 1.0:  # against its own peer group, as the table says
-        report["injected"]["measured_slowdown"] = _rank_excess(report, args.slow_rank)
+        report["injected"]["measured_slowdown"] = _rank_excess(report, slow_ranks[0])
+        report["injected"]["measured_slowdowns"] = {
+            str(r): _rank_excess(report, r) for r in slow_ranks}
+    report["finding_events"] = finding_events(result)
+    report["nodes"] = _placement(result, args)
+    report["rank_nodes"] = list(result.get("rank_nodes") or [])  # as the windows carried them
+    report["injected"].update(injected_shapes(result, args, report["finding_events"]))
     report["causes"] = cause_outcomes(report)
     return report
+
+
+def _slow_ranks(args: argparse.Namespace) -> list[int]:
+    """``--slow-rank`` as a list (an int, a list, or the flag's text ``1,3``)."""
+    from laggard.demo.injections import parse_slow_ranks
+
+    value = getattr(args, "slow_rank", None)
+    return [] if value is None else parse_slow_ranks(value)
+
+
+# ------------------------------------------------------------ shapes of a slowness (issue 33)
+#: Steps at the start of a run left out of a rank's baseline (its first steps allocate).
+WARMUP_STEPS = 3
+
+
+def finding_events(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every finding raised or cleared during the run, in step order: ``event`` (``raised`` or
+    ``cleared``), ``step``, ``rank``, ``node``, ``kind``, ``detector`` (what a benchmark scores
+    a run by)."""
+    events = [{"event": "cleared" if cleared else "raised", "step": f.get("step"),
+               "rank": f.get("rank"), "node": f.get("node"), "kind": f.get("kind"),
+               "detector": f.get("detector")}
+              for cleared, found in ((False, result.get("findings") or []),
+                                     (True, result.get("cleared") or []))
+              for f in found]
+    return sorted(events, key=lambda e: -1 if e["step"] is None else e["step"])
+
+
+def _placement(result: dict[str, Any], args: argparse.Namespace) -> dict[str, list[int]] | None:
+    """The emulated nodes' ranks, ``{name: [rank, ...]}``, None without ``--nodes``."""
+    from laggard.demo.injections import NodePlacement
+
+    placement = NodePlacement(result["world_size"], _nodes(result, args))
+    if not placement.nodes or placement.check():
+        return None
+    return {name: placement.ranks_of(name) for name in placement.names}
+
+
+def _nodes(result: dict[str, Any], args: argparse.Namespace) -> int:
+    return int(result.get("nodes") or getattr(args, "nodes", 0) or 0)
+
+
+def injected_shapes(result: dict[str, Any], args: argparse.Namespace,
+                    events: list[dict[str, Any]]) -> dict[str, Any]:
+    """What was injected, in the report's ``injected``: the steady ``--slowdown`` of each
+    ``--slow-rank`` and every shape injection (``stall``, ``burst``, ``node``, ``moving``),
+    each with what it expects named, what the findings named, and its effect measured on its
+    own steps (:func:`_effect`, from the ranks' ``step_trace``).
+
+    Returns:
+        ``slow_ranks`` (the ranks ``--slowdown`` slowed; [] for none), ``shape`` (the shapes'
+        names joined by ``+``: ``steady`` for one slowed rank, ``ranks`` for several, ``none``),
+        ``ranks`` (every rank any of them slows), ``node`` (the ``node=`` injection's node, or
+        None), and ``shapes``: one dict per shape (:func:`_shape_outcome`).
+    """
+    from laggard.demo.injections import SHAPE_INJECTIONS, SlowSchedule, parse_injection
+
+    parsed = []
+    for spec in result.get("injections") or []:
+        try:
+            parsed.append(parse_injection(spec))
+        except ValueError:
+            continue
+    shapes = [i for i in parsed if isinstance(i, SHAPE_INJECTIONS)]
+    slow = _slow_ranks(args) if args.slowdown > 1.0 else []
+    schedule = SlowSchedule.of(world_size=result["world_size"], slow_from=args.slow_from,
+                               slow_ranks=slow, slowdown=args.slowdown,
+                               nodes=_nodes(result, args), injections=shapes)
+    entries: list[tuple[str, str, Any, list[int], str | None]] = []
+    if slow:
+        entries.append(("steady" if len(slow) == 1 else "ranks",
+                        f"slowdown={args.slowdown:g},rank:{','.join(map(str, slow))}", None,
+                        slow, None))
+    for shape in shapes:
+        entries.append((shape.shape, shape.spec(), shape,
+                        shape.ranks(schedule.placement, result["steps"], args.slow_from),
+                        getattr(shape, "node", None)))
+    union = sorted({r for entry in entries for r in entry[3]})
+    outcomes = [_shape_outcome(*entry, schedule=schedule, events=events, union=union,
+                               trace=result.get("step_trace") or {}, window=args.window)
+                for entry in entries]
+    return {"slow_ranks": slow, "shape": "+".join(o["shape"] for o in outcomes) or "none",
+            "ranks": union, "node": next((o["node"] for o in outcomes if o["node"]), None),
+            "shapes": outcomes}
+
+
+def _shape_outcome(shape_name: str, spec: str, shape: Any, expected: list[int],
+                   node: str | None, *, schedule: Any, events: list[dict[str, Any]],
+                   union: list[int], trace: dict[str, Any], window: int) -> dict[str, Any]:
+    """One injected shape: expected vs named.
+
+    Returns:
+        ``shape``, ``injection`` (its spec), ``from_step``, ``ranks`` (expected named: the
+        ranks it slows; for ``moving`` the ranks it visits), ``node`` (``node=``'s), ``named``
+        (each rank, node or ``job`` a raised finding named from the onset on, with ``kind``,
+        ``detector`` and its ``first_step``), ``first_named_step`` (the first finding from
+        the onset on naming one of ``ranks`` or the node, or of kind ``moving``; None),
+        ``steps_to_name`` (onset included), ``windows_to_name`` (windows ended from the onset
+        to it, that one included), ``hit`` (every expected rank named, or the node; for
+        ``moving`` one of its ranks or a ``moving`` finding), ``wrong_ranks`` (ranks named at
+        any step that no injection slows), ``job_named`` (a whole-job finding from the onset
+        on) and ``effect`` (:func:`_effect` per expected rank).
+    """
+    start = schedule.slow_from
+    raised = [e for e in events if e["event"] == "raised" and e.get("detector") != "integrity"]
+    after = [e for e in raised if e["step"] is not None and e["step"] >= start]
+    named: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    for e in after:
+        who = e["rank"] if e["rank"] is not None else (e["node"] or "job")
+        named.setdefault((who, e["kind"], e["detector"]),
+                         {"who": who, "kind": e["kind"], "detector": e["detector"],
+                          "first_step": e["step"]})
+
+    def names_it(e: dict[str, Any]) -> bool:
+        return (e["rank"] in expected or (node is not None and e["rank"] is None
+                                          and e["node"] == node)
+                or (shape_name == "moving" and e["kind"] == "moving"))
+
+    first = min((e["step"] for e in after if names_it(e)), default=None)
+    named_ranks = {e["rank"] for e in after if e["rank"] is not None}
+    if node is not None:
+        hit = any(e["rank"] is None and e["node"] == node for e in after) or \
+            set(expected) <= named_ranks
+    elif shape_name == "moving":
+        hit = first is not None
+    else:
+        hit = set(expected) <= named_ranks
+    return {
+        "shape": shape_name, "injection": spec, "from_step": start, "ranks": expected,
+        "node": node, "named": list(named.values()), "first_named_step": first,
+        "steps_to_name": None if first is None else first - start + 1,
+        "windows_to_name": None if first is None else (first + 1) // window - start // window,
+        "hit": hit,
+        "wrong_ranks": sorted({e["rank"] for e in raised
+                               if e["rank"] is not None and e["rank"] not in union}),
+        "job_named": any(e["rank"] is None and not e["node"] and e["kind"] == "job_slowdown"
+                         for e in after),
+        "effect": [_effect(schedule, shape, rank, trace) for rank in expected],
+    }
+
+
+def _effect(schedule: Any, shape: Any, rank: int, trace: dict[str, Any]) -> dict[str, Any]:
+    """What the injection did to ``rank``, measured step by step from the ranks' trace
+    (``laggard.demo.worker.TRACE_COLUMNS``): medians over the steps it acts on (``on``) and
+    over the rank's steps that nothing injected touches (``off``, after the first
+    :data:`WARMUP_STEPS`).
+
+    Returns:
+        ``rank``, ``steps`` (steps it acts on, in the trace), ``injected_seconds`` (what the
+        rank's throttle injected per step, measured as it ran: CPU seconds computed plus wall
+        seconds slept), ``cpu_seconds_on``/``_off`` (the rank's training-thread CPU seconds per
+        step) and ``others_wait_seconds_on``/``_off`` (the median of the other ranks' exposed
+        collective wait on those steps); None where the trace has nothing.
+    """
+    ranks, columns = trace.get("ranks") or [], trace.get("columns") or []
+    rows = ranks[rank] if rank < len(ranks) and ranks[rank] else []
+    where = {name: i for i, name in enumerate(columns)}
+    on = [s for s in range(len(rows)) if schedule.hits(shape, rank, s)]
+    off = [s for s in range(min(WARMUP_STEPS, len(rows)), len(rows))
+           if schedule.extra(rank, s) <= 0 and schedule.stall(rank, s) is None]
+
+    def column(r: int, step: int, name: str) -> float | None:
+        own = ranks[r] if r < len(ranks) and ranks[r] else []
+        return float(own[step][where[name]]) if name in where and step < len(own) else None
+
+    def others_wait(step: int) -> float | None:
+        return _median([column(r, step, "exposed_wait_seconds") for r in range(len(ranks))
+                        if r != rank])
+
+    return {"rank": rank, "steps": len(on),
+            "injected_seconds": _median([column(rank, s, "injected_seconds") for s in on]),
+            "cpu_seconds_on": _median([column(rank, s, "cpu_seconds") for s in on]),
+            "cpu_seconds_off": _median([column(rank, s, "cpu_seconds") for s in off]),
+            "others_wait_seconds_on": _median([others_wait(s) for s in on]),
+            "others_wait_seconds_off": _median([others_wait(s) for s in off])}
+
+
+def node_line(report: dict[str, Any]) -> str:
+    """Which ranks sit on which emulated node ("" without ``--nodes``)."""
+    nodes = report.get("nodes") or {}
+    return ("emulated nodes: " + "; ".join(f"{name}: ranks {', '.join(map(str, ranks))}"
+                                           for name, ranks in nodes.items())) if nodes else ""
+
+
+def shape_lines(report: dict[str, Any]) -> list[str]:
+    """One line per injected shape: what it did, measured on its own steps, what was expected
+    named and what was, and the verdict."""
+    from laggard.demo.injections import describe_shape, parse_injection
+
+    lines = []
+    for o in (report.get("injected") or {}).get("shapes") or []:
+        if o["shape"] in ("steady", "ranks"):
+            continue  # --slowdown: injected_line and its cause_line say it, as they always have
+        what = describe_shape(parse_injection(o["injection"]))
+        measured = "; ".join(_effect_text(e) for e in o["effect"] if e and e["steps"])
+        expected = (f"node {o['node']} (ranks {', '.join(map(str, o['ranks']))})" if o["node"]
+                    else ("one of ranks " if o["shape"] == "moving" else "rank"
+                          + ("s " if len(o["ranks"]) > 1 else " "))
+                    + ", ".join(map(str, o["ranks"])))
+        named = ", ".join(f"{'rank ' if isinstance(n['who'], int) else ''}{n['who']} "
+                          f"({n['kind']}, {n['detector']}) at step {n['first_step']}"
+                          for n in o["named"]) or "nothing"
+        verdict = "RIGHT" if o["hit"] and not o["wrong_ranks"] else (
+            "found, with others named too" if o["hit"] else "NOT found")
+        when = ("" if o["first_named_step"] is None else
+                f", first at step {o['first_named_step']} ({o['windows_to_name']} window"
+                f"{'s' if o['windows_to_name'] != 1 else ''} from the onset)")
+        extra = f"; wrong ranks {o['wrong_ranks']}" if o["wrong_ranks"] else ""
+        lines.append(f"injected {o['injection']} from step {o['from_step']}: {what}"
+                     + (f"; measured {measured}" if measured else "")
+                     + f"; expected {expected}; named: {named}{when}: {verdict}{extra}")
+    return lines
+
+
+def _effect_text(effect: dict[str, Any]) -> str:
+    """``rank R on N steps: +X ms injected, CPU A -> B ms, the others' wait C -> D ms``."""
+    return (f"rank {effect['rank']} on {effect['steps']} steps: "
+            f"{_ms(effect['injected_seconds'])} ms injected, CPU {_ms(effect['cpu_seconds_off'])}"
+            f" -> {_ms(effect['cpu_seconds_on'])} ms, the others' wait "
+            f"{_ms(effect['others_wait_seconds_off'])} -> {_ms(effect['others_wait_seconds_on'])}"
+            " ms per step")
 
 
 def _peer_groups(result: dict[str, Any], findings: list[dict[str, Any]]
@@ -205,17 +434,19 @@ def _fsdp_line(report: dict[str, Any]) -> str:
 
 
 def _measured_slowdown(ranks: list[dict[str, Any]], args: argparse.Namespace) -> float | None:
-    """The slowed rank's compute over the other ranks' median, minus 1 (None if unslowed)."""
+    """The (first) slowed rank's compute over the other ranks' median, minus 1 (None if
+    unslowed)."""
     if args.slowdown <= 1.0:
         return None
-    return _rank_excess({"ranks": ranks}, args.slow_rank)
+    return _rank_excess({"ranks": ranks}, _slow_ranks(args)[0])
 
 
 def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) -> str:
     """The report as text for a terminal."""
     groups = _peer_group_line(report)
-    lines = ([groups] if groups else []) + _table_lines(report) + _clock_lines(report) + [""] \
-        + _finding_lines(report)
+    nodes = node_line(report)
+    lines = ([groups] if groups else []) + ([nodes] if nodes else []) + _table_lines(report) \
+        + _clock_lines(report) + [""] + _finding_lines(report)
     comm = report["comm"]
     if report.get("parallel") == "fsdp":
         lines.append(_fsdp_line(report))
@@ -242,6 +473,7 @@ def format_report(report: dict[str, Any], agent_ranks: list[int] | None = None) 
         lines.append(lost)
     lines.append(injected_line(report))
     lines += [cause_line(outcome) for outcome in report.get("causes") or []]
+    lines += shape_lines(report)
     return "\n".join(lines)
 
 
@@ -280,8 +512,10 @@ def cause_outcomes(report: dict[str, Any]) -> list[dict[str, Any]]:
     expectations: list[tuple[str, dict[str, Any] | None]] = []
     injected = report.get("injected") or {}
     if (injected.get("slowdown") or 1.0) > 1.0:
-        expectations.append((f"slowdown={injected['slowdown']:g},rank:{injected['rank']}",
-                             {"kind": "compute", "ranks": [injected["rank"]]}))
+        slowed = injected.get("slow_ranks") or [injected["rank"]]
+        expectations.append((f"slowdown={injected['slowdown']:g},rank:"
+                             f"{','.join(map(str, slowed))}",
+                             {"kind": "compute", "ranks": slowed}))
     for spec in report.get("injections") or []:
         try:
             injection = parse_injection(spec)
@@ -563,8 +797,9 @@ def _rank_excess(report: dict[str, Any], rank: int | None) -> float | None:
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """The HTML page's summary: the peer groups, what was injected and what was named."""
     groups = _peer_group_line(report)
-    return (([groups] if groups else []) + [injected_line(report)]
-            + [cause_line(o) for o in report.get("causes") or []])
+    nodes = node_line(report)
+    return (([groups] if groups else []) + ([nodes] if nodes else []) + [injected_line(report)]
+            + [cause_line(o) for o in report.get("causes") or []] + shape_lines(report))
 
 
 def injected_line(report: dict[str, Any]) -> str:
@@ -572,6 +807,14 @@ def injected_line(report: dict[str, Any]) -> str:
     injected = report["injected"]
     if injected["slowdown"] <= 1.0 and report.get("injections"):
         return "injected: no slowdown (the injected causes below)"
+    if len(injected.get("slow_ranks") or []) > 1 and injected["slowdown"] > 1.0:
+        measured = injected.get("measured_slowdowns") or {}
+        figures = ", ".join(f"rank {r} " + ("-" if measured.get(str(r)) is None
+                                            else f"{100 * measured[str(r)]:.1f}%")
+                            for r in injected["slow_ranks"])
+        return (f"injected: ranks {', '.join(map(str, injected['slow_ranks']))} each "
+                f"{percent(injected['slowdown'] - 1)} slower compute from step "
+                f"{injected['from_step']}; measured {figures} (the table; each below)")
     if injected["slowdown"] <= 1.0:
         named = [f for f in report["findings"] if f["rank"] is not None
                  and f.get("detector", "straggler") == "straggler"]

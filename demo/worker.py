@@ -46,12 +46,20 @@ from laggard.demo.hang import (
     parse_inject,
     write_marker,
 )
-from laggard.demo.injections import CyclicGarbage, GcInjection, TokensInjection, parse_injection
+from laggard.demo.injections import (
+    CyclicGarbage,
+    GcInjection,
+    NodePlacement,
+    SlowSchedule,
+    TokensInjection,
+    parse_injection,
+    parse_slow_ranks,
+)
 from laggard.demo.model import BUCKET_CAP_MB, ByteBatches, ByteLM, load_stdlib_text
 from laggard.detectors.straggler import StragglerDetector
 from laggard.detectors.window import STEP_COLUMN_NAMES
 from laggard.integrations.collective_bytes import ring_allreduce_bytes
-from laggard.integrations.comm_timing import CommTimer
+from laggard.integrations.comm_timing import CommStep, CommTimer
 from laggard.integrations.monitor import TrainingMonitor
 from laggard.integrations.tracer import CollectiveTracer
 
@@ -76,10 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--window", type=int, default=20)
-    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-rank", default="", help="a rank or a comma list (1,3); none if empty")
     p.add_argument("--slowdown", type=float, default=1.0)
     p.add_argument("--slow-from", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nodes", type=int, default=0,
+                   help="place the ranks on this many emulated nodes, node-0.. (0: none)")
     p.add_argument("--intake-address", default="")
     p.add_argument("--result", default="")
     p.add_argument("--print-every", type=int, default=20)
@@ -97,7 +107,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--inject-checkpoint", default="", metavar="SPEC",
                    help="checkpoint=step:S,factor:F (laggard.demo.hang)")
     p.add_argument("--inject-cause", action="append", default=[], metavar="SPEC",
-                   help="gc=..., tokens=..., stage=... (laggard.demo.injections)")
+                   help="gc=..., tokens=..., stage=..., stall=..., burst=..., node=..., "
+                        "moving=... (laggard.demo.injections)")
     p.add_argument("--hang-marker", default="", help="the hanging rank writes here when it hangs")
     p.add_argument("--hang-report", default="",
                    help="rank 0 appends each hang its monitor names here (JSON lines)")
@@ -105,7 +116,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.hang = parse_inject(args.inject_hang) if args.inject_hang else None
     args.checkpoint = parse_inject(args.inject_checkpoint) if args.inject_checkpoint else None
     args.causes = [parse_injection(spec) for spec in args.inject_cause]
+    # a negative rank is cluster.py's "none" (it passes --slow-rank only when >= 0)
+    slow = args.slow_rank.strip()
+    args.slow_ranks = [] if not slow or slow.startswith("-") else parse_slow_ranks(slow)
     return args
+
+
+def slow_schedule(args: argparse.Namespace, world_size: int) -> SlowSchedule:
+    """Who is slowed how much at which step (``--slow-rank``, ``--slowdown``, the shapes)."""
+    return SlowSchedule.of(world_size=world_size, slow_from=args.slow_from,
+                           slow_ranks=args.slow_ranks, slowdown=args.slowdown, nodes=args.nodes,
+                           injections=args.causes)
+
+
+def node_options(args: argparse.Namespace, rank: int, world_size: int) -> dict[str, Any]:
+    """``TrainingMonitor.Config(node=...)`` of ``rank`` on its emulated node (``--nodes``);
+    empty without emulated nodes (the monitor then says the host's name)."""
+    node = NodePlacement(world_size, args.nodes).node_of(rank)
+    return {"node": node} if node else {}
 
 
 def comm_hook(name: str, timer: CommTimer, model: torch.nn.Module) -> tuple[Any, Any]:
@@ -196,6 +224,7 @@ class Job:
     garbage: CyclicGarbage | None = None  # --inject gc=rank:R on rank R
     garbage_from: int = 0  # the first step it builds garbage in (--slow-from)
     tokens: int = 0  # tokens per step (batch x sequence length)
+    trace: list[tuple[float, ...]] = field(default_factory=list)  # TRACE_COLUMNS per step
     note_tokens: bool = True  # monitor.note("tokens", ...) each step (tokens=...,note:off: no)
 
 
@@ -233,7 +262,8 @@ def build_job(args: argparse.Namespace, rank: int) -> Job:
                                integrity=integrity, phase_clock=clock,
                                windows_path=args.windows,
                                straggler=detector_config(), run=args.run_id,
-                               **hang_options(args, rank)),
+                               **hang_options(args, rank),
+                               **node_options(args, rank, dist.get_world_size())),
         comm_timer=timer, tracer=tracer, participants=gpu_state_participants(args), **extra,
     )
     if device is not None and args.parallel == "fsdp":
@@ -284,7 +314,7 @@ def parallelize(model: ByteLM, args: argparse.Namespace, tracer: CollectiveTrace
     # Small buckets (the model has ~0.3 M parameters): several all-reduces per step, so
     # communication can overlap backward as in a large job with 25 MB buckets.
     ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
-    timer = CommTimer(tracer=tracer)
+    timer = StepCommTimer(tracer=tracer)
     state, integrity = integrity_hook(ddp, args.compression, timer, args.inject_bitflip)
     hang_hook = None
     if integrity is None:
@@ -294,6 +324,20 @@ def parallelize(model: ByteLM, args: argparse.Namespace, tracer: CollectiveTrace
             hook = hang_hook.as_hook()
         ddp.register_comm_hook(state, hook)
     return ddp, timer, state, integrity, hang_hook
+
+
+class StepCommTimer(CommTimer):
+    """A :class:`CommTimer` that keeps the last step it summarised (:attr:`last_step`): the
+    demo's per-step trace reads the step's exposed collective wait after the monitor took it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.last_step: CommStep | None = None
+
+    def take_step(self) -> CommStep:
+        """:meth:`CommTimer.take_step`, kept in :attr:`last_step`."""
+        self.last_step = super().take_step()
+        return self.last_step
 
 
 #: What ``_step_comm`` returns, per step.
@@ -431,26 +475,52 @@ def _optimizer_step(job: Job) -> None:
     job.model.throttle.optimizer_seconds = time.thread_time() - started
 
 
+#: The columns of each step in :attr:`Job.trace`: the step's wall seconds, the training
+#: thread's CPU seconds in it, the exposed collective wait (the training thread blocked in
+#: collectives, the tracer's), and the seconds the throttle injected (measured as it ran).
+TRACE_COLUMNS = ("step_seconds", "cpu_seconds", "exposed_wait_seconds", "injected_seconds")
+#: Steps each rank keeps in its trace (the first ones): rank 0 gathers every rank's at the end.
+TRACE_MAX_STEPS = 10_000
+
+
+def trace_step(job: Job, step: int, wall_seconds: float, cpu_seconds: float) -> None:
+    """Keep the step's :data:`TRACE_COLUMNS` (the first :data:`TRACE_MAX_STEPS` steps): what
+    the report measures each injection by, step by step."""
+    injected = job.model.throttle.take_step_injected()
+    if step >= TRACE_MAX_STEPS:
+        return
+    # DDP: the timing hook's step (the monitor's collective wait); FSDP2 and pipelines: the
+    # tracer's (their collectives are timed there)
+    comm = getattr(job.monitor.comm_timer, "last_step", None)
+    wait = (comm.exposed_seconds if comm is not None else
+            job.per_step[-1][STEP_COMM.index("exposed_seconds")] if job.per_step else 0.0)
+    job.trace.append((wall_seconds, cpu_seconds, wait, injected))
+
+
 def run_steps(job: Job, args: argparse.Namespace, rank: int) -> tuple[dict[int, float],
                                                                        list[float]]:
-    """Train ``args.steps`` steps, slowing this rank from ``--slow-from`` if it is the slowed
-    one; rank 0 prints progress. Returns (mean loss over ranks at the first and last step,
+    """Train ``args.steps`` steps, this rank slowed at the steps its :func:`slow_schedule` says;
+    rank 0 prints progress. Returns (mean loss over ranks at the first and last step,
     this rank's per-step losses)."""
-    slowed = rank == args.slow_rank and args.slowdown > 1.0
+    schedule = slow_schedule(args, dist.get_world_size())
+    throttle = job.model.throttle
     losses: dict[int, float] = {}
     local_losses: list[float] = []
     step_times: list[float] = []
     for step in range(args.steps):
-        if slowed and step == args.slow_from:
-            job.model.throttle.factor = args.slowdown - 1.0
+        throttle.factor = schedule.extra(rank, step)
+        stall = schedule.stall(rank, step)
+        throttle.stall_seconds = stall.seconds if stall is not None else 0.0
+        throttle.stall_mode = stall.mode if stall is not None else "compute"
         job.step_index = step
         if job.hang_hook is not None:
             job.hang_hook.step = step
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         step_fn = job.step_fn or (train_step if job.device is None else train_step_async)
         loss = step_fn(job)
         step_times.append(time.perf_counter() - start)
         job.step_times.append(step_times[-1])
+        trace_step(job, step, step_times[-1], time.thread_time() - cpu_start)
         local_losses.append(loss)
         if step == 0 or step == args.steps - 1:
             losses[step] = global_mean(loss)  # same call on every rank
@@ -486,6 +556,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     loss = {"first": losses.get(0), "last": losses.get(args.steps - 1),
             "last_window_mean": global_mean(sum(tail) / len(tail))}
     result = result_of(job, args, world, loss, float(injected_t[0]))
+    traces: list[Any] = [None] * world
+    dist.all_gather_object(traces, job.trace)  # same call on every rank
+    # every rank's steps (TRACE_COLUMNS): the report measures each injection on its own steps
+    result["step_trace"] = {"columns": list(TRACE_COLUMNS), "ranks": traces}
+    result["nodes"] = args.nodes
+    # each rank's node as rank 0's gathered windows carry it (what the detectors see)
+    last = job.monitor.windows[-1] if job.monitor.windows else None
+    result["rank_nodes"] = list(last.nodes) if last is not None and last.nodes else []
     # --inject gc: the injected rank's collector seconds per step (its own gc.callbacks)
     result["injected_gc_seconds_per_step"] = float(injected_t[1])
     return result
