@@ -298,11 +298,16 @@ class TrainingMonitor:
             self._internal_error("heartbeat", exc)
 
     def _builtin_participants(self) -> list[Participant]:
-        """Straggler detector; with a tracer, the link probe and the tracer's block (whose
-        link detector reads the probe's column); the integrity check when configured."""
+        """Straggler detector; the host context (``Config.host_context``); with a tracer, the
+        link probe and the tracer's block (whose link detector reads the probe's column); the
+        integrity check when configured."""
         out: list[Participant] = [StragglerParticipant(
             self.config.straggler, peer_groups=self.peer_groups,
             cpu_only=self._device_id is None)]
+        if self.config.host_context:
+            from laggard.integrations.host_context import HostContextParticipant
+
+            out.append(HostContextParticipant())
         if self.tracer is not None:
             from laggard.integrations.link_probe import DEFAULT_PROBE_BYTES, LinkProbeParticipant
             from laggard.integrations.trace_window import TraceParticipant
