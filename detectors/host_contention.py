@@ -61,6 +61,8 @@ HOST_CONTEXT_COLUMNS: tuple[WindowColumn, ...] = (
     WindowColumn("host_load1_per_cpu", "ratio", "last",
                  "the host's 1-minute load average per logical CPU at the window's end "
                  "(os.getloadavg()[0] / psutil.cpu_count())"),
+    WindowColumn("host_cpus", "count", "last",
+                 "logical CPUs of the host (psutil.cpu_count()); NaN where psutil cannot tell"),
     WindowColumn("host_cpu_pressure_some_ratio", "ratio", "last",
                  "share of the window in which some task of the host waited for a CPU "
                  "(/proc/pressure/cpu 'some' total, its delta over the window); NaN without PSI"),
@@ -168,15 +170,32 @@ def _cpu_bound(record: WindowRecord) -> tuple[str, dict[str, Any]] | None:
         figures.append(f"CPU pressure {upto}{100 * np.nanmax(pressure[bound]):.0f}% (PSI some)")
     if by_steal.any():
         figures.append(f"steal {upto}{100 * np.nanmax(steal[by_steal]):.0f}%")
+    cpus = _per_host(record, "host_cpus", rows)
+    ranks = np.array([r.size for r in rows], dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        oversubscribed = bound & (ranks > cpus)  # NaN CPUs: not known to be
+    if oversubscribed.any():
+        worst = int(np.flatnonzero(oversubscribed)[np.argmax((ranks / cpus)[oversubscribed])])
+        figures.append(f"{ranks[worst]:.0f} ranks on {cpus[worst]:.0f} CPUs"
+                       + (f" ({names[worst]})" if k > 1 and record.nodes is not None else ""))
     switches = record.get("rank_involuntary_switches_per_second")
     preempted = _nanmedian(switches) if switches is not None else math.nan
     if math.isfinite(preempted):
         figures.append(f"ranks preempted {preempted:.0f}/s (median)")
     if figures:
         text += ", " + ", ".join(figures)
-    text += (": the hypervisor gives their CPUs to other guests" if by_steal.any() and
-             not (by_pressure | by_load).any() else
-             ": other processes compete with the ranks for CPU")
+    if by_steal.any() and not (by_pressure | by_load).any():
+        text += ": the hypervisor gives their CPUs to other guests"
+    elif oversubscribed.any():
+        text += ": the job runs more ranks than its hosts have CPUs"
+        with np.errstate(invalid="ignore"):
+            # a run queue longer than the ranks (each one runnable thread at most while it
+            # computes): something besides them runs there too
+            crowded = (load[oversubscribed] > (ranks / cpus)[oversubscribed]).any()
+        if crowded:
+            text += ", and other processes compete with them"
+    else:
+        text += ": other processes compete with the ranks for CPU"
     evidence: dict[str, Any] = {
         "nodes": n,
         "cpu_bound_nodes": k,
@@ -185,6 +204,7 @@ def _cpu_bound(record: WindowRecord) -> tuple[str, dict[str, Any]] | None:
         "cpu_pressure_some_ratio_max": evidence_round(_nanmax(pressure[bound])),
         "steal_ratio_max": evidence_round(_nanmax(steal[bound])),
         "involuntary_switches_per_second_median": evidence_round(preempted),
+        "oversubscribed_nodes": int(oversubscribed.sum()),
         "thresholds": {"cpu_pressure_some_ratio": MIN_CPU_PRESSURE_RATIO,
                        "load1_per_cpu": MAX_LOAD_PER_CPU, "steal_ratio": MIN_STEAL_RATIO},
     }

@@ -7,6 +7,8 @@ host and adds the columns of :data:`~laggard.detectors.host_contention.HOST_CONT
 
 - ``host_load1_per_cpu``: ``psutil.getloadavg()[0] / psutil.cpu_count()`` (the 1-minute load
   average the agent exports as ``laggard_host_load1``, per logical CPU);
+- ``host_cpus``: ``psutil.cpu_count()`` (so a reader can tell a job that runs more ranks than
+  its host has CPUs);
 - ``host_cpu_pressure_some_ratio``: the share of the window in which some task of the host
   waited for a CPU: the delta of ``/proc/pressure/cpu``'s ``some`` total (kernel PSI, parsed by
   :func:`laggard.parsers.pressure.parse_pressure`) over the window's wall time; the exact window,
@@ -198,7 +200,8 @@ def window_values(last: HostReading | None, now: HostReading, *,
     """
     nan = math.nan
     load = now.load1 / cpus if now.load1 is not None and cpus else nan
-    out = {"host_load1_per_cpu": load, "host_cpu_pressure_some_ratio": nan,
+    out = {"host_load1_per_cpu": load, "host_cpus": float(cpus) if cpus else nan,
+           "host_cpu_pressure_some_ratio": nan,
            "host_cpu_steal_ratio": nan, "rank_involuntary_switches_per_second": nan}
     if last is None:
         return out

@@ -172,3 +172,19 @@ def test_many_bound_nodes_are_counted_and_a_few_named(k):
     text, evidence = describe_host_contention(_record(rows, nodes=nodes))
     assert f"{k} of 16 nodes, load up to 2.0" in text  # too many to list in the sentence
     assert evidence["named"] == nodes[:min(k, 8)]
+
+
+def test_a_node_running_more_ranks_than_it_has_cpus_is_said_so():
+    rows = [{**_host(1.9, 0.99, switches=48.0), "host_cpus": 2.0}] * 4
+    text, evidence = describe_host_contention(_record(rows, nodes=["vm"] * 4))
+    assert text == ("the hosts were CPU-bound: 1 of 1 nodes (vm), load 1.9 per CPU, CPU pressure "
+                    "99% (PSI some), 4 ranks on 2 CPUs, ranks preempted 48/s (median): the job "
+                    "runs more ranks than its hosts have CPUs")
+    assert evidence["oversubscribed_nodes"] == 1
+    # a run queue longer than the ranks: more than the ranks run there
+    crowded = [{**_host(3.5, 0.99), "host_cpus": 2.0}] * 4
+    assert describe_host_contention(_record(crowded, nodes=["vm"] * 4))[0].endswith(
+        "more ranks than its hosts have CPUs, and other processes compete with them")
+    roomy = [{**_host(2.4, 0.99), "host_cpus": 64.0}] * 4
+    assert describe_host_contention(_record(roomy, nodes=["vm"] * 4))[0].endswith(
+        "other processes compete with the ranks for CPU")
