@@ -127,8 +127,8 @@ class TrainingMonitor:
         world_size: default from ``torch.distributed`` or ``$WORLD_SIZE`` (else 1).
         local_rank: default from ``$LOCAL_RANK``.
         participants: participants of your own (:class:`~laggard.integrations.participants.
-            Participant`), after the built-in ones (straggler, link probe, trace, integrity);
-            every rank must give the same ones in the same order.
+            Participant`), after the built-in ones (straggler, host context, link probe, trace,
+            integrity); every rank must give the same ones in the same order.
         device: the ``torch.cuda``-like module the device clock records on (``Event(
             enable_timing=True)`` with ``record``/``query``/``elapsed_time``,
             ``current_stream()``, whose results compare equal (``==``) for the same stream, as

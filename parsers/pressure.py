@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 #: The lines a pressure file may have.
 KINDS = ("some", "full")
-MICROSECONDS = 1e-6
+MICROSECONDS_PER_SECOND = 1e6
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ def parse_pressure(lines: Iterable[str]) -> dict[str, PressureLine]:
                 out[kind] = PressureLine(
                     avg10_ratio=fields["avg10"] / 100, avg60_ratio=fields["avg60"] / 100,
                     avg300_ratio=fields["avg300"] / 100,
-                    total_seconds=fields["total"] * MICROSECONDS)
+                    total_seconds=fields["total"] / MICROSECONDS_PER_SECOND)
             except KeyError:
                 continue
     return out

@@ -12,7 +12,7 @@ from support import FIXTURES
 
 from laggard.parsers.pressure import PressureLine, parse_pressure
 
-DIR = FIXTURES / "pressure"
+DIR = FIXTURES / "proc" / "pressure"
 
 
 def test_a_real_cpu_file_gives_some_and_full_as_ratios_and_seconds():
