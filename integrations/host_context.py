@@ -23,9 +23,10 @@ host and adds the columns of :data:`~laggard.detectors.host_contention.HOST_CONT
   torchrun rank, the training thread, taken off its CPU by the scheduler while it could run.
 
 The first window's deltas run from :meth:`~HostContextParticipant.attach`. Each read is a small
-``/proc`` file on the training thread, once per window (all of them about 160 microseconds on a
-2-CPU VM at load 8; ``/proc/stat`` grows with the CPUs); none blocks on another process. A read that fails leaves its column NaN, is
-counted in :attr:`HostContextParticipant.stats` and logged once; nothing is raised into the loop.
+``/proc`` file on the training thread, once per window (all of them about 160 microseconds on
+a 2-CPU VM at load 8; ``/proc/stat`` grows with the CPUs); none blocks on another process. A
+read that fails leaves its column NaN, is counted in :attr:`HostContextParticipant.stats` and
+logged once; nothing is raised into the loop.
 The straggler participant reads the columns by name to say when a whole-job slowdown coincides
 with CPU-bound hosts (:func:`laggard.detectors.host_contention.with_host_cause`).
 """
