@@ -49,7 +49,7 @@ MYPY_INTEGRATIONS := $(addprefix integrations/,monitor.py monitor_config.py wind
 	agent_reports.py run_identity.py agent_socket.py heartbeat.py heartbeat_key.py hang_watch.py \
 	heartbeat_node.py hang_read.py \
 	hang_message.py integrity.py integrity_fingerprints.py integrity_hooks.py \
-	integrity_records.py participants.py gpu_state.py tracer.py trace_records.py \
+	integrity_records.py participants.py gpu_state.py host_context.py tracer.py trace_records.py \
 	trace_progress.py trace_ops.py trace_sources.py fsdp_trace.py pipeline_trace.py \
 	nccl_completion.py flight_recorder_source.py)
 

@@ -128,8 +128,8 @@ class TrainingMonitor:
         world_size: default from ``torch.distributed`` or ``$WORLD_SIZE`` (else 1).
         local_rank: default from ``$LOCAL_RANK``.
         participants: participants of your own (:class:`~laggard.integrations.participants.
-            Participant`), after the built-in ones (straggler, link probe, trace, integrity);
-            every rank must give the same ones in the same order.
+            Participant`), after the built-in ones (straggler, host context, link probe, trace,
+            integrity); every rank must give the same ones in the same order.
         device: the ``torch.cuda``-like module the device clock records on (``Event(
             enable_timing=True)`` with ``record``/``query``/``elapsed_time``,
             ``current_stream()``, whose results compare equal (``==``) for the same stream, as
@@ -300,11 +300,16 @@ class TrainingMonitor:
             self._internal_error("heartbeat", exc)
 
     def _builtin_participants(self) -> list[Participant]:
-        """Straggler detector; with a tracer, the link probe and the tracer's block (whose
-        link detector reads the probe's column); the integrity check when configured."""
+        """Straggler detector; the host context (``Config.host_context``); with a tracer, the
+        link probe and the tracer's block (whose link detector reads the probe's column); the
+        integrity check when configured."""
         out: list[Participant] = [StragglerParticipant(
             self.config.straggler, peer_groups=self.peer_groups,
             cpu_only=self._device_id is None)]
+        if self.config.host_context:
+            from laggard.integrations.host_context import HostContextParticipant
+
+            out.append(HostContextParticipant())
         if self.tracer is not None:
             from laggard.integrations.link_probe import DEFAULT_PROBE_BYTES, LinkProbeParticipant
             from laggard.integrations.trace_window import TraceParticipant

@@ -182,6 +182,12 @@ class MonitorConfig:
     gets ``gc_seconds`` and ``gc_generation``, from which a straggler slowed by its
     collections is reported as ``kind="gc"`` rather than as a slow GPU."""
 
+    host_context: bool = True
+    """Add each rank's host to the window record (:mod:`laggard.integrations.host_context`:
+    load per CPU, CPU pressure, steal, the rank's involuntary context switches; a few small
+    ``/proc`` reads per window), so a whole-job slowdown on CPU-bound hosts says so before it
+    guesses at storage or the fabric."""
+
     link_probe_bytes: int | None = None
     """Payload of the per-window link probe (``laggard.integrations.link_probe``): each
     rank times a round trip to its ring successor so rank 0 can name a slow link. None:

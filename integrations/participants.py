@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from laggard.detectors.finding import Finding
+from laggard.detectors.host_contention import with_host_cause
 from laggard.detectors.window import WindowColumn, WindowRecord
 
 log = logging.getLogger(__name__)
@@ -312,7 +313,7 @@ class StragglerParticipant(WindowParticipant):
                 self.context.log_once("partial-work-notes", PARTIAL_NOTES_MESSAGE)
         found += self._blame(record, scores)
         found = self._whole_node_or_job(record, found)
-        findings = [with_gpu_cause(f, record) for f in found]
+        findings = [with_host_cause(with_gpu_cause(f, record), record) for f in found]
         return WindowOutcome(
             findings=findings,
             scores={int(r): float(v) for r, v in scores.items()},

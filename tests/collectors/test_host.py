@@ -9,7 +9,7 @@ from collections import namedtuple
 
 import psutil
 import pytest
-from support import registry_of
+from support import FIXTURES, registry_of
 
 from laggard.agent.sampler import CollectorThread
 from laggard.collectors import host
@@ -20,6 +20,8 @@ LinuxCpuTimes = namedtuple("LinuxCpuTimes", "user nice system idle iowait irq so
                                             "guest guest_nice")
 MacCpuTimes = namedtuple("MacCpuTimes", "user nice system idle")  # psutil/_psosx.py
 Memory = namedtuple("Memory", "total available percent used free")
+#: A procfs tree with a real /proc/pressure/cpu copied from a 2-CPU VM.
+PROC = str(FIXTURES / "proc")
 
 
 @pytest.fixture
@@ -34,11 +36,11 @@ def fixed_host(monkeypatch):
 
 
 def test_golden_exposition_of_a_fixed_reading(fixed_host, expose, golden):
-    golden("host/node.prom", expose(HostCollector()))
+    golden("host/node.prom", expose(HostCollector(proc_root=PROC)))
 
 
 def test_exposition_passes_promtool(fixed_host, expose, promtool):
-    promtool(expose(HostCollector()))
+    promtool(expose(HostCollector(proc_root=PROC)))
 
 
 def test_values_are_base_units_and_cpu_time_is_per_mode(fixed_host):
@@ -53,6 +55,20 @@ def test_values_are_base_units_and_cpu_time_is_per_mode(fixed_host):
     assert registry.get_sample_value("laggard_host_memory_available_bytes") == 1987654321152
 
 
+def test_cpu_pressure_is_the_psi_some_total_in_seconds(fixed_host):
+    registry = registry_of(HostCollector(proc_root=PROC))
+    total = int((FIXTURES / "proc" / "pressure" / "cpu").read_text().split("total=")[1].split()[0])
+    assert registry.get_sample_value(
+        "laggard_host_pressure_cpu_waiting_seconds_total") == total / 1e6
+
+
+def test_a_kernel_without_psi_gives_the_pressure_family_no_sample(fixed_host, tmp_path, expose):
+    text = expose(HostCollector(proc_root=str(tmp_path)))
+    assert "# TYPE laggard_host_pressure_cpu_waiting_seconds_total counter" in text
+    assert "\nlaggard_host_pressure_cpu_waiting_seconds_total " not in text
+    assert "laggard_host_load1 31.5" in text  # the rest is there
+
+
 def test_this_machines_own_values():
     registry = registry_of(HostCollector())
     assert registry.get_sample_value("laggard_host_cpus") == psutil.cpu_count()
@@ -62,6 +78,8 @@ def test_this_machines_own_values():
     assert registry.get_sample_value("laggard_host_cpu_seconds_total", {"mode": "idle"}) > 0
     if hasattr(os, "getloadavg"):
         assert registry.get_sample_value("laggard_host_load1") >= 0
+    if os.path.exists("/proc/pressure/cpu"):
+        assert registry.get_sample_value("laggard_host_pressure_cpu_waiting_seconds_total") > 0
 
 
 def test_fields_psutil_does_not_offer_are_left_out_not_zero(fixed_host, monkeypatch, expose,
