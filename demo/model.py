@@ -260,7 +260,6 @@ class StepThrottle:
             self._fresh = False
         self.injected_seconds.append(seconds)
 
-
     def _stall(self) -> None:
         """The step's stall, once (the first burn of the step); a sleep's wall seconds count
         in :attr:`step_injected_seconds` (a compute stall's CPU seconds count with the burn)."""
