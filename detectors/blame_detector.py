@@ -47,11 +47,15 @@ from laggard.detectors.stats import evidence_round, robust_sigma
 from laggard.detectors.straggler import lost_text, time_lost
 from laggard.detectors.window import WindowRecord
 
-__all__ = ["DETECTOR", "KIND", "BlameDetector", "RankBlame"]
+__all__ = ["DETECTOR", "KIND", "MOVING_KIND", "BlameDetector", "RankBlame"]
 
 DETECTOR = "straggler"
 #: ``kind`` of a rank finding: the rank the others waited for.
 KIND = "waited_for"
+#: ``kind`` of the finding for a slowness that moves from rank to rank.
+MOVING_KIND = "moving"
+#: Distinct ranks named within two spans that make a slowness "moving".
+MOVING_RANKS = 3
 #: Fewest ranks of a peer group compared (a majority to compare with, as the median detector).
 MIN_RANKS = 3
 #: The columns whose leave-one-out deficits are tested, each a chart of its own: the waits of
@@ -71,17 +75,6 @@ _PREFERENCE = (_WORK, 0, 1)
 #: The work chart counts only as far as the others' waits confirm it: the rank's wait
 #: deficit over the span (either wait chart) must be at least this share of its work excess.
 _CORROBORATION = 0.5
-#: Windows of noise pooled (the median of each window's robust sigma).
-_NOISE_WINDOWS = 16
-
-
-def _unblamed_rms(deficit: np.ndarray) -> float:
-    """The root mean square of a window's deficits without its largest tenth by magnitude (at
-    least one): the noise of the ranks that are not blamed, heavy tails included (a MAD is 0
-    when most ranks had no spike, and would make any stall of a loaded host a pattern)."""
-    magnitude = np.sort(np.abs(deficit))
-    kept = magnitude[:magnitude.size - max(1, math.ceil(0.1 * magnitude.size))]
-    return float(np.sqrt(np.mean(kept ** 2))) if kept.size else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +91,7 @@ class RankBlame:
         spikes: the median other rank's spike count over the span (steps it waited for a stall).
         spike_seconds: the rank's deficit in the others' spike waits over the span (the
             stalls' seconds).
+        spike_windows: windows of the span holding at least one of those spike steps.
     """
 
     share: float
@@ -108,16 +102,16 @@ class RankBlame:
     steps: float
     spikes: float
     spike_seconds: float = math.nan
+    spike_windows: int = 0
 
     @property
     def shape(self) -> str:
         """``stalls``, ``bursts`` or ``steady`` (module docstring)."""
-        spread = self.events >= 0.6 * self.windows  # a loss in most windows of the span
-        if spread:
-            return "steady" if self.spikes < 0.5 * self.events else "stalls"
-        # a loss in a minority of windows: a burst of slow steps (several together, or so
-        # many the window's median moved), else a stall now and then
-        if self.spikes >= 3 * self.events or self.spikes < 0.5 * self.events:
+        if self.spikes < 0.5 * self.windows:  # the loss shows on no step alone
+            return "steady" if self.events >= 0.6 * self.windows else "bursts"
+        # slow steps in a minority of windows, several together: bursts; else stalls
+        if self.spike_windows < 0.6 * self.windows and \
+                self.spikes >= 3 * max(self.spike_windows, 1):
             return "bursts"
         return "stalls"
 
@@ -224,12 +218,34 @@ class BlameDetector:
         self._steps = np.zeros((span, 0))  # its group's steps that window
         self._spikes = np.zeros((span, 0))  # its group's median victim spike count
         self._own = np.zeros((2, span, 0))  # the rank's own work spikes: count, seconds
-        self._noise: dict[tuple[int, int], list[float]] = {}  # (signal, group) -> sigmas
+        self._raw = np.zeros((len(SIGNALS), span, 0))  # deficits as measured (the noise's)
+        self._seen: dict[int, int] = {}  # group -> windows compared
         self._slot = -1
         self._windows = 0  # windows tested
         self._raised_at: dict[int, int] = {}  # rank -> window its finding was raised in
+        self._raises: list[tuple[int, int]] = []  # (window, rank) of recent raises
+        self.moving: Finding | None = None
 
-    _RINGS = ("_deficit", "_sigma", "_job", "_steps", "_spikes", "_own")
+    _RINGS = ("_deficit", "_raw", "_sigma", "_job", "_steps", "_spikes", "_own")
+
+    def _noise_of(self, signal: int, at: np.ndarray) -> float:
+        """One group's noise on one chart, seconds per window: the median over its ranks of
+        the root mean square of each rank's window-to-window change of deficit, over the
+        span, divided by sqrt(2) (the change of two independent windows has twice the
+        variance). Over time, not across ranks: across ranks the victims of two slow ranks of
+        four show the slow ones' deficit with the opposite sign, and a MAD across ranks is 0
+        when most ranks had no spike; a rank's persistent offset (a steady straggler, a
+        victim) changes little from window to window, a loaded host's random pauses a lot."""
+        c = self.config
+        order = [(self._slot - i) % c.span_windows for i in range(c.span_windows)][::-1]
+        changes = np.diff(self._raw[signal][order][:, at], axis=0)  # (span - 1, n) NaN-padded
+        known = np.isfinite(changes)
+        counts = known.sum(axis=0)
+        squares = np.where(known, changes, 0.0) ** 2
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rms = np.sqrt(squares.sum(axis=0) / counts)
+        rms = rms[counts >= 2]
+        return float(np.median(rms)) / math.sqrt(2) if rms.size else 0.0
 
     def _grow(self, size: int) -> None:
         if size <= self._size:
@@ -304,19 +320,18 @@ class BlameDetector:
             self._spikes[slot, at] = float(np.median(spikes_col[rows])) \
                 if spikes_col is not None else 0.0
             own = overhead[rows]
+            seen = self._seen[group] = self._seen.get(group, 0) + 1
             for signal, col in enumerate(columns):
                 if not np.isfinite(col[rows]).all():
                     continue
                 deficit = _DEFICIT[signal] * (leave_one_out_median(col[rows]) - col[rows])
                 if signal != _WORK:  # rank 0's analysis thread held it back: not its blame
                     deficit = np.where(deficit > 0, np.maximum(deficit - own, 0.0), deficit)
-                noise = self._noise.setdefault((signal, group), [])
-                noise.append(_unblamed_rms(deficit))
-                del noise[:-_NOISE_WINDOWS]
-                if len(noise) < c.warmup_windows:
+                self._raw[signal, slot, at] = deficit
+                if seen < c.warmup_windows:
                     deficit = np.minimum(deficit, 0.0)  # nothing to blame while warming up
                 self._deficit[signal, slot, at] = deficit
-                self._sigma[signal, slot, at] = max(math.sqrt(float(np.mean(np.square(noise)))),
+                self._sigma[signal, slot, at] = max(self._noise_of(signal, at),
                                                     c.noise_floor_share * job_s)
         if not compared:
             self.stats["skipped_windows"] += 1
@@ -351,7 +366,11 @@ class BlameDetector:
                                                   0)), axis=0)
         own = self._newest_first(self._own)
         own_known = np.isfinite(own[0]) & present
-        own = np.cumsum(np.where(own_known, own, 0.0), axis=-2)  # (2, span, W) count, seconds
+        own = np.where(own_known, own, 0.0)
+        own_windows = np.cumsum(own[0] >= 1, axis=0)  # windows with a stall of its own
+        own = np.cumsum(own, axis=-2)  # (2, span, W) count, seconds
+        victim_windows = np.cumsum(np.nan_to_num(np.where(
+            present, self._newest_first(self._spikes), 0)) >= 1, axis=0)
         z = self._z(ranks.size)
         with np.errstate(invalid="ignore", divide="ignore"):
             share = lost / job
@@ -388,20 +407,48 @@ class BlameDetector:
             # said from its first event in that span on (windows before it dilute the shape)
             best = int(np.flatnonzero(events[signal, :best + 1, rank])[-1])
             stalls, stall_seconds = float(spikes[best, rank]), float(lost[0, best, rank])
+            spike_windows = int(victim_windows[best, rank])
             if own[0, best, rank] >= 1:  # its own spike steps say the shape best
                 stalls, stall_seconds = float(own[0, best, rank]), float(own[1, best, rank])
+                spike_windows = int(own_windows[best, rank])
             blame = RankBlame(share=float(share[signal, best, rank]),
                               lost_seconds=float(lost[signal, best, rank]),
                               windows=best + 1, events=int(count[signal, best, rank]),
                               job_seconds=float(job[best, rank]), steps=float(steps[best, rank]),
-                              spikes=stalls, spike_seconds=stall_seconds)
+                              spikes=stalls, spike_seconds=stall_seconds,
+                              spike_windows=spike_windows)
             finding = self._finding(record, rank, blame,
                                     float(z[signal, 0, 0] * noise[signal, best, rank]),
                                     SIGNALS[signal])
             self.active[rank] = finding
             self._raised_at[rank] = self._windows
+            self._raises.append((self._windows, rank))
             found.append(finding)
-        return found
+        return found + self._moving(record.step)
+
+    def _moving(self, step: int) -> list[Finding]:
+        """A slowness that moves: :data:`MOVING_RANKS` or more ranks named, each in turn, within
+        the last two spans; cleared once no rank was named for two spans and none is held."""
+        horizon = self._windows - 2 * self.config.span_windows
+        self._raises = [(w, r) for w, r in self._raises if w > horizon]
+        ranks = sorted({r for _, r in self._raises})
+        if self.moving is None and len(ranks) >= MOVING_RANKS:
+            windows = 2 * self.config.span_windows
+            self.moving = Finding(
+                detector=DETECTOR, kind=MOVING_KIND, severity=Severity.WARNING, step=step,
+                message=(f"a slowness moving from rank to rank: ranks "
+                         f"{', '.join(map(str, ranks))} each held the job up in turn within "
+                         f"{windows} windows: look for what moves between them (a job or "
+                         f"daemon migrating between hosts, a hot data shard, a thermal or power "
+                         f"event spreading) rather than at one rank"),
+                evidence={"ranks": ranks, "windows": windows})
+            return [self.moving]
+        if self.moving is not None and not self._raises and not self.active:
+            cleared, self.moving = self.moving, None
+            return [cleared.clear(step=step, reason="recovered",
+                                  message="the moving slowness ended: no rank named for "
+                                          f"{2 * self.config.span_windows} windows")]
+        return []
 
     def _finding(self, record: WindowRecord, rank: int, blame: RankBlame,
                  noise_seconds: float, signal: str) -> Finding:

@@ -123,7 +123,8 @@ class Detector(Protocol[W_contra]):
 #: ``other``, so no sender can grow the exposition (tests keep this in step with the detectors).
 JOB_FINDING_KINDS: dict[str, frozenset[str]] = {
     "straggler": frozenset({"compute", "data", "communication", "job_slowdown", "gc",
-                            "load_imbalance", "stage_imbalance"}),
+                            "load_imbalance", "stage_imbalance", "waited_for", "node",
+                            "moving"}),
     "link": frozenset({"link"}),
     "integrity": frozenset({"sum_mismatch", "check_fault", "nonfinite", "payload_mismatch",
                             "replica_mismatch", "result_mismatch"}),

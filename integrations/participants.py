@@ -191,6 +191,9 @@ class StragglerParticipant(WindowParticipant):
         peer_groups: the job's peer groups; None: every rank in one group.
         cpu_only: the job runs on no CUDA device: a compute finding advises on the rank's CPU,
             not "that GPU's clocks" (unless ``config`` names a hint of its own).
+        blame: also run the blame detector, the node verdict and hold a whole-job slowdown
+            while ranks are named (:meth:`_blame`, :meth:`_whole_node_or_job`); False: the
+            median detector alone, as before them.
 
     Raises:
         ValueError: at :meth:`attach`, peer groups of another world size than the monitor's.
@@ -206,8 +209,9 @@ class StragglerParticipant(WindowParticipant):
     name = "straggler"
 
     def __init__(self, config: Any = None, peer_groups: Any = None, *,
-                 cpu_only: bool = False) -> None:
+                 cpu_only: bool = False, blame: bool = True) -> None:
         super().__init__()
+        self.with_blame = blame
         self.config = config
         self.cpu_only = cpu_only
         self.peer_groups = peer_groups
@@ -258,8 +262,9 @@ class StragglerParticipant(WindowParticipant):
 
         from laggard.detectors.node_verdict import NodeVerdict
 
-        self.blame = BlameDetector()
-        self.nodes = NodeVerdict()
+        if self.with_blame:
+            self.blame = BlameDetector()
+            self.nodes = NodeVerdict()
         if groups is not None and not groups.is_all:
             self._labels = {rank: groups.group_of(rank) for rank in range(groups.world_size)}
         if groups is None or groups.is_all:
@@ -311,8 +316,9 @@ class StragglerParticipant(WindowParticipant):
                 from laggard.detectors.causes import PARTIAL_NOTES_MESSAGE
 
                 self.context.log_once("partial-work-notes", PARTIAL_NOTES_MESSAGE)
-        found += self._blame(record, scores)
-        found = self._whole_node_or_job(record, found)
+        if self.with_blame:
+            found += self._blame(record, scores)
+            found = self._whole_node_or_job(record, found)
         findings = [with_host_cause(with_gpu_cause(f, record), record) for f in found]
         return WindowOutcome(
             findings=findings,

@@ -131,7 +131,8 @@ def run_participant(records: list[WindowRecord], groups: PeerGroups | None,
     (``to_dict``), scores and detector counters, as JSON-ready data."""
     from laggard.integrations.participants import MonitorContext, StragglerParticipant
 
-    participant = StragglerParticipant(None, peer_groups=groups)
+    # the median detector alone: the recordings predate the blame detector (issue 33)
+    participant = StragglerParticipant(None, peer_groups=groups, blame=False)
     participant.attach(MonitorContext(
         rank=0, world_size=world, node="n0", local_rank=0, window_steps=20,
         group=lambda: None, log_once=lambda *a: None, count_error=lambda where, exc: None))

@@ -50,8 +50,10 @@ OK, PROBLEM, UNKNOWN = 0, 1, 2
 KINDS = ("gpu_lost", "xid", "row_remap_failure", "row_remap_pending", "ecc_uncorrected",
          "clock_event", "straggler", "hung")
 
-#: Straggler kinds that name a rank (job_slowdown and stage_imbalance name none).
-_RANK_STRAGGLER_KINDS = frozenset({"compute", "data", "communication", "gc", "load_imbalance"})
+#: Straggler kinds that name a rank, or (``node``) a node whose ranks are all slow
+#: (job_slowdown, stage_imbalance and moving name neither).
+_RANK_STRAGGLER_KINDS = frozenset({"compute", "data", "communication", "gc", "load_imbalance",
+                                   "waited_for", "node"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,12 +217,13 @@ def _job(samples: Sequence[Sample], findings: Sequence[Mapping[str, Any]], node:
         rank = str(doc.get("rank"))
         if first is None or last is None or last - first < rules.straggler_seconds:
             continue
-        if rank in named:
+        subject = "node" if doc.get("kind") == "node" else f"rank{rank}"
+        if subject in named:
             continue
-        named.add(rank)
-        out.append(Problem("straggler", f"rank{rank}",
-                           f"rank {rank} ({doc.get('kind')}) a straggler for "
-                           f"{_minutes(last - first)}"))
+        named.add(subject)
+        who = "its ranks all" if subject == "node" else f"rank {rank} ({doc.get('kind')})"
+        out.append(Problem("straggler", subject,
+                           f"{who} a straggler for {_minutes(last - first)}"))
     stalled: dict[tuple[str, int], float] = {}
     for s in samples:
         if s.name == "laggard_rank_stalled_seconds" and s.value >= max(rules.hung_seconds, 1e-9):

@@ -8,7 +8,15 @@ from support import registry_of
 from laggard.agent.context import FindingLog
 from laggard.agent.run_metrics import RunMetrics
 from laggard.agent.run_table import RankTable
-from laggard.detectors import causes, integrity, link, stage_balance, straggler
+from laggard.detectors import (
+    blame_detector,
+    causes,
+    integrity,
+    link,
+    node_verdict,
+    stage_balance,
+    straggler,
+)
 from laggard.detectors.finding import JOB_FINDING_KINDS
 from laggard.wire import CollectiveTiming, StepRecord, WindowReport
 
@@ -80,7 +88,8 @@ def test_the_vocabulary_holds_every_kind_the_in_job_detectors_send():
     link_kinds = set(re.findall(r'kind="(\w+)"', open(link.__file__).read()))
     assert link_kinds == {"link"}
     assert (set(straggler.SIGNAL_KINDS)
-            | {"job_slowdown", stage_balance.KIND, causes.GC_KIND, causes.LOAD_KIND}
+            | {"job_slowdown", stage_balance.KIND, causes.GC_KIND, causes.LOAD_KIND,
+               blame_detector.KIND, blame_detector.MOVING_KIND, node_verdict.KIND}
             == JOB_FINDING_KINDS["straggler"])
     assert link_kinds == JOB_FINDING_KINDS[link.DETECTOR] and link.DETECTOR == "link"
     source = open(integrity.__file__).read()
