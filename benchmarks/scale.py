@@ -91,9 +91,16 @@ class Job:
         wait = (work.max(axis=1, keepdims=True) - work).ravel() + 0.002
         transfer = 0.020 * rng.lognormal(0, 0.02, r)
         step = np.full(r, float(work.max()) + 0.025)
+        # the blame sums (detectors/blame.py) of K = 20 steps, so the blame detector runs too
+        steps = 20
         return {"compute_seconds": compute, "data_seconds": data,
                 "collective_wait_seconds": wait, "transfer_seconds": transfer,
-                "step_seconds": step}
+                "step_seconds": step,
+                "wait_sum_seconds": steps * wait * rng.lognormal(0, 0.05, r),
+                "step_sum_seconds": steps * step, "steps_count": np.full(r, float(steps)),
+                "wait_spike_count": np.zeros(r), "wait_spike_seconds": np.zeros(r),
+                "work_spike_count": np.zeros(r), "work_spike_seconds": np.zeros(r),
+                "monitor_cpu_seconds": np.zeros(r)}
 
 
 def gathered_rows(layout: WindowLayout, columns: dict[str, np.ndarray], ranks: int,
@@ -325,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="windows per size (default 20; 14 with --quick)")
     parser.add_argument("--rss-windows", type=int, default=None,
                         help="windows of the RSS run (default 300; 30 with --quick)")
+    parser.add_argument("--analysis-only", action="store_true",
+                        help="the analysis section alone")
     parser.add_argument("--onset", type=int, default=6,
                         help="first slowed window (after the 5 warm-up windows)")
     args = parser.parse_args(argv)
@@ -336,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{sys.version.split()[0]}, numpy {np.__version__}, torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs, load {load()}")
     results = analysis_section(args)
+    if args.analysis_only:
+        return 0
     baseline_section(args, results)
     rss_section(args)
     training_thread_section(args)

@@ -144,7 +144,8 @@ class BlameDetector:
 
     Attributes:
         active: global rank -> its raised finding.
-        shares: global rank -> its share of the job's time lost over its span, latest window.
+        shares: (W,) float64 by global rank: its share of the job's time lost over the span
+            it reported in, on its chart of most share, latest window (NaN: absent).
         stats: ``windows``, ``skipped_windows`` (no blame columns or too few ranks).
     """
 
@@ -207,7 +208,7 @@ class BlameDetector:
     def __init__(self, config: Config | None = None) -> None:
         self.config = config if config is not None else BlameDetector.Config()
         self.active: dict[int, Finding] = {}
-        self.shares: dict[int, float] = {}
+        self.shares = np.zeros(0)
         self.stats = {"windows": 0, "skipped_windows": 0}
         span = self.config.span_windows
         self._size = 0
@@ -267,14 +268,18 @@ class BlameDetector:
                                                                                        None]
 
     def update(self, record: WindowRecord, labels: np.ndarray | None = None, *,
-               exclude: set[int] | frozenset[int] = frozenset()) -> list[Finding]:
+               exclude: set[int] | frozenset[int] = frozenset(),
+               steady_elsewhere: set[int] | frozenset[int] = frozenset()) -> list[Finding]:
         """Test one window.
 
         Args:
             record: the gathered window (rows of ``record.ranks``).
             labels: (R,) int peer group of each row; None: one group.
-            exclude: global ranks not to raise now (another detector names them, or is about
-                to); a finding of this detector on one of them is left to clear by itself.
+            exclude: global ranks not to raise now (another detector names them); a finding
+                of this detector on one of them is left to clear by itself.
+            steady_elsewhere: global ranks whose steady slowness another detector sees (the
+                median detector's score over its floor): not raised here when their shape is
+                ``steady`` (that detector names the cause), raised when it is stalls or bursts.
 
         Returns:
             Findings raised or cleared in this window.
@@ -335,14 +340,14 @@ class BlameDetector:
                                                     c.noise_floor_share * job_s)
         if not compared:
             self.stats["skipped_windows"] += 1
-        return self._test(record, ranks, exclude)
+        return self._test(record, ranks, exclude, steady_elsewhere)
 
     def _newest_first(self, ring: np.ndarray) -> np.ndarray:
         c = self.config
         return ring[..., [(self._slot - i) % c.span_windows for i in range(c.span_windows)], :]
 
-    def _test(self, record: WindowRecord, ranks: np.ndarray,
-              exclude: set[int] | frozenset[int]) -> list[Finding]:
+    def _test(self, record: WindowRecord, ranks: np.ndarray, exclude: set[int] | frozenset[int],
+              steady_elsewhere: set[int] | frozenset[int]) -> list[Finding]:
         c = self.config
         deficit = self._newest_first(self._deficit)  # (S, span, W)
         present = np.isfinite(deficit[1])  # (span, W): the wait sum, every record has it
@@ -381,14 +386,21 @@ class BlameDetector:
         hit = full & pattern & (share >= c.min_share) & (lost >= z * noise)
         hit[2] &= np.maximum(lost[0], lost[1]) >= _CORROBORATION * lost[2]
         score = np.where(hit, share, -np.inf)  # (S, span, W)
+        span_now = seen[-1]  # (W,) windows each rank reported in, of the span
+        columns = np.arange(span_now.size)
+        with np.errstate(invalid="ignore"):
+            self.shares = np.where(span_now > 0, share[:, np.maximum(span_now - 1, 0),
+                                                       columns].max(axis=0), np.nan)
+        # only ranks held or hit need a look (at 65,536 ranks a loop over all would cost more
+        # than the rest of the test)
+        here = np.zeros(span_now.size, dtype=bool)
+        here[ranks] = True
+        looked = here & (hit.any(axis=(0, 1)) | np.isin(columns, list(self.active)))
         found: list[Finding] = []
-        for rank in ranks.tolist():
-            span_now = int(seen[-1, rank])
-            self.shares[rank] = float(share[:, span_now - 1, rank].max()) if span_now else \
-                math.nan
+        for rank in np.flatnonzero(looked).tolist():
             active = self.active.get(rank)
             if active is not None:
-                latest = float(np.nanmax(share[:, -1, rank])) if span_now else math.nan
+                latest = float(np.nanmax(share[:, -1, rank])) if span_now[rank] else math.nan
                 if not latest >= c.clear_share and \
                         self._windows - self._raised_at[rank] >= c.span_windows:
                     del self.active[rank]
@@ -417,6 +429,8 @@ class BlameDetector:
                               job_seconds=float(job[best, rank]), steps=float(steps[best, rank]),
                               spikes=stalls, spike_seconds=stall_seconds,
                               spike_windows=spike_windows)
+            if rank in steady_elsewhere and blame.shape == "steady":
+                continue
             finding = self._finding(record, rank, blame,
                                     float(z[signal, 0, 0] * noise[signal, best, rank]),
                                     SIGNALS[signal])

@@ -374,9 +374,9 @@ class StragglerParticipant(WindowParticipant):
     def _blame(self, record: WindowRecord, scores: Mapping[int, float]) -> list[Finding]:
         """The blame detector's findings (:mod:`laggard.detectors.blame_detector`): a rank
         the others waited for on some steps, whatever the shape. A rank the median detector
-        names, or whose straggler score (its median excess) is over that detector's
-        ``min_slowdown``, is left to it: it names the cause (compute, data, GC, more work),
-        which the waits cannot. Never raises (errors counted)."""
+        names is left to it, and so is a steady slowness of a rank whose straggler score (its
+        median excess) is over that detector's ``min_slowdown``: it names the cause (compute,
+        data, GC, more work), which the waits cannot. Never raises (errors counted)."""
         if self.blame is None:
             return []
         try:
@@ -390,8 +390,9 @@ class StragglerParticipant(WindowParticipant):
                 from laggard.detectors.straggler import StragglerDetector
 
                 floor = StragglerDetector.Config().min_slowdown
-            exclude = self._median_active() | {int(r) for r, v in scores.items() if v >= floor}
-            return list(self.blame.update(record, labels, exclude=exclude))
+            steady = {int(r) for r, v in scores.items() if v >= floor}
+            return list(self.blame.update(record, labels, exclude=self._median_active(),
+                                          steady_elsewhere=steady))
         except Exception as exc:  # noqa: BLE001 - the median detector's findings still go out
             if self.context is not None:
                 self.context.count_error("blame", exc)
