@@ -77,6 +77,16 @@ _PREFERENCE = (_WORK, 0, 1)
 _CORROBORATION = 0.5
 
 
+def _median_work(record: WindowRecord, rows: np.ndarray) -> np.ndarray | None:
+    """Each row's window median compute + data (seconds per step), None when not all finite."""
+    compute, data = record.get("compute_seconds"), record.get("data_seconds")
+    if compute is None or data is None:
+        return None
+    work = np.asarray(compute, dtype=np.float64)[rows] + np.nan_to_num(
+        np.asarray(data, dtype=np.float64)[rows])
+    return work if np.isfinite(work).all() else None
+
+
 @dataclass(frozen=True, slots=True)
 class RankBlame:
     """A rank's blame over its best span (what a finding reports).
@@ -92,6 +102,8 @@ class RankBlame:
         spike_seconds: the rank's deficit in the others' spike waits over the span (the
             stalls' seconds).
         spike_windows: windows of the span holding at least one of those spike steps.
+        steady_seconds: its window-median work's excess over the others' times the steps,
+            summed over the span (>= 0): the part of its loss that is on every step.
     """
 
     share: float
@@ -103,11 +115,16 @@ class RankBlame:
     spikes: float
     spike_seconds: float = math.nan
     spike_windows: int = 0
+    steady_seconds: float = 0.0
 
     @property
     def shape(self) -> str:
         """``stalls``, ``bursts`` or ``steady`` (module docstring)."""
-        if self.spikes < 0.5 * self.windows:  # the loss shows on no step alone
+        regular = self.spike_windows >= 0.6 * self.windows and self.spikes >= 1
+        if regular and self.spike_seconds >= 0.25 * self.lost_seconds:
+            return "stalls"  # slow steps in most windows carrying a good part of the loss
+        if not self.spike_seconds > self.steady_seconds:
+            # more of the loss on every step than in its slow steps: steady, or whole windows
             return "steady" if self.events >= 0.6 * self.windows else "bursts"
         # slow steps in a minority of windows, several together: bursts; else stalls
         if self.spike_windows < 0.6 * self.windows and \
@@ -219,6 +236,7 @@ class BlameDetector:
         self._steps = np.zeros((span, 0))  # its group's steps that window
         self._spikes = np.zeros((span, 0))  # its group's median victim spike count
         self._own = np.zeros((2, span, 0))  # the rank's own work spikes: count, seconds
+        self._steady = np.zeros((span, 0))  # its median work's excess x steps, seconds
         self._raw = np.zeros((len(SIGNALS), span, 0))  # deficits as measured (the noise's)
         self._seen: dict[int, int] = {}  # group -> windows compared
         self._slot = -1
@@ -227,7 +245,7 @@ class BlameDetector:
         self._raises: list[tuple[int, int]] = []  # (window, rank) of recent raises
         self.moving: Finding | None = None
 
-    _RINGS = ("_deficit", "_raw", "_sigma", "_job", "_steps", "_spikes", "_own")
+    _RINGS = ("_deficit", "_raw", "_sigma", "_job", "_steps", "_spikes", "_own", "_steady")
 
     def _noise_of(self, signal: int, at: np.ndarray) -> float:
         """One group's noise on one chart, seconds per window: the median over its ranks of
@@ -319,6 +337,9 @@ class BlameDetector:
             self._job[slot, at] = job_s
             self._steps[slot, at] = float(np.median(steps_col[rows])) \
                 if steps_col is not None else math.nan
+            work = _median_work(record, rows)
+            if work is not None and steps_col is not None:
+                self._steady[slot, at] = (work - leave_one_out_median(work)) * steps_col[rows]
             for i, name in enumerate(("work_spike_count", "work_spike_seconds")):
                 own = record.get(name)
                 self._own[i, slot, at] = np.nan if own is None else own[rows]
@@ -370,6 +391,8 @@ class BlameDetector:
         spikes = np.cumsum(np.nan_to_num(np.where(present, self._newest_first(self._spikes),
                                                   0)), axis=0)
         own = self._newest_first(self._own)
+        steady = np.maximum(np.cumsum(np.nan_to_num(
+            np.where(present, self._newest_first(self._steady), 0.0)), axis=0), 0.0)
         own_known = np.isfinite(own[0]) & present
         own = np.where(own_known, own, 0.0)
         own_windows = np.cumsum(own[0] >= 1, axis=0)  # windows with a stall of its own
@@ -428,7 +451,8 @@ class BlameDetector:
                               windows=best + 1, events=int(count[signal, best, rank]),
                               job_seconds=float(job[best, rank]), steps=float(steps[best, rank]),
                               spikes=stalls, spike_seconds=stall_seconds,
-                              spike_windows=spike_windows)
+                              spike_windows=spike_windows,
+                              steady_seconds=float(steady[best, rank]))
             if rank in steady_elsewhere and blame.shape == "steady":
                 continue
             finding = self._finding(record, rank, blame,
