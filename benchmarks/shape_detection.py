@@ -7,28 +7,33 @@ are named on the command line as a kind and a magnitude in percent (``stall10``:
 costing the job about 10% of its time):
 
 ========== ==================================================================================
-kind       demo flags (p = the percent / 100; T, W, rho from the calibration, below)
+kind       demo flags (p = the percent / 100; T, C, rho from the calibration, below)
 ========== ==================================================================================
 steady     ``--slow-rank R --slowdown 1+p`` (today's benchmark; p is the rank's extra compute)
+steadycost ``--slow-rank R --slowdown 1 + p*T/(C*rho)``: a steady rank costing the job p
 two        ``--slow-rank R1,R2 --slowdown 1+p`` (default p = 25%)
 node       ``--nodes 2 --inject node=node:N,factor:1+p`` (half the ranks; p their extra compute)
 moving     ``--inject moving=every:E,factor:1+p,rank:R`` (E = ``--moving-every``)
 stall      ``--inject stall=rank:R,every:N,seconds:S``, S = p*N*T/rho CPU seconds
 sleep      the same stall asleep (``mode:sleep``), S = p*N*T wall seconds
-burst      ``--inject burst=rank:R,steps:K,every:M,factor:F``, F = 1 + p*(M/K)*T/(T-W)
+burst      ``--inject burst=rank:R,steps:K,every:M,factor:F``, F = 1 + p*T*(M/K)/(C*rho)
 ========== ==================================================================================
 
-How the cost is sized. The intermittent shapes (stall, sleep, burst) are sized so the job loses
-p of its clean step time T on average: a stall of S wall seconds every N steps holds the other
-ranks S seconds once in N steps (S/N per step = p*T). The demo's injected work is CPU time
-(the stand-in for GPU time), which takes longer in wall time on a loaded host: rho = (T - W) /
-(compute + data), the median rank's wall seconds of work per CPU second of it (W its exposed
-collective wait), so a compute stall is S = p*N*T/rho CPU seconds and a burst adds p*(M/K)*T
-wall seconds per burst step, i.e. a factor of 1 + p*(M/K)*T/(T-W) on the rank's work wall time.
-T, W and rho come from a short clean calibration demo (``--calibrate-steps``) run before the
-pairs, or ``--step-seconds/--wait-seconds/--wall-per-cpu``; the JSON keeps them. The factor
-shapes (steady, two, node, moving) keep the demo's meaning: p more compute on each slowed rank,
-as today's 10% / 25% figures.
+How the cost is sized. The cost-sized shapes (stall, sleep, burst, steadycost) make the job
+lose p of its clean step time T on average: a stall of S wall seconds every N steps holds the
+other ranks S seconds once in N steps (S/N per step = p*T). The demo's injected work is CPU time
+(the stand-in for GPU time), done at the end of the rank's backward pass while the others wait
+for it, and a CPU second of it costs them rho wall seconds on a loaded host: rho is measured,
+not assumed, by a calibration pair run before the pairs (``--calibrate-steps``): a clean demo
+(T, and C, the median rank's compute + data CPU seconds per step) beside a demo whose rank 1
+stalls :data:`PROBE_STALL_SECONDS` CPU seconds every :data:`PROBE_STALL_EVERY` steps (rho = the
+others' extra wait on the stall steps over the stall's CPU seconds, the report's ``effect``).
+So a compute stall is S = p*N*T/rho CPU seconds, and a burst adds (F-1)*C CPU seconds on K of
+every M steps: F = 1 + p*T*(M/K)/(C*rho). ``--calibration T,C,RHO`` skips the calibration; the
+JSON keeps it. The factor shapes (steady, two, node, moving) keep the demo's meaning, p more
+compute on each slowed rank (today's 10% / 25% figures), and the plan gives their expected job
+cost, (F-1)*C*rho/T: on this 2-core machine the demo's compute is a small part of its step (the
+collective and the contention the rest), so a steady 10% costs the job a few percent.
 
 How the cost is measured, per run, after it (the demo report's ``effect``, each injected rank's
 steps measured as they ran): the job's seconds lost per step after the onset is the other
@@ -80,8 +85,8 @@ from demo_detection import LoadSampler, demo_command  # noqa: E402  (a sibling s
 from laggard.detectors.window import WindowRecord  # noqa: E402
 
 #: Shape kinds and their default magnitude (percent) when a name gives none.
-KINDS = {"steady": 10, "two": 25, "node": 25, "moving": 25, "stall": 10, "sleep": 10,
-         "burst": 10}
+KINDS = {"steady": 10, "steadycost": 10, "two": 25, "node": 25, "moving": 25, "stall": 10,
+         "sleep": 10, "burst": 10}
 #: The default shapes: every kind at the issue's two targets (10% and 5% of the job's time),
 #: the steady ones at today's 10% and 25%.
 DEFAULT_SHAPES = ("stall10,stall5,sleep10,sleep5,burst10,burst5,node25,node10,two,moving25,"
@@ -116,27 +121,31 @@ class Shape:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """The clean demo's step, as the cost sizing reads it.
+    """The demo's step as the cost sizing reads it (module docstring, "How the cost is sized").
 
     Attributes:
-        step_seconds: T, the median rank's median step wall time (seconds).
-        wait_seconds: W, the median rank's median exposed collective wait (seconds).
-        wall_per_cpu: rho, wall seconds of a rank's work (T - W) per CPU second of it
-            (compute + data, the demo's phase clock), >= 1.
+        step_seconds: T, the clean demo's median rank's median step wall time (seconds).
+        work_cpu_seconds: C, its median rank's median compute + data per step (CPU seconds:
+            the demo's phase clock).
+        extra_wall_per_cpu: rho, the wall seconds the other ranks wait per CPU second of extra
+            work a rank does at the end of its backward pass (where every injection acts),
+            measured on a probe stall.
     """
 
     step_seconds: float
-    wait_seconds: float
-    wall_per_cpu: float
+    work_cpu_seconds: float
+    extra_wall_per_cpu: float
 
     @classmethod
-    def from_report(cls, report: dict[str, Any]) -> Calibration:
-        """From a clean demo's ``--report`` (its per-rank window medians).
+    def from_reports(cls, clean: dict[str, Any], probe: dict[str, Any]) -> Calibration:
+        """From a clean demo's ``--report`` (its per-rank window medians) and the report of a
+        demo beside it with a compute stall injected (its ``effect``: the others' wait on the
+        stall's steps less on the others, over the stall's CPU seconds).
 
         Raises:
-            ValueError: a report with no step times.
+            ValueError: a report without those figures.
         """
-        ranks = report.get("ranks") or []
+        ranks = clean.get("ranks") or []
 
         def median(key: str) -> float:
             values = [r[key] for r in ranks if r.get(key) is not None]
@@ -144,9 +153,17 @@ class Calibration:
                 raise ValueError(f"the calibration report has no {key}")
             return float(np.median(values))
 
-        step, wait = median("step_seconds_median"), median("collective_wait_seconds_median")
-        cpu = median("compute_seconds_median") + median("data_seconds_median")
-        return cls(step, wait, max(1.0, (step - wait) / cpu))
+        ratios = [(e["others_wait_seconds_on"] - e["others_wait_seconds_off"])
+                  / e["injected_seconds"]
+                  for shape in probe["injected"].get("shapes") or []
+                  for e in shape.get("effect") or []
+                  if e and e.get("injected_seconds") and e.get("others_wait_seconds_on")
+                  is not None and e.get("others_wait_seconds_off") is not None]
+        if not ratios:
+            raise ValueError("the probe report has no measured stall")
+        return cls(median("step_seconds_median"),
+                   median("compute_seconds_median") + median("data_seconds_median"),
+                   max(0.1, float(np.median(ratios))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,19 +200,28 @@ def shape_flags(shape: Shape, cal: Calibration, periods: Periods, *, run: int,
         extra = ["--nodes", "2", "--inject", f"node=node:{node},factor:{1 + p:g}"]
     elif shape.kind == "moving":
         extra = ["--inject", f"moving=every:{periods.moving_every},factor:{1 + p:g},rank:{rank}"]
+    elif shape.kind == "steadycost":  # a steady rank costing the job p
+        slowdown = 1 + p * cal.step_seconds / (cal.work_cpu_seconds * cal.extra_wall_per_cpu)
     elif shape.kind in ("stall", "sleep"):
         wall = p * periods.stall_every * cal.step_seconds  # S/N = p*T
-        seconds = wall if shape.kind == "sleep" else wall / cal.wall_per_cpu
+        seconds = wall if shape.kind == "sleep" else wall / cal.extra_wall_per_cpu
         plan.update(stall_wall_seconds=wall, stall_seconds=seconds)
         mode = ",mode:sleep" if shape.kind == "sleep" else ""
         extra = ["--inject", f"stall=rank:{rank},every:{periods.stall_every},"
-                             f"seconds:{seconds:.4f}{mode}"]
+                             f"seconds:{min(60.0, seconds):.4f}{mode}"]
     elif shape.kind == "burst":
-        work_wall = max(1e-6, cal.step_seconds - cal.wait_seconds)
-        factor = 1 + p * periods.burst_every / periods.burst_steps * cal.step_seconds / work_wall
+        factor = 1 + (p * cal.step_seconds * periods.burst_every / periods.burst_steps
+                      / (cal.work_cpu_seconds * cal.extra_wall_per_cpu))
         plan.update(burst_factor=factor)
         extra = ["--inject", f"burst=rank:{rank},steps:{periods.burst_steps},"
                              f"every:{periods.burst_every},factor:{min(20.0, factor):.3f}"]
+    if shape.kind in ("steady", "steadycost", "two", "node", "moving"):
+        # the job's expected loss: the extra CPU of one slowed rank per step, in the others'
+        # wall time, over the step (several slowed at once cost about one: the last arrival)
+        plan["expected_cost"] = ((slowdown if slowdown > 1 else 1 + p) - 1) \
+            * cal.work_cpu_seconds * cal.extra_wall_per_cpu / cal.step_seconds
+    else:
+        plan["expected_cost"] = p
     spec = " ".join(([f"--slow-rank {slow_rank} --slowdown {slowdown:g}"] if slowdown > 1
                      else []) + extra)
     plan["flags"] = spec
@@ -249,31 +275,35 @@ def run_pair(out: Path, shape: Shape, cal: Calibration, periods: Periods, *, run
     return metas
 
 
+#: The calibration's probe stall: CPU seconds, every so many steps (a few % of a step's time).
+PROBE_STALL_SECONDS, PROBE_STALL_EVERY = 0.05, 10
+
+
 def calibrate(out: Path, *, steps: int, window: int) -> Calibration:
-    """Two short clean demos at once, as the pairs run (each pair is 8 ranks on the machine's
-    cores: a demo alone steps about twice as fast); the median of their reports' figures
-    (:meth:`Calibration.from_report`).
+    """Two short demos at once, as the pairs run (8 ranks on the machine's cores: a demo alone
+    steps about twice as fast): a clean one and a probe with a compute stall on rank 1 from its
+    second window (:meth:`Calibration.from_reports`).
 
     Raises:
         RuntimeError: a demo failed.
     """
+    probe = ["--inject", f"stall=rank:1,every:{PROBE_STALL_EVERY},"
+                         f"seconds:{PROBE_STALL_SECONDS}"]
     procs = []
-    for index in range(2):
-        stem = out / f"calibration{index}"
-        command = demo_command(stem, slowdown=1.0, slow_rank=0, seed=7 + index, steps=steps,
-                               window=window, slow_from=window, device="cpu")
+    for name, extra in (("calibration_clean", []), ("calibration_probe", probe)):
+        stem = out / name
+        command = demo_command(stem, slowdown=1.0, slow_rank=0, seed=7, steps=steps,
+                               window=window, slow_from=window, device="cpu") + extra
         log = open(f"{stem}.log", "w")  # noqa: SIM115 (closed below, after the run)
         procs.append((stem, log, subprocess.Popen(command, stdout=log,
                                                   stderr=subprocess.STDOUT)))
-    cals = []
     for stem, log, proc in procs:
         status = proc.wait()
         log.close()
         if status != 0:
             raise RuntimeError(f"the calibration demo failed (status {status}): {stem}.log")
-        cals.append(Calibration.from_report(json.loads(Path(f"{stem}.json").read_text())))
-    return Calibration(*(float(np.median(values)) for values in zip(
-        *((c.step_seconds, c.wait_seconds, c.wall_per_cpu) for c in cals), strict=True)))
+    return Calibration.from_reports(*(json.loads(Path(f"{stem}.json").read_text())
+                                      for stem, _, _ in procs))
 
 
 # ------------------------------------------------------------------------------- scoring
@@ -537,11 +567,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--moving-every", type=int, default=periods.moving_every,
                    help=f"steps a moving slowness stays on a rank (default "
                         f"{periods.moving_every})")
-    p.add_argument("--calibrate-steps", type=int, default=120,
-                   help="steps of the two clean calibration demos (default 120)")
-    p.add_argument("--step-seconds", type=float, help="T: skip the calibration demo")
-    p.add_argument("--wait-seconds", type=float, help="W (with --step-seconds)")
-    p.add_argument("--wall-per-cpu", type=float, help="rho (with --step-seconds)")
+    p.add_argument("--calibrate-steps", type=int, default=160,
+                   help="steps of the two calibration demos (default 160)")
+    p.add_argument("--calibration", metavar="T,C,RHO",
+                   help="step seconds, work CPU seconds, wait per CPU second of extra work: "
+                        "skip the calibration demos")
     p.add_argument("--out", help="keep reports, windows and logs here (default: a temp dir)")
     p.add_argument("--json", help="write every run's score here (default: OUT/shapes.json)")
     p.add_argument("--replay", metavar="DIR", help="only re-score the runs saved in DIR")
@@ -550,14 +580,13 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if not args.replay:
         shapes = [Shape.parse(n) for n in args.shapes.split(",") if n.strip()]
-        if args.step_seconds:
-            cal = Calibration(args.step_seconds, args.wait_seconds or 0.0,
-                              args.wall_per_cpu or 1.0)
+        if args.calibration:
+            cal = Calibration(*(float(v) for v in args.calibration.split(",")))
         else:
             cal = calibrate(out, steps=args.calibrate_steps, window=args.window)
-        print(f"calibration: step {1e3 * cal.step_seconds:.1f} ms, exposed wait "
-              f"{1e3 * cal.wait_seconds:.1f} ms, {cal.wall_per_cpu:.2f} wall s per CPU s of "
-              "work", flush=True)
+        print(f"calibration: step {1e3 * cal.step_seconds:.1f} ms, work "
+              f"{1e3 * cal.work_cpu_seconds:.1f} ms CPU, {cal.extra_wall_per_cpu:.2f} s of the "
+              "others' wait per CPU s of extra work", flush=True)
         periods = Periods(args.stall_every, args.burst_steps, args.burst_every,
                           args.moving_every)
         for run in range(args.first_run, args.first_run + args.runs):

@@ -124,16 +124,36 @@ def test_a_bad_shape_name_is_refused(name: str) -> None:
         bench.Shape.parse(name)
 
 
-def test_a_sleeping_stall_is_sized_to_the_cost() -> None:
-    cal = bench.Calibration(step_seconds=0.2, wait_seconds=0.08, wall_per_cpu=6.0)
-    *_, plan = bench.shape_flags(bench.Shape.parse("sleep10"), cal, bench.Periods(), run=0,
-                                 world_size=4)
-    # 10% of a 0.2 s step, every 25 steps: 0.5 s once in 25 steps
-    assert plan["stall_wall_seconds"] == pytest.approx(0.5)
-    assert "seconds:0.5000,mode:sleep" in plan["flags"]
-    *_, plan = bench.shape_flags(bench.Shape.parse("stall10"), cal, bench.Periods(), run=0,
-                                 world_size=4)
-    assert plan["stall_seconds"] == pytest.approx(0.5 / 6.0)
+def test_the_shapes_are_sized_to_the_cost() -> None:
+    cal = bench.Calibration(step_seconds=0.2, work_cpu_seconds=0.02, extra_wall_per_cpu=2.0)
+    periods = bench.Periods(stall_every=25, burst_steps=10, burst_every=60)
+
+    def plan(name: str) -> dict[str, Any]:
+        return bench.shape_flags(bench.Shape.parse(name), cal, periods, run=0, world_size=4)[3]
+
+    # 10% of a 0.2 s step, every 25 steps: 0.5 s once in 25 steps, asleep or 0.25 CPU s
+    assert plan("sleep10")["stall_wall_seconds"] == pytest.approx(0.5)
+    assert "stall=rank:1,every:25,seconds:0.5000,mode:sleep" in plan("sleep10")["flags"]
+    assert plan("stall10")["stall_seconds"] == pytest.approx(0.25)
+    # a burst: 10 of 60 steps lose 0.12 s each (6x the 0.02 s average)
+    assert plan("burst10")["burst_factor"] == pytest.approx(1 + 0.1 * 0.2 * 6 / 0.04)
+    # a steady 10% of compute costs the job 0.1 * 0.02 * 2 / 0.2 = 2% of its time
+    assert plan("steady10")["expected_cost"] == pytest.approx(0.02)
+    assert "--slowdown 1.5" in plan("steadycost10")["flags"]
+    assert plan("steadycost10")["expected_cost"] == pytest.approx(0.1)
+
+
+def test_the_calibration_reads_the_clean_step_and_the_probe_stall() -> None:
+    clean = {"ranks": [{"step_seconds_median": s, "compute_seconds_median": 0.02,
+                        "data_seconds_median": 0.001} for s in (0.1, 0.12, 0.11, 0.3)]}
+    probe = _report([], effect=[{"rank": 1, "steps": 12, "injected_seconds": 0.05,
+                                 "others_wait_seconds_on": 0.15,
+                                 "others_wait_seconds_off": 0.05}])
+    cal = bench.Calibration.from_reports(clean, probe)
+    assert cal == bench.Calibration(pytest.approx(0.115), pytest.approx(0.021),
+                                    pytest.approx(2.0))
+    with pytest.raises(ValueError, match="probe"):
+        bench.Calibration.from_reports(clean, _report([]))
 
 
 def test_replay_rescores_a_saved_real_pair(tmp_path: Path,
