@@ -29,10 +29,15 @@ not assumed, by a calibration pair run before the pairs (``--calibrate-steps``):
 stalls :data:`PROBE_STALL_SECONDS` CPU seconds every :data:`PROBE_STALL_EVERY` steps (rho = the
 others' extra wait on the stall steps over the stall's CPU seconds, the report's ``effect``).
 So a compute stall is S = p*N*T/rho CPU seconds, and a burst adds (F-1)*C CPU seconds on K of
-every M steps: F = 1 + p*T*(M/K)/(C*rho). ``--calibration T,C,RHO`` skips the calibration; the
-JSON keeps it. The factor shapes (steady, two, node, moving) keep the demo's meaning, p more
-compute on each slowed rank (today's 10% / 25% figures), and the plan gives their expected job
-cost, (F-1)*C*rho/T: on this 2-core machine the demo's compute is a small part of its step (the
+every M steps: F = 1 + p*T*(M/K)/(C*rho). Each later pair is sized with the medians of the
+last 5 samples of each figure (:class:`RunningCalibration`): T and C from each pair's clean
+run, rho from each stall, burst or steady run (the load changes over a long matrix: rho was
+1.7 in the probe and 2.8 in the stall beside it 3 minutes later). ``--calibration T,C,RHO``
+skips the calibration pair; each run's JSON keeps the figures it was sized with.
+
+The factor shapes (steady, two, node, moving) keep the demo's meaning, p more compute on each
+slowed rank (today's 10% / 25% figures), and the plan gives their expected job cost,
+(F-1)*C*rho/T: on this 2-core machine the demo's compute is a small part of its step (the
 collective and the contention the rest), so a steady 10% costs the job a few percent.
 
 How the cost is measured, per run, after it (the demo report's ``effect``, each injected rank's
@@ -138,32 +143,89 @@ class Calibration:
 
     @classmethod
     def from_reports(cls, clean: dict[str, Any], probe: dict[str, Any]) -> Calibration:
-        """From a clean demo's ``--report`` (its per-rank window medians) and the report of a
-        demo beside it with a compute stall injected (its ``effect``: the others' wait on the
-        stall's steps less on the others, over the stall's CPU seconds).
+        """From a clean demo's ``--report`` (:func:`clean_step`) and the report of a demo
+        beside it with a compute stall injected (:func:`wait_per_cpu`).
 
         Raises:
             ValueError: a report without those figures.
         """
-        ranks = clean.get("ranks") or []
-
-        def median(key: str) -> float:
-            values = [r[key] for r in ranks if r.get(key) is not None]
-            if not values:
-                raise ValueError(f"the calibration report has no {key}")
-            return float(np.median(values))
-
-        ratios = [(e["others_wait_seconds_on"] - e["others_wait_seconds_off"])
-                  / e["injected_seconds"]
-                  for shape in probe["injected"].get("shapes") or []
-                  for e in shape.get("effect") or []
-                  if e and e.get("injected_seconds") and e.get("others_wait_seconds_on")
-                  is not None and e.get("others_wait_seconds_off") is not None]
+        ratios = wait_per_cpu(probe)
         if not ratios:
             raise ValueError("the probe report has no measured stall")
-        return cls(median("step_seconds_median"),
-                   median("compute_seconds_median") + median("data_seconds_median"),
-                   max(0.1, float(np.median(ratios))))
+        return cls(*clean_step(clean), max(0.1, float(np.median(ratios))))
+
+
+def clean_step(report: dict[str, Any]) -> tuple[float, float]:
+    """T and C of a clean demo's report: the median rank's median step wall time and compute +
+    data CPU time (seconds, the report's per-rank window medians).
+
+    Raises:
+        ValueError: a report without them.
+    """
+    ranks = report.get("ranks") or []
+
+    def median(key: str) -> float:
+        values = [r[key] for r in ranks if r.get(key) is not None]
+        if not values:
+            raise ValueError(f"the clean report has no {key}")
+        return float(np.median(values))
+
+    return (median("step_seconds_median"),
+            median("compute_seconds_median") + median("data_seconds_median"))
+
+
+#: The shapes whose ``effect`` measures rho: extra CPU work on one rank at a time on its own
+#: steps (a sleep is wall time; a moving slowness's untouched steps have another rank slowed).
+_RHO_SHAPES = ("stall", "burst", "steady")
+
+
+def wait_per_cpu(report: dict[str, Any]) -> list[float]:
+    """rho as a report measured it, per injected rank: the others' median wait on its injected
+    steps less on its untouched ones, over the CPU seconds injected per step ([] for none)."""
+    return [(e["others_wait_seconds_on"] - e["others_wait_seconds_off"]) / e["injected_seconds"]
+            for shape in (report.get("injected") or {}).get("shapes") or []
+            if shape["shape"] in _RHO_SHAPES and "mode:sleep" not in shape["injection"]
+            for e in shape.get("effect") or []
+            if e and e.get("injected_seconds") and e.get("others_wait_seconds_on") is not None
+            and e.get("others_wait_seconds_off") is not None]
+
+
+class RunningCalibration:
+    """The calibration each pair is sized with: T and C from the latest clean runs, rho from
+    the latest runs that measure it (:func:`wait_per_cpu`), medians of the last ``keep`` of
+    each, so the sizing follows the machine's load through a long matrix.
+
+    Args:
+        first: the calibration pair's figures (the first samples).
+        keep: samples kept of each figure.
+    """
+
+    def __init__(self, first: Calibration, keep: int = 5) -> None:
+        self._steps = [first.step_seconds]
+        self._work = [first.work_cpu_seconds]
+        self._rho = [first.extra_wall_per_cpu]
+        self._keep = keep
+
+    def add(self, injected: dict[str, Any] | None, clean: dict[str, Any] | None) -> None:
+        """Take a finished pair's reports (None: that demo failed)."""
+        if clean is not None:
+            try:
+                step, work = clean_step(clean)
+            except ValueError:
+                pass
+            else:
+                self._steps = [*self._steps, step][-self._keep:]
+                self._work = [*self._work, work][-self._keep:]
+        if injected is not None:
+            rho = [r for r in wait_per_cpu(injected) if r > 0]
+            if rho:
+                self._rho = [*self._rho, float(np.median(rho))][-self._keep:]
+
+    @property
+    def current(self) -> Calibration:
+        """The figures the next pair is sized with."""
+        return Calibration(float(np.median(self._steps)), float(np.median(self._work)),
+                           max(0.1, float(np.median(self._rho))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +328,9 @@ def run_pair(out: Path, shape: Shape, cal: Calibration, periods: Periods, *, run
     for meta in metas:
         meta.update(shape=shape.name, run=run, steps=steps, window=window, slow_from=slow_from,
                     load=load, calibration=asdict(cal),
-                    plan=plan, command=commands[meta["role"]][3:],
+                    plan=plan,
+                    # the demo's flags, its files named relative to ``out``
+                    command=[c.replace(f"{out}/", "") for c in commands[meta["role"]][3:]],
                     paired_with=stems["clean" if meta["role"] == "injected" else
                                       "injected"].name)
         (out / f"{meta['stem']}.meta.json").write_text(json.dumps(meta, indent=1))
@@ -518,8 +582,9 @@ def table(runs: list[dict[str, Any]]) -> str:
     """Per shape, in the order first run: a markdown table."""
     lines = ["| shape | flags (run 0) | pairs | named | windows onset→name median (p95) | "
              "wrong ranks | before onset | flaps | job_slowdown while named | clean runs' "
-             "findings | cost median (min-max) | job slower vs clean twin median | load avg |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "findings | cost planned | cost measured (others' wait) median (min-max) | job "
+             "slower vs clean twin median | load avg |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     shapes = list(dict.fromkeys(r["shape"] for r in runs))
     for name in shapes:
         cell = [r for r in runs if r["shape"] == name]
@@ -535,15 +600,24 @@ def table(runs: list[dict[str, Any]]) -> str:
         cost = (f"{100 * np.median(costs):.1f}% ({100 * min(costs):.1f}-"
                 f"{100 * max(costs):.1f}%)" if costs else "-")
         slower_text = f"{100 * np.median(slower):+.1f}%" if slower else "-"
+        planned = [r["plan"]["expected_cost"] for r in cell
+                   if (r.get("plan") or {}).get("expected_cost") is not None]
+        planned_text = f"{100 * np.median(planned):.1f}%" if planned else "-"
         load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
         lines.append(
             f"| {name} | `{flags}` | {len(ok)}{failed} | {len(named)} of {len(ok)} | "
             f"{_spread(windows, digits=1)} | {sum(len(r['wrong_ranks']) for r in ok)} | "
             f"{sum(r['early'] for r in ok)} | {sum(r['flaps'] for r in ok)} | "
             f"{sum(r['job_while_named'] for r in ok)} | "
-            f"{sum(len(r['clean_findings']) for r in clean)} in {len(clean)} | {cost} | "
+            f"{sum(len(r['clean_findings']) for r in clean)} in {len(clean)} | "
+            f"{planned_text} | {cost} | "
             f"{slower_text} | {load} |")
     return "\n".join(lines)
+
+
+def _read_report(out: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
+    path = out / f"{meta['stem']}.json"
+    return json.loads(path.read_text()) if meta["status"] == 0 and path.exists() else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -589,11 +663,13 @@ def main(argv: list[str] | None = None) -> int:
               "others' wait per CPU s of extra work", flush=True)
         periods = Periods(args.stall_every, args.burst_steps, args.burst_every,
                           args.moving_every)
+        running = RunningCalibration(cal)
         for run in range(args.first_run, args.first_run + args.runs):
             for shape in shapes:  # interleaved: the load falls on every shape
-                metas = run_pair(out, shape, cal, periods, run=run, steps=args.steps,
-                                 window=args.window, slow_from=args.slow_from,
-                                 world_size=args.world_size)
+                metas = run_pair(out, shape, running.current, periods, run=run,
+                                 steps=args.steps, window=args.window,
+                                 slow_from=args.slow_from, world_size=args.world_size)
+                running.add(*(_read_report(out, m) for m in metas))
                 print(f"run {run} {shape.name} ({metas[0]['plan']['flags']}): status "
                       f"{[m['status'] for m in metas]}, {metas[0]['wall_seconds']:.0f} s, load "
                       f"{metas[0]['load'][0]:.1f}-{metas[0]['load'][2]:.1f}", flush=True)

@@ -156,6 +156,24 @@ def test_the_calibration_reads_the_clean_step_and_the_probe_stall() -> None:
         bench.Calibration.from_reports(clean, _report([]))
 
 
+def test_the_running_calibration_follows_the_latest_pairs() -> None:
+    running = bench.RunningCalibration(bench.Calibration(0.1, 0.02, 2.0), keep=2)
+    clean = {"ranks": [{"step_seconds_median": 0.3, "compute_seconds_median": 0.02,
+                        "data_seconds_median": 0.0}] * 4}
+    stall = _report([], effect=[{"rank": 1, "steps": 12, "injected_seconds": 0.1,
+                                 "others_wait_seconds_on": 0.45,
+                                 "others_wait_seconds_off": 0.05}])
+    sleep = _report([], injection="stall=rank:1,every:25,seconds:0.1,mode:sleep",
+                    effect=[{"rank": 1, "steps": 12, "injected_seconds": 0.1,
+                             "others_wait_seconds_on": 0.15, "others_wait_seconds_off": 0.05}])
+    running.add(sleep, clean)  # a sleep's seconds are wall seconds: no rho from it
+    assert running.current == bench.Calibration(pytest.approx(0.2), pytest.approx(0.02), 2.0)
+    running.add(stall, clean)
+    running.add(None, None)  # a failed pair adds nothing
+    assert running.current == bench.Calibration(pytest.approx(0.3), pytest.approx(0.02),
+                                                pytest.approx(3.0))
+
+
 def test_replay_rescores_a_saved_real_pair(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     saved = tmp_path / "runs"
