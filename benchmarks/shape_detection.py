@@ -675,8 +675,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{metas[0]['load'][0]:.1f}-{metas[0]['load'][2]:.1f}", flush=True)
     runs = score_dir(out)
     Path(args.json or out / "shapes.json").write_text(json.dumps(runs, indent=1))
-    print(f"\n## Shapes of a slowness: {len(runs)} pairs from {out} (4 gloo ranks, windows of "
-          f"{args.window} steps)\n")
+    setups = sorted({f"{m['steps']} steps, onset at step {m['slow_from']}, windows of "
+                     f"{m['window']} steps" for m in (json.loads(p.read_text())
+                                                      for p in out.glob("*.meta.json"))})
+    print(f"\n## Shapes of a slowness: {len(runs)} pairs from {out} (4 gloo ranks; "
+          f"{'; '.join(setups)})\n")
     print(table(runs))
     return 0
 
