@@ -46,8 +46,12 @@ ranks' median exposed wait on the injected steps less on untouched ones, times t
 steps, over the steps after the onset (the largest rank's for simultaneous ranks, summed over
 the ranks a moving slowness visits), divided by the concurrent clean run's median step time:
 ``cost`` in the table. ``job slower`` is the windows' own: the injected run's mean step time
-(``step_sum_seconds / steps_count``) after the onset over before, divided by the same ratio of
-the clean run beside it, minus 1.
+(``step_sum_seconds / steps_count``) after the onset over before, minus 1, beside the same of
+its clean twin. It holds what the waits miss and the twin shows the load's drift, but neither
+is the cost alone: on 2 shared cores the injected CPU work also slows every rank's own work
+(and the twin's), a sleeping rank leaves its cores to the others, and the load drifts (in one
+400-step check, after the onset of a 10% sleep stall the stalled run's steps were 9% shorter
+than before it and its twin's 25%).
 
 Scored per run from the report's ``finding_events`` (the findings the run raised and cleared):
 named (every injected rank named after the onset; a node: a ``node`` finding or all its ranks;
@@ -59,11 +63,13 @@ cleared while the injection still acts on it and raised again later), ``job_slow
 while an injected rank or node was named, and every finding of the concurrent clean run. The
 load average is sampled every 5 s while each pair runs.
 
-Usage (the lead's matrix; about 4 min per pair of 600 steps on 2 loaded cores)::
+Usage (the full matrix, the default shapes: 14 shapes x 2 pairs; a pair of 400 steps took
+93-107 s at load 10-14, so about 2.5 min per pair of 600 steps, 70-80 min in all)::
 
-    python benchmarks/shape_detection.py --out DIR --runs 2 --steps 600 --slow-from 200 \\
-        --shapes stall10,stall5,sleep10,sleep5,burst10,burst5,node25,node10,two,moving25,\\
-moving10,steady10,steady25
+    python benchmarks/shape_detection.py --out DIR --runs 2 --steps 600 --slow-from 200 \
+        --shapes stall10,stall5,sleep10,sleep5,burst10,burst5,node25,node10,two,moving25,\
+moving10,steady10,steady25,steadycost10
+    python benchmarks/shape_detection.py --out DIR --runs 1 --first-run 2 ...   # more pairs
     python benchmarks/shape_detection.py --replay DIR     # re-score saved reports, seconds
 
 The machine is shared: each pair's load average is written beside it.
@@ -93,9 +99,9 @@ from laggard.detectors.window import WindowRecord  # noqa: E402
 KINDS = {"steady": 10, "steadycost": 10, "two": 25, "node": 25, "moving": 25, "stall": 10,
          "sleep": 10, "burst": 10}
 #: The default shapes: every kind at the issue's two targets (10% and 5% of the job's time),
-#: the steady ones at today's 10% and 25%.
+#: the steady ones at today's 10% and 25% and one steady rank costing the job 10%.
 DEFAULT_SHAPES = ("stall10,stall5,sleep10,sleep5,burst10,burst5,node25,node10,two,moving25,"
-                  "moving10,steady10,steady25")
+                  "moving10,steady10,steady25,steadycost10")
 _NAME = re.compile(r"^(?P<kind>[a-z]+?)(?P<percent>\d+(\.\d+)?)?$")
 
 
@@ -508,20 +514,14 @@ def mean_step_seconds(jsonl: Path, first: int, last: int) -> float | None:
     return float(np.nanmedian(per_rank)) if np.isfinite(per_rank).any() else None
 
 
-def job_slower(injected: Path, clean: Path, *, onset: int, steps: int,
-               window: int) -> float | None:
-    """The injected run's mean step after the onset over before, divided by the same ratio of
-    the clean run beside it, minus 1 (the first window, the warm-up, left out)."""
-    ratios = []
-    for jsonl in (injected, clean):
-        if not jsonl.exists():
-            return None
-        before = mean_step_seconds(jsonl, window, onset)
-        after = mean_step_seconds(jsonl, onset, steps)
-        if not before or not after:
-            return None
-        ratios.append(after / before)
-    return ratios[0] / ratios[1] - 1
+def slower_after_onset(jsonl: Path, *, onset: int, steps: int, window: int) -> float | None:
+    """A run's mean step after the onset over before, minus 1 (the first window, the warm-up,
+    left out; :func:`mean_step_seconds`); None without the windows or their sums."""
+    if not jsonl.exists():
+        return None
+    before = mean_step_seconds(jsonl, window, onset)
+    after = mean_step_seconds(jsonl, onset, steps)
+    return after / before - 1 if before and after else None
 
 
 def score_dir(out: Path) -> list[dict[str, Any]]:
@@ -560,10 +560,9 @@ def score_dir(out: Path) -> list[dict[str, Any]]:
             row["clean_findings"] = None  # the clean twin failed: not counted as clean
         row["clean_step_seconds"] = clean_step
         row["cost"] = lost_share(report, clean_step)
-        row["job_slower"] = job_slower(Path(f"{stem}.jsonl"),
-                                       out / f"{meta['paired_with']}.jsonl",
-                                       onset=meta["slow_from"], steps=meta["steps"],
-                                       window=meta["window"])
+        span = {"onset": meta["slow_from"], "steps": meta["steps"], "window": meta["window"]}
+        row["job_slower"] = slower_after_onset(Path(f"{stem}.jsonl"), **span)
+        row["clean_slower"] = slower_after_onset(out / f"{meta['paired_with']}.jsonl", **span)
         row["named_by"] = sorted({f"{e['kind']}:{_who(e)}"
                                   for e in report.get("finding_events") or []
                                   if e["event"] == "raised"})
@@ -583,7 +582,7 @@ def table(runs: list[dict[str, Any]]) -> str:
     lines = ["| shape | flags (run 0) | pairs | named | windows onset→name median (p95) | "
              "wrong ranks | before onset | flaps | job_slowdown while named | clean runs' "
              "findings | cost planned | cost measured (others' wait) median (min-max) | job "
-             "slower vs clean twin median | load avg |",
+             "slower after onset median (its clean twin's) | load avg |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     shapes = list(dict.fromkeys(r["shape"] for r in runs))
     for name in shapes:
@@ -599,7 +598,9 @@ def table(runs: list[dict[str, Any]]) -> str:
         failed = f" ({len(cell) - len(ok)} failed)" if len(ok) < len(cell) else ""
         cost = (f"{100 * np.median(costs):.1f}% ({100 * min(costs):.1f}-"
                 f"{100 * max(costs):.1f}%)" if costs else "-")
-        slower_text = f"{100 * np.median(slower):+.1f}%" if slower else "-"
+        twin = [r["clean_slower"] for r in ok if r.get("clean_slower") is not None]
+        slower_text = (f"{100 * np.median(slower):+.1f}%" if slower else "-") + (
+            f" ({100 * np.median(twin):+.1f}%)" if twin else "")
         planned = [r["plan"]["expected_cost"] for r in cell
                    if (r.get("plan") or {}).get("expected_cost") is not None]
         planned_text = f"{100 * np.median(planned):.1f}%" if planned else "-"
