@@ -43,7 +43,7 @@ import numpy as np
 
 from laggard.detectors.blame import leave_one_out_median
 from laggard.detectors.finding import Finding, Severity
-from laggard.detectors.stats import evidence_round, robust_sigma
+from laggard.detectors.stats import evidence_round
 from laggard.detectors.straggler import lost_text, time_lost
 from laggard.detectors.window import WindowRecord
 
@@ -443,11 +443,16 @@ class BlameDetector:
             best = int(np.flatnonzero(events[signal, :best + 1, rank])[-1])
             stalls, stall_seconds = float(spikes[best, rank]), float(lost[0, best, rank])
             spike_windows = int(victim_windows[best, rank])
-            if own[0, best, rank] >= 1:  # its own spike steps say the shape best
-                stalls, stall_seconds = float(own[0, best, rank]), float(own[1, best, rank])
-                spike_windows = int(own_windows[best, rank])
-            blame = RankBlame(share=float(share[signal, best, rank]),
-                              lost_seconds=float(lost[signal, best, rank]),
+            if own[0, best, rank] >= 1:  # its own spike steps count its stalls best; what
+                # they cost is the others' wait, which on a CPU-time clock of a loaded host
+                # is longer than the stall's CPU time
+                stalls, spike_windows = float(own[0, best, rank]), int(own_windows[best, rank])
+                stall_seconds = max(float(own[1, best, rank]), stall_seconds)
+            # the cost said: the others' wait where it is the larger (wall time lost), the
+            # chart that named it otherwise
+            chart = signal if lost[1, best, rank] <= lost[signal, best, rank] else 1
+            blame = RankBlame(share=float(share[chart, best, rank]),
+                              lost_seconds=float(lost[chart, best, rank]),
                               windows=best + 1, events=int(count[signal, best, rank]),
                               job_seconds=float(job[best, rank]), steps=float(steps[best, rank]),
                               spikes=stalls, spike_seconds=stall_seconds,

@@ -65,9 +65,9 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from laggard.detectors.blame import BLAME_COLUMNS
 from laggard.detectors.finding import Finding
 from laggard.detectors.peer_groups import PeerGroups
-from laggard.detectors.blame import BLAME_COLUMNS
 from laggard.detectors.window import STEP_COLUMNS, WindowLayout, WindowRecord
 from laggard.integrations import device_discovery
 from laggard.integrations.agent_reports import AgentReports

@@ -259,7 +259,6 @@ class StragglerParticipant(WindowParticipant):
 
         self._causes = _cause_attribution(context)
         from laggard.detectors.blame_detector import BlameDetector
-
         from laggard.detectors.node_verdict import NodeVerdict
 
         if self.with_blame:
