@@ -43,7 +43,7 @@ import numpy as np
 
 from laggard.detectors.blame import leave_one_out_median
 from laggard.detectors.finding import Finding, Severity
-from laggard.detectors.stats import evidence_round
+from laggard.detectors.stats import evidence_round, row_nanmedian
 from laggard.detectors.straggler import lost_text, time_lost
 from laggard.detectors.window import WindowRecord
 
@@ -161,8 +161,6 @@ class BlameDetector:
 
     Attributes:
         active: global rank -> its raised finding.
-        shares: (W,) float64 by global rank: its share of the job's time lost over the span
-            it reported in, on its chart of most share, latest window (NaN: absent).
         stats: ``windows``, ``skipped_windows`` (no blame columns or too few ranks).
     """
 
@@ -225,7 +223,6 @@ class BlameDetector:
     def __init__(self, config: Config | None = None) -> None:
         self.config = config if config is not None else BlameDetector.Config()
         self.active: dict[int, Finding] = {}
-        self.shares = np.zeros(0)
         self.stats = {"windows": 0, "skipped_windows": 0}
         span = self.config.span_windows
         self._size = 0
@@ -247,24 +244,22 @@ class BlameDetector:
 
     _RINGS = ("_deficit", "_raw", "_sigma", "_job", "_steps", "_spikes", "_own", "_steady")
 
-    def _noise_of(self, signal: int, at: np.ndarray) -> float:
-        """One group's noise on one chart, seconds per window: the median over its ranks of
-        the root mean square of each rank's window-to-window change of deficit, over the
-        span, divided by sqrt(2) (the change of two independent windows has twice the
-        variance). Over time, not across ranks: across ranks the victims of two slow ranks of
-        four show the slow ones' deficit with the opposite sign, and a MAD across ranks is 0
-        when most ranks had no spike; a rank's persistent offset (a steady straggler, a
-        victim) changes little from window to window, a loaded host's random pauses a lot."""
+    def _change_rms(self) -> np.ndarray:
+        """(S, W) each rank's root mean square window-to-window change of deficit over the
+        span, NaN with fewer than 2 changes. A group's noise on a chart is the median of its
+        ranks' over sqrt(2) (the change of two independent windows has twice the variance).
+        Over time, not across ranks: across ranks the victims of two slow ranks of four show
+        the slow ones' deficit with the opposite sign, and a MAD across ranks is 0 when most
+        ranks had no spike; a rank's persistent offset (a steady straggler, a victim) changes
+        little from window to window, a loaded host's random pauses a lot."""
         c = self.config
         order = [(self._slot - i) % c.span_windows for i in range(c.span_windows)][::-1]
-        changes = np.diff(self._raw[signal][order][:, at], axis=0)  # (span - 1, n) NaN-padded
+        changes = np.diff(self._raw[:, order], axis=1)  # (S, span - 1, W), NaN-padded
         known = np.isfinite(changes)
-        counts = known.sum(axis=0)
-        squares = np.where(known, changes, 0.0) ** 2
+        counts = known.sum(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
-            rms = np.sqrt(squares.sum(axis=0) / counts)
-        rms = rms[counts >= 2]
-        return float(np.median(rms)) / math.sqrt(2) if rms.size else 0.0
+            rms = np.sqrt((np.where(known, changes, 0.0) ** 2).sum(axis=1) / counts)
+        return np.where(counts >= 2, rms, np.nan)
 
     def _grow(self, size: int) -> None:
         if size <= self._size:
@@ -326,14 +321,17 @@ class BlameDetector:
         overhead = record.get("monitor_cpu_seconds")
         overhead = np.zeros(ranks.size) if overhead is None else \
             np.nan_to_num(np.clip(np.asarray(overhead, dtype=np.float64), 0.0, None))
-        compared = 0
-        for group in np.unique(labels).tolist():
-            rows = np.flatnonzero((labels == group) & finite)
+        compared: list[tuple[np.ndarray, float]] = []  # (global ranks, job seconds) by group
+        order = np.argsort(labels, kind="stable")  # one sort, then each group a slice
+        bounds = np.flatnonzero(np.diff(labels[order])) + 1
+        for part in np.split(order, bounds):
+            group = int(labels[part[0]]) if part.size else 0
+            rows = part[finite[part]]
             if rows.size < MIN_RANKS:
                 continue
-            compared += 1
             at = ranks[rows]
             job_s = float(np.median(job[rows]))
+            compared.append((at, job_s))
             self._job[slot, at] = job_s
             self._steps[slot, at] = float(np.median(steps_col[rows])) \
                 if steps_col is not None else math.nan
@@ -357,27 +355,39 @@ class BlameDetector:
                 if seen < c.warmup_windows:
                     deficit = np.minimum(deficit, 0.0)  # nothing to blame while warming up
                 self._deficit[signal, slot, at] = deficit
-                self._sigma[signal, slot, at] = max(self._noise_of(signal, at),
-                                                    c.noise_floor_share * job_s)
+        if compared:
+            rms = self._change_rms()  # (S, W), every rank at once
+            for at, job_s in compared:
+                sigma = row_nanmedian(rms[:, at]) / math.sqrt(2)
+                self._sigma[:, slot, at] = np.maximum(np.nan_to_num(sigma),
+                                                      c.noise_floor_share * job_s)[:, None]
         if not compared:
             self.stats["skipped_windows"] += 1
         return self._test(record, ranks, exclude, steady_elsewhere)
 
-    def _newest_first(self, ring: np.ndarray) -> np.ndarray:
-        c = self.config
-        return ring[..., [(self._slot - i) % c.span_windows for i in range(c.span_windows)], :]
-
     def _test(self, record: WindowRecord, ranks: np.ndarray, exclude: set[int] | frozenset[int],
               steady_elsewhere: set[int] | frozenset[int]) -> list[Finding]:
         c = self.config
-        deficit = self._newest_first(self._deficit)  # (S, span, W)
+        order = [(self._slot - i) % c.span_windows for i in range(c.span_windows)]
+        deficit = self._deficit[:, order]  # (S, span, W), newest first
         present = np.isfinite(deficit[1])  # (span, W): the wait sum, every record has it
-        job_w = np.where(present, self._newest_first(self._job), 0.0)
-        sigma = np.nan_to_num(np.where(present, self._newest_first(self._sigma), 0.0))
-        d = np.nan_to_num(np.where(present, deficit, 0.0))
+        job_w = np.where(present, self._job[order], 0.0)
+        sigma = np.where(present, np.nan_to_num(self._sigma[:, order]), 0.0)
+        d = np.where(present, np.nan_to_num(deficit), 0.0)
         # an event: beyond the noise, and at least half the least share worth naming
         events = present & (d > np.maximum(c.event_sigmas * sigma, 0.5 * c.min_share * job_w))
-        lost = np.cumsum(d, axis=-2)  # (S, span, W): span of L = index L - 1
+        # Only a rank with min_events events in the span on some chart, or a finding held,
+        # can change state: the rest is computed for those columns alone (at 65,536 ranks a
+        # few per cent of them), rank 0's analysis stays within its budget.
+        here = np.zeros(present.shape[1], dtype=bool)
+        here[ranks] = True
+        held = np.zeros_like(here)
+        held[[r for r in self.active if r < held.size]] = True
+        cols = np.flatnonzero(here & ((events.sum(axis=1).max(axis=0) >= min(c.min_events, 2))
+                                      | held))
+        d, sigma, events, job_w, present = (d[..., cols], sigma[..., cols], events[..., cols],
+                                            job_w[:, cols], present[:, cols])
+        lost = np.cumsum(d, axis=-2)  # (S, span, W'): span of L = index L - 1
         job = np.cumsum(job_w, axis=0)
         noise = np.sqrt(np.cumsum(sigma ** 2, axis=-2))
         count = np.cumsum(events, axis=-2)
@@ -386,19 +396,18 @@ class BlameDetector:
         older = np.concatenate([events[..., 1:, :], np.zeros_like(events[..., :1, :])], axis=-2)
         episodes = np.cumsum(events & ~older, axis=-2)
         seen = np.cumsum(present, axis=0)
-        steps = np.cumsum(np.nan_to_num(np.where(present, self._newest_first(self._steps), 0)),
-                          axis=0)
-        spikes = np.cumsum(np.nan_to_num(np.where(present, self._newest_first(self._spikes),
-                                                  0)), axis=0)
-        own = self._newest_first(self._own)
-        steady = np.maximum(np.cumsum(np.nan_to_num(
-            np.where(present, self._newest_first(self._steady), 0.0)), axis=0), 0.0)
-        own_known = np.isfinite(own[0]) & present
-        own = np.where(own_known, own, 0.0)
+
+        def ring(values: np.ndarray) -> np.ndarray:  # a ring's candidate columns, newest first
+            return np.where(present, np.nan_to_num(values[..., order, :][..., cols]), 0.0)
+
+        steps = np.cumsum(ring(self._steps), axis=0)
+        victim = ring(self._spikes)
+        spikes = np.cumsum(victim, axis=0)
+        victim_windows = np.cumsum(victim >= 1, axis=0)
+        steady = np.maximum(np.cumsum(ring(self._steady), axis=0), 0.0)
+        own = ring(self._own)  # (2, span, W') count, seconds; 0 where unknown
         own_windows = np.cumsum(own[0] >= 1, axis=0)  # windows with a stall of its own
-        own = np.cumsum(own, axis=-2)  # (2, span, W) count, seconds
-        victim_windows = np.cumsum(np.nan_to_num(np.where(
-            present, self._newest_first(self._spikes), 0)) >= 1, axis=0)
+        own = np.cumsum(own, axis=-2)
         z = self._z(ranks.size)
         with np.errstate(invalid="ignore", divide="ignore"):
             share = lost / job
@@ -408,22 +417,13 @@ class BlameDetector:
         pattern = (episodes >= c.min_events) | (count > c.min_events)
         hit = full & pattern & (share >= c.min_share) & (lost >= z * noise)
         hit[2] &= np.maximum(lost[0], lost[1]) >= _CORROBORATION * lost[2]
-        score = np.where(hit, share, -np.inf)  # (S, span, W)
-        span_now = seen[-1]  # (W,) windows each rank reported in, of the span
-        columns = np.arange(span_now.size)
-        with np.errstate(invalid="ignore"):
-            self.shares = np.where(span_now > 0, share[:, np.maximum(span_now - 1, 0),
-                                                       columns].max(axis=0), np.nan)
-        # only ranks held or hit need a look (at 65,536 ranks a loop over all would cost more
-        # than the rest of the test)
-        here = np.zeros(span_now.size, dtype=bool)
-        here[ranks] = True
-        looked = here & (hit.any(axis=(0, 1)) | np.isin(columns, list(self.active)))
+        score = np.where(hit, share, -np.inf)  # (S, span, W')
+        span_now = seen[-1]  # (W',) windows each rank reported in, of the span
         found: list[Finding] = []
-        for rank in np.flatnonzero(looked).tolist():
+        for j, rank in enumerate(cols.tolist()):
             active = self.active.get(rank)
             if active is not None:
-                latest = float(np.nanmax(share[:, -1, rank])) if span_now[rank] else math.nan
+                latest = float(np.nanmax(share[:, -1, j])) if span_now[j] else math.nan
                 if not latest >= c.clear_share and \
                         self._windows - self._raised_at[rank] >= c.span_windows:
                     del self.active[rank]
@@ -433,35 +433,35 @@ class BlameDetector:
                                 f"{100 * max(latest, 0):.1f}% of its time over the last "
                                 f"{c.span_windows} windows"))
                 continue
-            if rank in exclude or not hit[:, :, rank].any():
+            if rank in exclude or not hit[:, :, j].any():
                 continue
             # the chart to report: the rank's own work first (its phase clock saw the stall),
             # then the others' spike waits, then their whole waits; its span of most share
-            signal = next(s for s in _PREFERENCE if hit[s, :, rank].any())
-            best = int(np.argmax(score[signal, :, rank]))
+            signal = next(s for s in _PREFERENCE if hit[s, :, j].any())
+            best = int(np.argmax(score[signal, :, j]))
             # said from its first event in that span on (windows before it dilute the shape)
-            best = int(np.flatnonzero(events[signal, :best + 1, rank])[-1])
-            stalls, stall_seconds = float(spikes[best, rank]), float(lost[0, best, rank])
-            spike_windows = int(victim_windows[best, rank])
-            if own[0, best, rank] >= 1:  # its own spike steps count its stalls best; what
+            best = int(np.flatnonzero(events[signal, :best + 1, j])[-1])
+            stalls, stall_seconds = float(spikes[best, j]), float(lost[0, best, j])
+            spike_windows = int(victim_windows[best, j])
+            if own[0, best, j] >= 1:  # its own spike steps count its stalls best; what
                 # they cost is the others' wait, which on a CPU-time clock of a loaded host
                 # is longer than the stall's CPU time
-                stalls, spike_windows = float(own[0, best, rank]), int(own_windows[best, rank])
-                stall_seconds = max(float(own[1, best, rank]), stall_seconds)
+                stalls, spike_windows = float(own[0, best, j]), int(own_windows[best, j])
+                stall_seconds = max(float(own[1, best, j]), stall_seconds)
             # the cost said: the others' wait where it is the larger (wall time lost), the
             # chart that named it otherwise
-            chart = signal if lost[1, best, rank] <= lost[signal, best, rank] else 1
-            blame = RankBlame(share=float(share[chart, best, rank]),
-                              lost_seconds=float(lost[chart, best, rank]),
-                              windows=best + 1, events=int(count[signal, best, rank]),
-                              job_seconds=float(job[best, rank]), steps=float(steps[best, rank]),
+            chart = signal if lost[1, best, j] <= lost[signal, best, j] else 1
+            blame = RankBlame(share=float(share[chart, best, j]),
+                              lost_seconds=float(lost[chart, best, j]),
+                              windows=best + 1, events=int(count[signal, best, j]),
+                              job_seconds=float(job[best, j]), steps=float(steps[best, j]),
                               spikes=stalls, spike_seconds=stall_seconds,
                               spike_windows=spike_windows,
-                              steady_seconds=float(steady[best, rank]))
+                              steady_seconds=float(steady[best, j]))
             if rank in steady_elsewhere and blame.shape == "steady":
                 continue
             finding = self._finding(record, rank, blame,
-                                    float(z[signal, 0, 0] * noise[signal, best, rank]),
+                                    float(z[signal, 0, 0] * noise[signal, best, j]),
                                     SIGNALS[signal])
             self.active[rank] = finding
             self._raised_at[rank] = self._windows
