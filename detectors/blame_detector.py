@@ -1,35 +1,48 @@
 """Names whoever costs a synchronous job time, whatever the shape: steady, stalls, bursts.
 
-Input per window: each rank's blame sums (:mod:`laggard.detectors.blame`). Each rank's
-*deficit* ``d = loo_median(wait_sum) - wait_sum[r]`` (seconds: how much longer the other ranks
-of its peer group waited than it did) is the job's time lost to it in that window; a victim's is
-negative. The window's noise is the robust sigma of the group's deficits (the MAD: the few ranks
-that are blamed do not move it), pooled over recent windows.
+Input per window: each rank's blame sums (:mod:`laggard.detectors.blame`). Per peer group and
+chart, each rank's *deficit* against the median of the *other* ranks (seconds) is the job's
+time lost to it in that window; a victim's is negative. Three charts:
+
+* **work**: its own spike steps' work beyond the others' (``work_spike_seconds``: the phase
+  clock saw the stall), counted only as far as the others' wait confirms it (at least half);
+* **spike waits**: the others' spike waits beyond its own (``wait_spike_seconds``: they waited
+  for a stall it did not wait for);
+* **whole waits**: the others' whole wait beyond its own (``wait_sum_seconds``: also a loss no
+  single step shows).
+
+Rank 0's analysis thread's CPU in the window (``monitor_cpu_seconds``) is taken off rank 0's
+wait deficits: laggard's cost, not the rank's. A chart's noise, per group, is the median over
+its ranks of each rank's window-to-window change of deficit (over time, not across ranks: the
+victims of two slow ranks of four carry their deficit with the opposite sign, and most ranks of
+a clean window have no spike at all).
 
 The test is sequential over a window-limited span (a window-limited generalised likelihood
 ratio, Lai, "Information bounds and quick detection of parameter changes in stochastic
 systems", IEEE Trans. Inf. Theory 44, 1998): after each window, for every span of the last
-L = 2..``span_windows`` windows it asks whether the rank's summed deficit is
+L = 2..``span_windows`` windows it asks whether the rank's summed deficit on a chart is
 
 * at least ``min_share`` of the job's time over the span (what is worth naming),
-* beyond the noise: ``z`` pooled sigmas of a span of L windows (``z`` from the false-alarm
-  budget, Bonferroni over ranks and spans),
-* made of at least ``min_events`` windows each beyond ``event_sigmas`` sigmas (one pause,
-  however long, is not a pattern: a one-off checkpoint of rank 0 or a single gen-2 collection
-  is not named).
+* beyond the noise: ``z`` sigmas of a span of L windows (``z`` from the chart's false-alarm
+  budget, Bonferroni over ranks and spans; the wait charts' budget is stricter: a loaded host
+  pauses every rank now and then, and the others wait for it),
+* made of ``min_events`` separate episodes of windows beyond ``event_sigmas`` sigmas (and half
+  of ``min_share``), or one of more windows than that: one pause, however long, is not a
+  pattern (a one-off checkpoint of rank 0, a single full collection).
 
 A sum over a span, not a per-window statistic clipped to a fraction of the interval, is what
 names a rank stalling 1 step in 40: its windows alternate between large and zero deficits and
 the sum carries the stalls through the quiet windows. A finding clears when the rank's share
-over the last ``span_windows`` windows falls under ``clear_share`` (half of ``min_share``): a
-stall that recurs within the span keeps its finding, so periodic stalls do not flap.
+over the last ``span_windows`` windows falls under ``clear_share``, not before
+``span_windows`` windows: a stall that recurs within the span keeps its finding, so periodic
+stalls do not flap.
 
-The shape is read from the victims' side: a *spike* is a step on which a rank waited a tenth of
-a step or more beyond its window median (:data:`laggard.detectors.blame.SPIKE_STEP_SHARE`); the
-median rank's spikes over the span are the blamed rank's stalls: few spikes carrying the loss
-is ``stalls`` (~X ms on about 1 step in N), a loss in most windows without spikes is
-``steady`` (slower on every step), a loss in a minority of windows with spikes on most of
-their steps is ``bursts``.
+The shape, said in the message: its own spike steps (else the median victim's) in most windows
+of the span, carrying a quarter of the loss or more, are ``stalls`` (~X ms on about 1 step in
+N, X the others' wait where longer than the stall's own time); a loss more on every step (its
+window-median work over the others', times the steps) than in slow steps is ``steady`` when in
+most windows, ``bursts`` when in a few; slow steps several to a window in a few windows are
+``bursts`` too.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from laggard.detectors.blame import window_blame
 from laggard.detectors.window import DEVICE_CLOCK_COLUMNS, STEP_COLUMNS, summarize_window
 from laggard.integrations.device_events import DeviceEventStats, EventPool
 from laggard.integrations.phases import (
@@ -48,6 +49,21 @@ from laggard.integrations.phases import (
 _COLUMNS = tuple(next(c for c in STEP_COLUMNS if c.name == n) for n in DEVICE_CLOCK_COLUMNS)
 _ROW = {name: row for row, name in enumerate(DEVICE_CLOCK_COLUMNS)}
 _PENDING = _ROW["device_pending_count"]
+
+
+#: The blame sums (laggard.detectors.blame) the device clock's waits and work replace: a GPU's
+#: collective waits are on its stream, the CPU's are launch times (the step sums stay the CPU's).
+DEVICE_BLAME_COLUMNS = ("wait_sum_seconds", "wait_spike_count", "wait_spike_seconds",
+                        "work_spike_count", "work_spike_seconds")
+
+
+def _device_blame(slot: np.ndarray) -> dict[str, float]:
+    """:data:`DEVICE_BLAME_COLUMNS` of one window of the late table (its per-step device
+    waits and compute + data; a step's typical length for the spike threshold is their sum)."""
+    wait = slot[_ROW["collective_wait_seconds"]]
+    work = slot[_ROW["compute_seconds"]] + slot[_ROW["data_seconds"]]
+    values = window_blame(wait, work + wait, work)
+    return {name: values[name] for name in DEVICE_BLAME_COLUMNS}
 
 
 @dataclass(slots=True)
@@ -260,11 +276,12 @@ class DeviceClock:
         window = step // self.window_steps
         previous = window - 1
         if previous < 0:
-            values = dict.fromkeys(DEVICE_CLOCK_COLUMNS, math.nan)
+            values = dict.fromkeys(DEVICE_CLOCK_COLUMNS + DEVICE_BLAME_COLUMNS, math.nan)
             values["device_pending_count"] = 0.0
         else:
             slot = self._table[previous % 2]
             values = summarize_window(slot, _COLUMNS)
+            values.update(_device_blame(slot))
             pending = int(np.nansum(slot[_PENDING]))
             if pending:
                 self.stats.steps_pending += pending

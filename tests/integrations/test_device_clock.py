@@ -438,3 +438,25 @@ def test_a_cpu_clock_misses_a_device_only_delay_that_the_device_clock_names(tmp_
     for doc in wall_windows[1:]:
         compute = WindowRecord.from_saved(doc)["compute_seconds"]
         assert abs(compute[2] - np.median(compute[:2])) < 0.2 * delay
+
+
+def test_the_blame_sums_on_the_device_clock_are_the_device_waits_and_work():
+    """A GPU's collective waits are on its stream: the blame sums of the late table are taken
+    from its rows (one step waited 100 ms for a peer's stall, another step's own work 50 ms
+    over), not from the CPU's launch times."""
+    from laggard.detectors.window import DEVICE_CLOCK_COLUMNS
+    from laggard.integrations.device_clock import DEVICE_BLAME_COLUMNS, _device_blame
+
+    steps = 10
+    slot = np.full((len(DEVICE_CLOCK_COLUMNS), steps), np.nan)
+    row = {name: i for i, name in enumerate(DEVICE_CLOCK_COLUMNS)}
+    slot[row["compute_seconds"]] = 0.020
+    slot[row["data_seconds"]] = 0.001
+    slot[row["collective_wait_seconds"]] = 0.005
+    slot[row["collective_wait_seconds"], 3] = 0.105
+    slot[row["compute_seconds"], 7] = 0.070
+    values = _device_blame(slot)
+    assert set(values) == set(DEVICE_BLAME_COLUMNS)
+    assert values["wait_sum_seconds"] == pytest.approx(0.150)
+    assert values["wait_spike_count"] == 1 and values["wait_spike_seconds"] == pytest.approx(0.1)
+    assert values["work_spike_count"] == 1 and values["work_spike_seconds"] == pytest.approx(0.05)
