@@ -60,15 +60,11 @@ from laggard.detectors.stats import evidence_round, row_nanmedian
 from laggard.detectors.straggler import lost_text, time_lost
 from laggard.detectors.window import WindowRecord
 
-__all__ = ["DETECTOR", "KIND", "MOVING_KIND", "BlameDetector", "RankBlame"]
+__all__ = ["DETECTOR", "KIND", "BlameDetector", "RankBlame"]
 
 DETECTOR = "straggler"
 #: ``kind`` of a rank finding: the rank the others waited for.
 KIND = "waited_for"
-#: ``kind`` of the finding for a slowness that moves from rank to rank.
-MOVING_KIND = "moving"
-#: Distinct ranks named within two spans that make a slowness "moving".
-MOVING_RANKS = 3
 #: Fewest ranks of a peer group compared (a majority to compare with, as the median detector).
 MIN_RANKS = 3
 #: The columns whose leave-one-out deficits are tested, each a chart of its own: the waits of
@@ -252,8 +248,6 @@ class BlameDetector:
         self._slot = -1
         self._windows = 0  # windows tested
         self._raised_at: dict[int, int] = {}  # rank -> window its finding was raised in
-        self._raises: list[tuple[int, int]] = []  # (window, rank) of recent raises
-        self.moving: Finding | None = None
 
     _RINGS = ("_deficit", "_raw", "_sigma", "_job", "_steps", "_spikes", "_own", "_steady")
 
@@ -478,33 +472,8 @@ class BlameDetector:
                                     SIGNALS[signal])
             self.active[rank] = finding
             self._raised_at[rank] = self._windows
-            self._raises.append((self._windows, rank))
             found.append(finding)
-        return found + self._moving(record.step)
-
-    def _moving(self, step: int) -> list[Finding]:
-        """A slowness that moves: :data:`MOVING_RANKS` or more ranks named, each in turn, within
-        the last two spans; cleared once no rank was named for two spans and none is held."""
-        horizon = self._windows - 2 * self.config.span_windows
-        self._raises = [(w, r) for w, r in self._raises if w > horizon]
-        ranks = sorted({r for _, r in self._raises})
-        if self.moving is None and len(ranks) >= MOVING_RANKS:
-            windows = 2 * self.config.span_windows
-            self.moving = Finding(
-                detector=DETECTOR, kind=MOVING_KIND, severity=Severity.WARNING, step=step,
-                message=(f"a slowness moving from rank to rank: ranks "
-                         f"{', '.join(map(str, ranks))} each held the job up in turn within "
-                         f"{windows} windows: look for what moves between them (a job or "
-                         f"daemon migrating between hosts, a hot data shard, a thermal or power "
-                         f"event spreading) rather than at one rank"),
-                evidence={"ranks": ranks, "windows": windows})
-            return [self.moving]
-        if self.moving is not None and not self._raises and not self.active:
-            cleared, self.moving = self.moving, None
-            return [cleared.clear(step=step, reason="recovered",
-                                  message="the moving slowness ended: no rank named for "
-                                          f"{2 * self.config.span_windows} windows")]
-        return []
+        return found
 
     def _finding(self, record: WindowRecord, rank: int, blame: RankBlame,
                  noise_seconds: float, signal: str) -> Finding:

@@ -220,6 +220,7 @@ class StragglerParticipant(WindowParticipant):
         self.device_windows_skipped = 0
         self.blame: Any = None
         self.nodes: Any = None
+        self.moving: Any = None
         self._hidden_job: set[str] = set()  # peer groups whose job_slowdown raise was held back
         self._causes: Any = None
         self._labels: dict[int, int] = {}  # global rank -> peer group index (blame)
@@ -259,11 +260,13 @@ class StragglerParticipant(WindowParticipant):
 
         self._causes = _cause_attribution(context)
         from laggard.detectors.blame_detector import BlameDetector
+        from laggard.detectors.moving import MovingSlowness
         from laggard.detectors.node_verdict import NodeVerdict
 
         if self.with_blame:
             self.blame = BlameDetector()
             self.nodes = NodeVerdict()
+            self.moving = MovingSlowness()
         if groups is not None and not groups.is_all:
             self._labels = {rank: groups.group_of(rank) for rank in range(groups.world_size)}
         if groups is None or groups.is_all:
@@ -364,6 +367,8 @@ class StragglerParticipant(WindowParticipant):
                     out.append(finding)
             if self.nodes is not None:
                 out += self.nodes.update(record, named)
+            if self.moving is not None:
+                out += self.moving.update(record.step, named)
             return out
         except Exception as exc:  # noqa: BLE001 - the findings go out as they were
             if self.context is not None:

@@ -13,6 +13,7 @@ from laggard.detectors import (
     causes,
     integrity,
     link,
+    moving,
     node_verdict,
     stage_balance,
     straggler,
@@ -89,7 +90,7 @@ def test_the_vocabulary_holds_every_kind_the_in_job_detectors_send():
     assert link_kinds == {"link"}
     assert (set(straggler.SIGNAL_KINDS)
             | {"job_slowdown", stage_balance.KIND, causes.GC_KIND, causes.LOAD_KIND,
-               blame_detector.KIND, blame_detector.MOVING_KIND, node_verdict.KIND}
+               blame_detector.KIND, moving.KIND, node_verdict.KIND}
             == JOB_FINDING_KINDS["straggler"])
     assert link_kinds == JOB_FINDING_KINDS[link.DETECTOR] and link.DETECTOR == "link"
     source = open(integrity.__file__).read()

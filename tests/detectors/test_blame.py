@@ -186,3 +186,20 @@ def _named(rank: int):
 
     return Finding(detector="straggler", kind=KIND, severity=Severity.WARNING, message="x",
                    rank=rank)
+
+
+def test_ranks_named_in_turn_are_one_moving_slowness_ranks_named_together_are_not():
+    from laggard.detectors.moving import MovingSlowness
+
+    moving = MovingSlowness(windows=20)
+    found = []
+    for window, named in enumerate([{}, {1: _named(1)}, {1: _named(1)}, {1: _named(1), 2: _named(2)},
+                                    {2: _named(2)}, {2: _named(2), 3: _named(3)}]):
+        found += moving.update(20 * window + 19, named)
+    assert [(f.kind, f.evidence["ranks"], f.cleared) for f in found] == [
+        ("moving", [1, 2, 3], False)]
+    for window in range(6, 30):  # nobody named any more: cleared once, after 20 windows
+        found += moving.update(20 * window + 19, {})
+    assert [f.cleared for f in found] == [False, True]
+    together = MovingSlowness(windows=20)
+    assert together.update(19, {r: _named(r) for r in (1, 2, 3)}) == []  # several at once
