@@ -193,9 +193,9 @@ def test_ranks_named_in_turn_are_one_moving_slowness_ranks_named_together_are_no
 
     moving = MovingSlowness(windows=20)
     found = []
-    for window, named in enumerate([{}, {1: _named(1)}, {1: _named(1)}, {1: _named(1), 2: _named(2)},
-                                    {2: _named(2)}, {2: _named(2), 3: _named(3)}]):
-        found += moving.update(20 * window + 19, named)
+    turns = [(), (1,), (1,), (1, 2), (2,), (2, 3)]  # ranks held in each window
+    for window, held in enumerate(turns):
+        found += moving.update(20 * window + 19, {r: _named(r) for r in held})
     assert [(f.kind, f.evidence["ranks"], f.cleared) for f in found] == [
         ("moving", [1, 2, 3], False)]
     for window in range(6, 30):  # nobody named any more: cleared once, after 20 windows
