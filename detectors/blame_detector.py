@@ -67,33 +67,40 @@ DETECTOR = "straggler"
 KIND = "waited_for"
 #: Fewest ranks of a peer group compared (a majority to compare with, as the median detector).
 MIN_RANKS = 3
-#: The columns whose leave-one-out deficits are tested, each a chart of its own: the waits of
-#: spike steps beyond each rank's window median, and the whole wait sum
-#: (:mod:`laggard.detectors.blame`). The spikes' deficit carries only the stalls (noise near 0:
-#: stalls of a few % of the job's time are named); the whole sum's carries every step's random
-#: arrival order too (on the demo's 4 ranks, clean, +-10% of a window's time per window), so
-#: it names only a large steady or bursty loss that no single step shows; a small steady
-#: slowdown is the median detector's (:mod:`laggard.detectors.straggler`).
-SIGNALS = ("wait_spike_seconds", "wait_sum_seconds", "work_spike_seconds")
+#: The charts, by the column whose leave-one-out deficit each tests: the waits of spike steps
+#: beyond each rank's window median, and the whole wait sum (:mod:`laggard.detectors.blame`),
+#: the rank's own work spikes, and its window-median work times its steps (``median_work``, from
+#: the record's ``compute_seconds`` + ``data_seconds`` and ``steps_count``: a burst of half a
+#: window or more moves the median, not a spike). The spikes' deficit carries only the stalls
+#: (noise near 0); the whole wait sum's carries every step's random arrival order too (on the
+#: demo's 4 ranks, clean, +-10% of a window's time per window), so it names only a large loss;
+#: on a CPU-time phase clock the two work charts barely move without a fault.
+SIGNALS = ("wait_spike_seconds", "wait_sum_seconds", "work_spike_seconds", "median_work")
 #: Per signal: +1 where the blamed rank's value is *lower* than the others' (it waited less),
-#: -1 where it is higher (its own work spiked: the phase clock saw the stall, :mod:`blame`).
-_DEFICIT = np.array([1.0, 1.0, -1.0])
-_WORK = 2
+#: -1 where it is higher (its own work: the phase clock saw it, :mod:`blame`).
+_DEFICIT = np.array([1.0, 1.0, -1.0, -1.0])
+#: The charts of the rank's own work (the others' wait must confirm them).
+_WORK_CHARTS = (2, 3)
 #: Which chart a finding reports when several name the rank (module docstring).
-_PREFERENCE = (_WORK, 0, 1)
+_PREFERENCE = (2, 3, 0, 1)
 #: The work chart counts only as far as the others' waits confirm it: the rank's wait
 #: deficit over the span (either wait chart) must be at least this share of its work excess.
 _CORROBORATION = 0.5
 
 
-def _median_work(record: WindowRecord, rows: np.ndarray) -> np.ndarray | None:
-    """Each row's window median compute + data (seconds per step), None when not all finite."""
+def _median_work(record: WindowRecord, rows: np.ndarray,
+                 steps: np.ndarray | None = None) -> np.ndarray:
+    """Each row's window-median compute + data, seconds per step (times ``steps`` when given:
+    seconds per window); NaN where unknown."""
     compute, data = record.get("compute_seconds"), record.get("data_seconds")
-    if compute is None or data is None:
-        return None
-    work = np.asarray(compute, dtype=np.float64)[rows] + np.nan_to_num(
-        np.asarray(data, dtype=np.float64)[rows])
-    return work if np.isfinite(work).all() else None
+    if compute is None:
+        return np.full(rows.size, np.nan)
+    work = np.asarray(compute, dtype=np.float64)[rows]
+    if data is not None:
+        work = work + np.nan_to_num(np.asarray(data, dtype=np.float64)[rows])
+    if steps is not None:
+        work = work * np.asarray(steps, dtype=np.float64)[rows]
+    return work
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,8 +289,8 @@ class BlameDetector:
         """(S, 1, 1) the sigmas each chart's span sum must reach."""
         c = self.config
         tests = max(ranks, 1) * c.span_windows
-        budgets = [c.wait_false_alarm_windows if signal != _WORK else c.false_alarm_windows
-                   for signal in range(len(SIGNALS))]
+        budgets = [c.false_alarm_windows if signal in _WORK_CHARTS else
+                   c.wait_false_alarm_windows for signal in range(len(SIGNALS))]
         return np.array([NormalDist().inv_cdf(1 - 1 / (b * tests)) for b in budgets])[:, None,
                                                                                        None]
 
@@ -323,7 +330,8 @@ class BlameDetector:
         steps_col = record.get("steps_count")
         # a column the record lacks (an older file) is a chart with nothing to say: NaN
         columns = [np.full(ranks.size, np.nan) if record.get(name) is None
-                   else np.asarray(record[name], dtype=np.float64) for name in SIGNALS]
+                   else np.asarray(record[name], dtype=np.float64) for name in SIGNALS[:3]]
+        columns.append(_median_work(record, np.arange(ranks.size), steps_col))
         finite = np.isfinite(job) & np.isfinite(columns[1])
         overhead = record.get("monitor_cpu_seconds")
         overhead = np.zeros(ranks.size) if overhead is None else \
@@ -342,9 +350,9 @@ class BlameDetector:
             self._job[slot, at] = job_s
             self._steps[slot, at] = float(np.median(steps_col[rows])) \
                 if steps_col is not None else math.nan
-            work = _median_work(record, rows)
-            if work is not None and steps_col is not None:
-                self._steady[slot, at] = (work - leave_one_out_median(work)) * steps_col[rows]
+            work = columns[3][rows]
+            if np.isfinite(work).all():
+                self._steady[slot, at] = work - leave_one_out_median(work)
             for i, name in enumerate(("work_spike_count", "work_spike_seconds")):
                 own = record.get(name)
                 self._own[i, slot, at] = np.nan if own is None else own[rows]
@@ -356,7 +364,7 @@ class BlameDetector:
                 if not np.isfinite(col[rows]).all():
                     continue
                 deficit = _DEFICIT[signal] * (leave_one_out_median(col[rows]) - col[rows])
-                if signal != _WORK:  # rank 0's analysis thread held it back: not its blame
+                if signal not in _WORK_CHARTS:  # rank 0's analysis thread held it back
                     deficit = np.where(deficit > 0, np.maximum(deficit - own, 0.0), deficit)
                 self._raw[signal, slot, at] = deficit
                 if seen < c.warmup_windows:
@@ -422,8 +430,13 @@ class BlameDetector:
         full = (seen == lengths) & (lengths >= 2)  # spans the rank reported in every window of
         # a pattern: min_events separate episodes, or one loss lasting min_events + 1 windows
         pattern = (episodes >= c.min_events) | (count > c.min_events)
-        hit = full & pattern & (share >= c.min_share) & (lost >= z * noise)
-        hit[2] &= np.maximum(lost[0], lost[1]) >= _CORROBORATION * lost[2]
+        # a work chart is in CPU time on a CPU-time clock: what the job lost is the others'
+        # wait, the wait charts' share, when larger
+        worth = share.copy()
+        worth[list(_WORK_CHARTS)] = np.fmax(share[list(_WORK_CHARTS)], share[:2].max(axis=0))
+        hit = full & pattern & (worth >= c.min_share) & (lost >= z * noise)
+        for chart in _WORK_CHARTS:  # the others' wait confirms it, and says the cost
+            hit[chart] &= np.maximum(lost[0], lost[1]) >= _CORROBORATION * lost[chart]
         score = np.where(hit, share, -np.inf)  # (S, span, W')
         span_now = seen[-1]  # (W',) windows each rank reported in, of the span
         found: list[Finding] = []
