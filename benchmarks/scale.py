@@ -235,7 +235,12 @@ def load() -> str:
     return f"{one:.1f} / {five:.1f}"
 
 
-def sizes(quick: bool) -> Iterator[tuple[int, int]]:
+def sizes(quick: bool, only: str = "") -> Iterator[tuple[int, int]]:
+    if only:  # "RxG,RxG": those sizes alone
+        for size in only.split(","):
+            ranks, groups = size.lower().split("x")
+            yield int(ranks), int(groups)
+        return
     for ranks in (1024, 4096) if quick else (1024, 4096, 16384, 65536):
         for groups in (1, 64):
             yield ranks, groups
@@ -249,7 +254,7 @@ def analysis_section(args: argparse.Namespace) -> dict[tuple[int, int], Result]:
           "(median) | slow rank named at window | other ranks named | load 1/5 min |")
     print("|---|---|---|---|---|---|---|---|---|")
     results: dict[tuple[int, int], Result] = {}
-    for ranks, groups in sizes(args.quick):
+    for ranks, groups in sizes(args.quick, args.sizes):
         job = Job(ranks, groups, args.onset)
         result = results[(ranks, groups)] = run_monitor(job, args.windows)
         base = results[(1024, groups)]
@@ -334,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="windows of the RSS run (default 300; 30 with --quick)")
     parser.add_argument("--analysis-only", action="store_true",
                         help="the analysis section alone")
+    parser.add_argument("--sizes", default="", metavar="RxG[,RxG]",
+                        help="the analysis section at these ranks x groups only "
+                             "(e.g. 65536x64)")
     parser.add_argument("--onset", type=int, default=6,
                         help="first slowed window (after the 5 warm-up windows)")
     args = parser.parse_args(argv)

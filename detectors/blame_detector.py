@@ -250,6 +250,7 @@ class BlameDetector:
         self._spikes = np.zeros((span, 0))  # its group's median victim spike count
         self._own = np.zeros((2, span, 0))  # the rank's own work spikes: count, seconds
         self._steady = np.zeros((span, 0))  # its median work's excess x steps, seconds
+        self._events = np.zeros((len(SIGNALS), span, 0), dtype=bool)  # windows beyond noise
         self._raw = np.zeros((len(SIGNALS), span, 0))  # deficits as measured (the noise's)
         self._seen: dict[int, int] = {}  # group -> windows compared
         self._slot = -1
@@ -283,6 +284,8 @@ class BlameDetector:
             old = getattr(self, name)
             pad = np.full(old.shape[:-1] + (extra,), np.nan)
             setattr(self, name, np.concatenate([old, pad], axis=-1))
+        self._events = np.concatenate(
+            [self._events, np.zeros(self._events.shape[:-1] + (extra,), dtype=bool)], axis=-1)
         self._size = size
 
     def _z(self, ranks: int) -> np.ndarray:
@@ -376,6 +379,13 @@ class BlameDetector:
                 sigma = row_nanmedian(rms[:, at]) / math.sqrt(2)
                 self._sigma[:, slot, at] = np.maximum(np.nan_to_num(sigma),
                                                       c.noise_floor_share * job_s)[:, None]
+        # this window's events (fixed once its deficit, noise and time are): beyond the
+        # noise, and at least half the least share worth naming
+        d = self._deficit[:, slot]
+        floor = np.maximum(c.event_sigmas * np.nan_to_num(self._sigma[:, slot]),
+                           0.5 * c.min_share * np.nan_to_num(self._job[slot]))
+        with np.errstate(invalid="ignore"):
+            self._events[:, slot] = np.isfinite(d[1]) & (d > floor)
         if not compared:
             self.stats["skipped_windows"] += 1
         return self._test(record, ranks, exclude, steady_elsewhere)
@@ -384,24 +394,21 @@ class BlameDetector:
               steady_elsewhere: set[int] | frozenset[int]) -> list[Finding]:
         c = self.config
         order = [(self._slot - i) % c.span_windows for i in range(c.span_windows)]
-        deficit = self._deficit[:, order]  # (S, span, W), newest first
-        present = np.isfinite(deficit[1])  # (span, W): the wait sum, every record has it
-        job_w = np.where(present, self._job[order], 0.0)
-        sigma = np.where(present, np.nan_to_num(self._sigma[:, order]), 0.0)
-        d = np.where(present, np.nan_to_num(deficit), 0.0)
-        # an event: beyond the noise, and at least half the least share worth naming
-        events = present & (d > np.maximum(c.event_sigmas * sigma, 0.5 * c.min_share * job_w))
         # Only a rank with min_events events in the span on some chart, or a finding held,
         # can change state: the rest is computed for those columns alone (at 65,536 ranks a
         # few per cent of them), rank 0's analysis stays within its budget.
-        here = np.zeros(present.shape[1], dtype=bool)
+        here = np.zeros(self._size, dtype=bool)
         here[ranks] = True
         held = np.zeros_like(here)
         held[[r for r in self.active if r < held.size]] = True
-        cols = np.flatnonzero(here & ((events.sum(axis=1).max(axis=0) >= min(c.min_events, 2))
-                                      | held))
-        d, sigma, events, job_w, present = (d[..., cols], sigma[..., cols], events[..., cols],
-                                            job_w[:, cols], present[:, cols])
+        counts = self._events.sum(axis=1, dtype=np.int16).max(axis=0)  # (W,)
+        cols = np.flatnonzero(here & ((counts >= min(c.min_events, 2)) | held))
+        deficit = self._deficit[..., cols][:, order]  # (S, span, W'), newest first
+        present = np.isfinite(deficit[1])  # the wait sum: every record has it
+        job_w = np.where(present, self._job[:, cols][order], 0.0)
+        sigma = np.where(present, np.nan_to_num(self._sigma[..., cols][:, order]), 0.0)
+        d = np.where(present, np.nan_to_num(deficit), 0.0)
+        events = self._events[..., cols][:, order]
         lost = np.cumsum(d, axis=-2)  # (S, span, W'): span of L = index L - 1
         job = np.cumsum(job_w, axis=0)
         noise = np.sqrt(np.cumsum(sigma ** 2, axis=-2))
