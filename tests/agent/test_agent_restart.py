@@ -35,11 +35,13 @@ def _held(agent) -> tuple[float | None, list[dict], float | None]:
     """``(laggard_straggler_active of the slow rank, its findings on /findings, rank 0's
     laggard_steps_total)`` from one scrape each."""
     text = agent.scrape()
-    active = _value(text, "laggard_straggler_active", run=RUN, rank=SLOW_RANK)
+    # the median detector's compute finding: a blame finding (kind waited_for) of the same
+    # rank may come and go beside it (issue 33) and is not what the restart must keep
+    active = _value(text, "laggard_straggler_active", run=RUN, rank=SLOW_RANK, kind="compute")
     steps = _value(text, "laggard_steps_total", run=RUN, rank="0")
     found = json.loads(scrape(f"http://127.0.0.1:{agent.port}/findings"))
     mine = [f for f in found if f.get("run") == RUN and f.get("detector") == "straggler"
-            and str(f.get("rank")) == SLOW_RANK]
+            and f.get("kind") == "compute" and str(f.get("rank")) == SLOW_RANK]
     return active, mine, steps
 
 
