@@ -96,7 +96,9 @@ class Job:
         return {"compute_seconds": compute, "data_seconds": data,
                 "collective_wait_seconds": wait, "transfer_seconds": transfer,
                 "step_seconds": step,
-                "wait_sum_seconds": steps * wait * rng.lognormal(0, 0.05, r),
+                # a generator of its own: the medians' draws stay those of the job before
+                "wait_sum_seconds": steps * wait * np.random.default_rng(
+                    (self.seed, window)).lognormal(0, 0.05, r),
                 "step_sum_seconds": steps * step, "steps_count": np.full(r, float(steps)),
                 "wait_spike_count": np.zeros(r), "wait_spike_seconds": np.zeros(r),
                 "work_spike_count": np.zeros(r), "work_spike_seconds": np.zeros(r),
