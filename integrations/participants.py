@@ -328,15 +328,15 @@ class StragglerParticipant(WindowParticipant):
             detector_stats={k: int(v) for k, v in stats.items()},
         )
 
-    def _median_active(self) -> set[int]:
-        """Ranks the median detector(s) hold a finding for."""
-        return set(self._named())
+    def _median_active(self) -> dict[int, Finding]:
+        """Global rank -> the finding the median detector(s) hold for it."""
+        detectors = [self.detector] if self.detector is not None else \
+            list(self.detectors.values())
+        return {int(r): f for d in detectors for r, f in getattr(d, "active", {}).items()}
 
     def _named(self) -> dict[int, Finding]:
         """Global rank -> its active rank finding, either detector's."""
-        detectors = [self.detector] if self.detector is not None else \
-            list(self.detectors.values())
-        named = {int(r): f for d in detectors for r, f in getattr(d, "active", {}).items()}
+        named = self._median_active()
         if self.blame is not None:
             named.update({r: f for r, f in self.blame.active.items() if r not in named})
         return named
@@ -395,7 +395,7 @@ class StragglerParticipant(WindowParticipant):
 
                 floor = StragglerDetector.Config().min_slowdown
             steady = {int(r) for r, v in scores.items() if v >= floor}
-            return list(self.blame.update(record, labels, exclude=self._median_active(),
+            return list(self.blame.update(record, labels, exclude=set(self._median_active()),
                                           steady_elsewhere=steady))
         except Exception as exc:  # noqa: BLE001 - the median detector's findings still go out
             if self.context is not None:
