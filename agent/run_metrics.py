@@ -199,11 +199,11 @@ class RunMetrics:
             "laggard_rank_phase_median_seconds",
             "Median seconds per step the rank spent in phase over its last 16 step records: "
             "compute (every timed phase but data and optimizer), data, collective_wait (time "
-            "waiting for collectives after the rank's own work).",
+            "waiting for collectives after the rank's own work); absent before 8 records.",
             labels=["run", "rank", "phase"])
         step = GaugeMetricFamily(
             "laggard_rank_step_median_seconds",
-            "Median wall time of the rank's last 16 training steps, in seconds.",
+            "Median wall time of the rank's last 16 training steps, in seconds; absent before 8.",
             labels=["run", "rank"])
         for name, run in sorted(reading.runs.items()):
             for rank, s in sorted(run.ranks.items()):

@@ -57,6 +57,13 @@ RUN_COMM_SAMPLES = len(COMM_KEYS)
 JOB_SAMPLES = 2 + 16
 
 
+#: Step records a rank's window holds before its medians are exported: half the window. A
+#: rank's first steps are its warm-up (lazy initialisation, DDP's first bucket rebuild, the
+#: allocator's growth, autotuning), and a median of one or two of them once named rank 0
+#: "3.94x the median rank" (LaggardStragglerRank) in a demo whose other ranks had sent none yet.
+MIN_MEDIAN_STEPS = RECENT_STEPS // 2
+
+
 def _window() -> deque[float]:
     return deque(maxlen=RECENT_STEPS)
 
@@ -90,13 +97,15 @@ class StepWindow:
             self.step.append(step_seconds)
 
     def phase_medians(self) -> dict[str, float]:
-        """:data:`MEDIAN_PHASES` name -> median seconds, for the phases with a step."""
+        """:data:`MEDIAN_PHASES` name -> median seconds, for the phases with at least
+        :data:`MIN_MEDIAN_STEPS` steps."""
         return {name: statistics.median(window) for name in MEDIAN_PHASES
-                if (window := getattr(self, name))}
+                if len(window := getattr(self, name)) >= MIN_MEDIAN_STEPS}
 
     def step_median(self) -> float | None:
-        """Median seconds of the whole step; None before a record gave one."""
-        return statistics.median(self.step) if self.step else None
+        """Median seconds of the whole step; None before :data:`MIN_MEDIAN_STEPS` records
+        gave one."""
+        return statistics.median(self.step) if len(self.step) >= MIN_MEDIAN_STEPS else None
 
 
 @dataclass(slots=True)

@@ -118,6 +118,32 @@ def laggard_rules(alert_for: str | None = None) -> dict[str, str]:
     return rules
 
 
+def process_tree(pid: int) -> list[int]:
+    """The pids of every living descendant of ``pid`` (psutil), ``[]`` when ``pid`` is gone.
+
+    Read before signalling: a child killed first re-parents its own children to init."""
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def signal_tree(pid: int, descendants: list[int], signum: int) -> None:
+    """Send ``signum`` to ``pid``, each of ``descendants`` and each one's process group.
+
+    torchrun starts each rank in a session of its own, so a signal to the launcher's group
+    misses the ranks (and whatever they started, which keeps the launcher's stdout open);
+    processes already gone or not ours are skipped."""
+    for target in [pid, *descendants]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(target, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM it when the process that started it dies, even by
     SIGKILL, so no Prometheus outlives a killed demo or test (Linux ``prctl(2)``,

@@ -309,37 +309,19 @@ class _Children:
     def stop(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGTERM ``proc`` and its descendants, SIGKILL what is left after a grace; from now
         on its complaints about being stopped are not forwarded."""
+        from laggard.demo.harness import process_tree, signal_tree
+
         self._stopping.set()
         if proc.poll() is not None:
             return
-        descendants = _descendants(proc.pid)
-        _signal_tree(proc.pid, descendants, signal.SIGTERM)
+        descendants = process_tree(proc.pid)
+        signal_tree(proc.pid, descendants, signal.SIGTERM)
         try:
             proc.wait(timeout=STOP_GRACE)
         except subprocess.TimeoutExpired:
             pass
-        _signal_tree(proc.pid, descendants, signal.SIGKILL)
+        signal_tree(proc.pid, descendants, signal.SIGKILL)
         proc.wait()
-
-
-def _descendants(pid: int) -> list[int]:
-    import psutil
-
-    try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _signal_tree(pid: int, descendants: list[int], signum: int) -> None:
-    # The launcher starts each rank in a session of its own: signal its process group too, in
-    # case a rank started helpers.
-    for target in [pid, *descendants]:
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(target, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 # ------------------------------------------------------------------------------ hangs

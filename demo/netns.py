@@ -463,6 +463,11 @@ class EmulatedCluster:
 
         for sig in (signal.SIGTERM, signal.SIGHUP):
             self._old_handlers[sig] = signal.signal(sig, on_signal)
+        # Ctrl-C as KeyboardInterrupt even when started with SIGINT ignored (a non-interactive
+        # shell's `&` does that, and Python then keeps it ignored): the demo, run by such a
+        # script, once trained to its end through the SIGINT meant to stop it.
+        self._old_handlers[signal.SIGINT] = signal.signal(signal.SIGINT,
+                                                          signal.default_int_handler)
 
     def _defer_signals(self) -> None:
         if threading.current_thread() is not threading.main_thread():

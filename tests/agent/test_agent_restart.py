@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from support import budget, scrape, start_agent, stop_agent, wait_for
 
+from laggard.demo.harness import process_tree, signal_tree
+
 HERE = Path(__file__).parent
 SLOW_RANK = "1"
 WINDOW = 10  # level_worker.WINDOW
@@ -90,7 +92,9 @@ def test_a_restarted_agent_has_the_straggler_back_within_a_window_and_the_end_en
         # back with the first window report the new agent received: it had seen at most a
         # window of rank 0's steps before it, one more because rank 0 analyses (and reports) a
         # window on its own thread, at most a window late (issue 31), one for the scrape's lag
-        assert steps is not None and steps <= 3 * WINDOW, seen[-1]
+        # None: the verdict came back before any of rank 0's step records, which back off
+        # (0.25 s to 4 s) while the agent is away; rank 0 re-sends its held findings at once
+        assert steps is None or steps <= 3 * WINDOW, seen[-1]
         [held] = [f for f in seen[-1][1] if "cleared_at" not in f]
         assert held["count"] == 0 and held["kind"] == "compute"  # taken up, not raised again
         active_before = seen[-1][0]
@@ -117,8 +121,8 @@ def test_a_restarted_agent_has_the_straggler_back_within_a_window_and_the_end_en
                        and " rank=1 " in line and "the job ended while it held" in line]
         assert len(held_lines) == 1 and len(ended_lines) == 1, out[-3000:]
     finally:
-        if job.poll() is None:  # the launcher and its ranks, which share its session
-            os.killpg(job.pid, signal.SIGKILL)
+        if job.poll() is None:  # the launcher, and its ranks in sessions of their own
+            signal_tree(job.pid, process_tree(job.pid), signal.SIGKILL)
             job.communicate()
         stop_agent(agent)
         shutil.rmtree(workdir, ignore_errors=True)

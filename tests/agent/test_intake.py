@@ -115,6 +115,27 @@ def test_detector_input_counters_are_exported_as_reported():
                               {"run": "", "kind": "missing_rank_reports"}) == 1
 
 
+def test_a_ranks_medians_wait_for_half_its_window_of_steps():
+    """Warm-up steps alone are not a median: none before MIN_MEDIAN_STEPS records, then each."""
+    from laggard.agent.run_state import MIN_MEDIAN_STEPS
+
+    table = RankTable(max_ranks=8, findings=FindingLog(), default_node="n0")
+    r = registry_of(RunMetrics(table))
+    for step in range(MIN_MEDIAN_STEPS):
+        assert r.get_sample_value("laggard_rank_phase_median_seconds",
+                                  {"run": "a", "rank": "0", "phase": "compute"}) is None
+        assert r.get_sample_value("laggard_rank_step_median_seconds",
+                                  {"run": "a", "rank": "0"}) is None
+        warm_up = 4.0 if step == 0 else 1.0  # the first step, 4x: not the median of 8
+        table.ingest(StepRecord(rank=0, world_size=2, step=step, run="a",
+                                phases={"forward": 0.01 * warm_up}, collective_wait_seconds=0.0,
+                                step_seconds=0.1 * warm_up).encode())
+    assert r.get_sample_value("laggard_rank_phase_median_seconds",
+                              {"run": "a", "rank": "0", "phase": "compute"}) == pytest.approx(0.01)
+    assert r.get_sample_value("laggard_rank_step_median_seconds",
+                              {"run": "a", "rank": "0"}) == pytest.approx(0.1)
+
+
 def test_every_comm_key_the_table_sums_is_rendered():
     from laggard.agent.run_metrics import _COMM_COUNTERS
     from laggard.agent.run_state import COMM_KEYS

@@ -205,10 +205,13 @@ def _descendants(pid: int) -> set[int]:
 
 
 def _start_demo(*extra: str) -> subprocess.Popen[str]:
+    # SIGINT ignored, as a script's `&` starts it: the demo must still take Ctrl-C (it trained
+    # to its end through one in a CI run started that way)
     return subprocess.Popen(
         [sys.executable, "-m", "laggard.cli", "cluster-demo", "--nodes", "3",
          "--steps", "400", "--timeout", f"{budget(120):.0f}", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
 
 
 @pytest.mark.usefixtures("need_namespaces")

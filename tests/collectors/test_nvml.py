@@ -9,7 +9,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from support import stop_agent
+from support import budget, stop_agent
 
 from laggard.agent.context import FindingLog
 from laggard.collectors.base import NoDataError
@@ -32,10 +32,12 @@ def collector_for(fake: FakeNvml, **options: object) -> tuple[NvmlCollector, Fin
 
 
 def scrape_until(agent, needle: str, timeout: float = 5.0) -> str:
-    """Scrape until ``needle`` appears (the collectors' first rounds run after the server is up)."""
-    deadline = time.monotonic() + timeout
+    """Scrape until ``needle`` appears (the collectors' first rounds run after the server is
+    up); fails when it has not within ``budget(timeout)``."""
+    deadline = time.monotonic() + budget(timeout)
     text = agent.scrape()
-    while needle not in text and time.monotonic() < deadline:
+    while needle not in text:
+        assert time.monotonic() < deadline, f"no {needle!r} in:\n{text[-3000:]}"
         time.sleep(0.05)
         text = agent.scrape()
     return text
@@ -188,8 +190,9 @@ def test_bus_id_normalisation() -> None:
 def test_agent_with_fake_gpus_serves_every_family(agent_factory, promtool) -> None:
     agent = agent_factory("--collector.nvml.fake-gpus", "2", "--collector.interval", "0.1",
                           "--collector.nvml.all-fields")
-    text = scrape_until(agent, 'laggard_collector_success{collector="xid"}')
-    text = scrape_until(agent, 'laggard_collector_success{collector="nvml"}')
+    # 1.0: a first round may fail while the fake's NVML comes up; the next one counts
+    scrape_until(agent, 'laggard_collector_success{collector="xid"} 1.0')
+    text = scrape_until(agent, 'laggard_collector_success{collector="nvml"} 1.0')
     families = {"laggard_gpu_info", "laggard_gpu_sm_clock_hertz", "laggard_gpu_memory_clock_hertz",
                 "laggard_gpu_sm_clock_max_hertz", "laggard_gpu_clock_event_active",
                 "laggard_gpu_clock_violation_seconds_total", "laggard_gpu_temperature_celsius",

@@ -122,9 +122,10 @@ def test_event_recorded_on_the_stream_thread_takes_its_time_there(device: Emulat
     device.launch(work)
     end.record()
     end.synchronize()
-    assert start.elapsed_time(inside) == pytest.approx(40, abs=15)
-    assert inside.elapsed_time(end) == pytest.approx(40, abs=15)
-    assert inside.elapsed_time(end) > 0
+    # 40 ms of CPU on each side of it are at least 40 ms of wall time (on a loaded host more,
+    # so no upper bound): an event timed at the launch or at the work's end has ~0 on one side
+    assert start.elapsed_time(inside) >= 0.95 * 40
+    assert inside.elapsed_time(end) >= 0.95 * 40
 
 
 def test_current_stream_on_the_stream_thread(device: EmulatedDevice) -> None:

@@ -6,6 +6,7 @@ note)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -26,17 +27,34 @@ def _rank_findings(result: dict) -> list[dict]:
     return [f for f in result["raised"] + result["cleared"] if f.get("rank") is not None]
 
 
+def _slower_own_compute(result: dict, rank: int) -> float:
+    """``rank``'s median window compute over that of the ranks that are neither it nor rank 2."""
+    windows = result["windows_ms"]["compute_seconds"]
+    others = [r for r in range(len(windows[0])) if r not in (rank, SLOW_RANK)]
+    own = statistics.median(w[rank] for w in windows)
+    return own / statistics.median(statistics.median(w[r] for r in others) for w in windows)
+
+
 def _assert_named(result: dict, kind: str) -> dict:
-    """Rank 2 and only rank 2 was named, each time with ``kind``; returns its first finding."""
+    """Rank 2 was named, each time with ``kind``; returns its first finding.
+
+    Another rank may be named only by the blame detector (``waited_for``) and only when its own
+    compute was measurably slower than the unslowed ranks' (>= 10%): on CI's loaded 2-core host
+    one rank of four has run ~20% slower on every window for the whole job, a real second
+    straggler the issue asks to be named. A victim, whose own compute is the others', never may.
+    """
     findings = _rank_findings(result)
     summary = [(f["rank"], f["kind"], f["step"], f.get("cleared", False)) for f in findings]
     detail = json.dumps({"findings": summary, "causes": result["causes"],
                          "last_window": result["last_window"],
                          "windows_ms": result["windows_ms"]})
-    raised = [f for f in result["raised"] if f.get("rank") is not None]
-    assert raised, f"nobody named: {detail}"
-    assert {f["rank"] for f in findings} == {SLOW_RANK}, detail
-    assert {f["kind"] for f in findings} == {kind}, detail
+    raised = [f for f in result["raised"] if f.get("rank") == SLOW_RANK]
+    assert raised, f"rank {SLOW_RANK} not named: {detail}"
+    assert {f["kind"] for f in findings if f["rank"] == SLOW_RANK} == {kind}, detail
+    for f in findings:
+        if f["rank"] != SLOW_RANK:
+            assert f["kind"] == "waited_for", detail
+            assert _slower_own_compute(result, f["rank"]) >= 1.1, detail
     return raised[0]
 
 
