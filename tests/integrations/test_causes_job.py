@@ -36,7 +36,7 @@ def _slower_own_compute(result: dict, rank: int) -> float:
 
 
 def _assert_named(result: dict, kind: str) -> dict:
-    """Rank 2 was named, each time with ``kind``; returns its first finding.
+    """Rank 2 was named with ``kind`` and no other cause; returns its first such finding.
 
     Another rank may be named only by the blame detector (``waited_for``) and only when its own
     compute was measurably slower than the unslowed ranks' (>= 10%): on CI's loaded 2-core host
@@ -48,9 +48,11 @@ def _assert_named(result: dict, kind: str) -> dict:
     detail = json.dumps({"findings": summary, "causes": result["causes"],
                          "last_window": result["last_window"],
                          "windows_ms": result["windows_ms"]})
-    raised = [f for f in result["raised"] if f.get("rank") == SLOW_RANK]
-    assert raised, f"rank {SLOW_RANK} not named: {detail}"
-    assert {f["kind"] for f in findings if f["rank"] == SLOW_RANK} == {kind}, detail
+    raised = [f for f in result["raised"] if f.get("rank") == SLOW_RANK and f["kind"] == kind]
+    assert raised, f"rank {SLOW_RANK} not named {kind}: {detail}"
+    # beside its cause, only the blame detector's waited_for (it may name the rank a window or
+    # two before the median detector has its evidence; a CI run did); never another cause
+    assert {f["kind"] for f in findings if f["rank"] == SLOW_RANK} <= {kind, "waited_for"}, detail
     for f in findings:
         if f["rank"] != SLOW_RANK:
             assert f["kind"] == "waited_for", detail
