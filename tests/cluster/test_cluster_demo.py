@@ -25,7 +25,7 @@ from laggard.demo.cluster import (
     parse_rate,
     slow_links,
 )
-from laggard.demo.harness import laggard_rules
+from laggard.demo.harness import laggard_rules, process_tree
 from laggard.demo.netns import EmulatedCluster, LinkShape
 
 pytestmark = pytest.mark.slow
@@ -189,21 +189,6 @@ def test_demo_rules_are_laggards_with_for_cut_short() -> None:
     assert durations and set(durations) == {DEMO_ALERT_FOR}
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (from /proc's parent links)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
 def _start_demo(*extra: str) -> subprocess.Popen[str]:
     # SIGINT ignored, as a script's `&` starts it: the demo must still take Ctrl-C (it trained
     # to its end through one in a CI run started that way)
@@ -227,7 +212,7 @@ def test_ctrl_c_mid_job_removes_every_process_namespace_and_link() -> None:
             lines.append(line)
             if re.match(r"\s*step\s+0/", line):  # rank 0's first step: every rank is running
                 break
-        started = _descendants(demo.pid)
+        started = process_tree(demo.pid)
         # 3 agents, Prometheus, 3 launchers, 3 ranks (and the ranks' own helpers)
         assert len(started) >= 10, "".join(lines)
         assert _leftovers(demo.pid)
